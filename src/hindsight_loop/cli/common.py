@@ -1,0 +1,44 @@
+"""Options and helpers shared by every ``hindsight`` sub-command."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+import orjson
+import typer
+
+DEFAULT_DB = "hindsight.db"
+
+DbOption = Annotated[
+    str,
+    typer.Option(
+        "--db",
+        envvar="HINDSIGHT_DB",
+        help="Store to use: a SQLite file path or 'sqlite:///path.db' (env: HINDSIGHT_DB).",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def db_default() -> str:
+    return os.environ.get("HINDSIGHT_DB", DEFAULT_DB)
+
+
+def open_hs(db: str, **kwargs: Any):  # noqa: ANN201 - avoids importing the facade at CLI start
+    """Open the facade for one CLI command (no background reviews: commands are short-lived)."""
+    from hindsight_loop.hindsight import Hindsight
+
+    kwargs.setdefault("background", False)
+    return Hindsight(db, **kwargs)
+
+
+def print_json(obj: Any) -> None:
+    """Write JSON to stdout (pretty, UTF-8, non-ASCII kept so Chinese stays readable)."""
+    typer.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str).decode())
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print an error that tells the user the fix, and return the exit to raise."""
+    typer.echo(f"Error: {message}", err=True)
+    return typer.Exit(code)

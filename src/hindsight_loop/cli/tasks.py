@@ -1,0 +1,175 @@
+"""Commands about recorded runs: tasks, replay, reflect, import, worker."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hindsight_loop.cli.common import DbOption, JsonOption, fail, open_hs, print_json
+
+console = Console()
+
+
+def tasks(
+    db: DbOption = "hindsight.db",
+    json: JsonOption = False,
+    limit: Annotated[int, typer.Option(help="How many tasks, newest first.")] = 20,
+    task_type: Annotated[str | None, typer.Option("--task-type", help="Only this task type.")] = None,
+    status: Annotated[str | None, typer.Option(help="running, succeeded or failed.")] = None,
+) -> None:
+    """List recorded tasks, newest first."""
+    with open_hs(db) as hs:
+        found = hs.store.list_tasks(limit=limit, task_type=task_type, status=status)
+    if json:
+        print_json([t.to_dict() for t in found])
+        return
+    table = Table("task id", "type", "status", "events", "started", "goal")
+    for t in found:
+        table.add_row(t.task_id, t.task_type, t.status, str(t.event_count), t.started_at, t.goal[:60])
+    console.print(table)
+
+
+def replay(
+    task_id: Annotated[str, typer.Argument(help="The task to replay (see 'hindsight tasks').")],
+    db: DbOption = "hindsight.db",
+    json: JsonOption = False,
+    steps: Annotated[bool, typer.Option("--steps/--no-steps", help="Show every step.")] = True,
+) -> None:
+    """Replay a task into its chronicle: the ordered steps and the key nodes."""
+    with open_hs(db) as hs:
+        try:
+            chronicle = hs.replay(task_id)
+        except KeyError:
+            raise fail(f"no task {task_id!r} in {db}; list them with 'hindsight tasks --db {db}'") from None
+    if json:
+        print_json(chronicle.to_dict())
+        return
+    t = chronicle.task
+    console.print(f"[bold]{t.task_id}[/] {t.task_type} [{t.status}] {t.goal}")
+    suffix = " (compressed)" if chronicle.compressed else ""
+    console.print(f"{chronicle.event_count} events{suffix}")
+    marks = {}
+    for node in chronicle.key_nodes:
+        marks.setdefault(node.index, []).append(node.kind)
+    if steps:
+        for s in chronicle.steps:
+            tag = f"  [yellow]<- {', '.join(marks[s.index])}[/]" if s.index in marks else ""
+            console.print(f"  {s.index:>4} {s.summary}{tag}", highlight=False)
+    console.print("[bold]key nodes[/]")
+    if not chronicle.key_nodes:
+        console.print("  (none)")
+    for node in chronicle.key_nodes:
+        console.print(f"  {node.index:>4} {node.kind:<22} {node.summary}", highlight=False)
+
+
+def reflect(
+    task_id: Annotated[str, typer.Argument(help="The task to review.")],
+    db: DbOption = "hindsight.db",
+    json: JsonOption = False,
+    llm: Annotated[
+        bool,
+        typer.Option(
+            "--llm/--offline",
+            help="Use the model configured by HINDSIGHT_LLM_* (default), or the offline reflector.",
+        ),
+    ] = True,
+    kind: Annotated[str, typer.Option(help="full or local.")] = "full",
+) -> None:
+    """Review a task now and curate its lessons into the book; shows failed reviews too."""
+    with open_hs(db) as hs:
+        if hs.store.get_task(task_id) is None:
+            raise fail(f"no task {task_id!r} in {db}; list them with 'hindsight tasks --db {db}'")
+        reflector = hs.reflector if llm else hs.offline_reflector
+        reflection = hs.reflect(task_id, reflector=reflector, kind=kind)
+        lessons = [hs.store.get_lesson(i) for i in reflection.lesson_ids]
+    if json:
+        out = reflection.to_dict()
+        out["lessons"] = [x.to_dict() for x in lessons if x is not None]
+        print_json(out)
+        return
+    colour = {"ok": "green", "suspect": "yellow", "failed": "red"}[reflection.status]
+    console.print(
+        f"reflection {reflection.reflection_id} [{colour}]{reflection.status}[/] "
+        f"by {reflection.reflector}"
+        + (f" ({reflection.model}, {reflection.latency_ms:.0f} ms)" if reflection.model and reflection.latency_ms else "")
+    )
+    if reflection.error:
+        console.print(f"[red]error:[/] {reflection.error}", highlight=False)
+    if reflection.status == "suspect" and reflection.raw_text:
+        console.print(f"raw answer: {reflection.raw_text[:300]}", highlight=False)
+    for lesson in lessons:
+        if lesson is not None:
+            console.print(f"  {lesson.lesson_id} [{lesson.status}] {lesson.advice}", highlight=False)
+    if reflection.status == "ok" and not lessons:
+        console.print("  no lesson in this run")
+
+
+def reflections(
+    task_id: Annotated[str | None, typer.Argument(help="Only this task's reviews.")] = None,
+    db: DbOption = "hindsight.db",
+    json: JsonOption = False,
+    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20,
+) -> None:
+    """List stored reviews (ok, suspect and failed) with model, latency and tokens."""
+    with open_hs(db) as hs:
+        found = hs.store.reflections(task_id, limit=limit)
+    if json:
+        print_json([r.to_dict() for r in found])
+        return
+    table = Table("reflection", "task", "kind", "status", "by", "ms", "tokens", "error")
+    for r in found:
+        tokens = f"{r.tokens_in or 0}/{r.tokens_out or 0}" if r.tokens_in is not None else ""
+        table.add_row(
+            r.reflection_id, r.task_id, r.kind, r.status, r.reflector,
+            f"{r.latency_ms:.0f}" if r.latency_ms is not None else "", tokens, (r.error or "")[:60],
+        )
+    console.print(table)
+
+
+def import_(
+    file: Annotated[Path, typer.Argument(help="A JSONL file of wire-format events.", exists=True, dir_okay=False)],
+    db: DbOption = "hindsight.db",
+    json: JsonOption = False,
+) -> None:
+    """Load a file of events (one JSON object a line, any mix of tasks)."""
+    with open_hs(db) as hs:
+        accepted, problems = hs.import_jsonl(file)
+        pending = hs.store.pending_reviews()
+    if json:
+        print_json({"accepted": accepted, "problems": problems, "reviews_queued": pending})
+    else:
+        console.print(f"imported {accepted} events into {db}; {pending} reviews queued (run 'hindsight worker --once')")
+        for p in problems[:50]:
+            console.print(f"[yellow]skipped[/] {p}", highlight=False)
+    if problems and not accepted:
+        raise typer.Exit(1)
+
+
+def worker(
+    db: DbOption = "hindsight.db",
+    once: Annotated[bool, typer.Option("--once", help="Run what is queued, then exit.")] = False,
+    poll: Annotated[float, typer.Option(help="Seconds between looks at the queue.")] = 1.0,
+) -> None:
+    """Run queued reviews (reflections) as a separate process on the same store."""
+    with open_hs(db) as hs:
+        total = 0
+        while True:
+            total += hs.run_pending()
+            if once:
+                break
+            time.sleep(poll)
+    typer.echo(f"ran {total} reviews")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tasks")(tasks)
+    app.command("replay")(replay)
+    app.command("reflect")(reflect)
+    app.command("reflections")(reflections)
+    app.command("import")(import_)
+    app.command("worker")(worker)

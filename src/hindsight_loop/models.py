@@ -1,0 +1,453 @@
+"""The values that travel around the loop: events, tasks, chronicles, reflections, lessons.
+
+They are plain dataclasses; identity and persistence are the store's concern. Every value has
+one wire form (``to_dict`` / ``from_dict``), the JSON shape in DESIGN.md, shared by the library,
+the CLI's ``--json`` output, MCP and the JSON columns of the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, get_args
+
+EventType = Literal[
+    "task_start",
+    "user_input",
+    "llm_decision",
+    "action_executed",
+    "state_change",
+    "feedback",
+    "task_end",
+]
+EVENT_TYPES: frozenset[str] = frozenset(get_args(EventType))
+
+TaskStatus = Literal["running", "succeeded", "failed"]
+LessonStatus = Literal["active", "needs_review", "rejected", "expired"]
+LessonKind = Literal["full_review", "local_review", "heuristic"]
+Intent = Literal["query", "operation", "analysis"]
+ReflectionStatus = Literal["ok", "failed", "suspect"]
+
+#: Fields of an event that hold nested JSON objects (everything else is a scalar).
+EVENT_BODY_FIELDS = ("agent_state", "context", "input", "decision", "result")
+#: Task fields a ``task_start`` event carries at its top level.
+TASK_FIELDS = ("task_type", "goal", "tools", "scope", "intent")
+
+DEFAULT_VALIDITY = timedelta(days=30)
+
+
+# -- time and ids ---------------------------------------------------------------------------
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(dt: datetime) -> str:
+    """ISO-8601 in UTC with milliseconds and a ``Z``, the one timestamp form on the wire."""
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def iso_from_ns(ns: int) -> str:
+    secs, rem = divmod(ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{rem // 1_000_000:03d}Z"
+
+
+def parse_ts(value: str | datetime | float | int | None) -> datetime:
+    """Read a caller's timestamp: ISO-8601 (``Z`` or offset), a datetime, or epoch seconds."""
+    if value is None:
+        return utcnow()
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(float(value), UTC)
+    text = str(value).strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    dt = datetime.fromisoformat(text)
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+# Ids are a per-process random prefix plus a counter: uuid4() alone costs more than the whole
+# budget of a record call on the agent's thread.
+_ID_PREFIX = f"{int(time.time()):x}{os.urandom(3).hex()}"
+_ID_COUNTER = itertools.count(1)
+
+
+def new_id(kind: str) -> str:
+    """A short id unique across processes: ``evt_…``, ``tsk_…``, ``les_…``, ``ref_…``."""
+    return f"{kind}_{_ID_PREFIX}{next(_ID_COUNTER):x}"
+
+
+# -- events and tasks -------------------------------------------------------------------------
+
+@dataclass(kw_only=True, slots=True)
+class Event:
+    """One step of a run, in the wire format of DESIGN.md."""
+
+    event_id: str
+    """Unique id (``evt_…``)."""
+    task_id: str
+    """The task this step belongs to."""
+    seq: int
+    """Tie-breaker after the timestamp: replay orders by (timestamp, seq)."""
+    timestamp: str
+    """UTC ISO-8601 with a ``Z``."""
+    type: EventType
+    """What kind of step this is."""
+    agent_state: dict[str, Any] | None = None
+    """The agent's own state: current step, context size, model."""
+    context: dict[str, Any] | None = None
+    """Goal, subtask, last user input."""
+    input: dict[str, Any] | None = None
+    """Tool name and arguments (``action_executed``), text of a user input, …"""
+    decision: dict[str, Any] | None = None
+    """``chosen_action``, ``alternatives``, ``confidence``."""
+    result: dict[str, Any] | None = None
+    """``status`` (``succeeded`` / ``failed``), ``error_type``, ``error_message``, ``output``…"""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Any other top-level fields (a ``task_start`` carries the task's fields here)."""
+
+    # Convenience accessors used by replay and reflection.
+    @property
+    def action(self) -> str | None:
+        """The tool or action this step ran, if any."""
+        if self.input and isinstance(self.input.get("tool"), str):
+            return self.input["tool"]
+        if self.decision and isinstance(self.decision.get("chosen_action"), str):
+            return self.decision["chosen_action"]
+        return None
+
+    @property
+    def status(self) -> str | None:
+        return (self.result or {}).get("status")
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+    @property
+    def step(self) -> str | None:
+        return (self.agent_state or {}).get("current_step")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "event_id": self.event_id,
+            "task_id": self.task_id,
+            "seq": self.seq,
+            "timestamp": self.timestamp,
+            "type": self.type,
+        }
+        for name in EVENT_BODY_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        for key, value in self.extra.items():
+            out.setdefault(key, value)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Event:
+        """Build an event from its wire form; raises ``ValueError`` naming what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"an event must be a JSON object, got {type(data).__name__}")
+        etype = data.get("type")
+        if etype not in EVENT_TYPES:
+            raise ValueError(
+                f"unknown event type {etype!r}; expected one of {', '.join(sorted(EVENT_TYPES))}"
+            )
+        task_id = data.get("task_id")
+        if not isinstance(task_id, str) or not task_id:
+            raise ValueError("an event needs a non-empty string 'task_id'")
+        body: dict[str, Any] = {}
+        for name in EVENT_BODY_FIELDS:
+            value = data.get(name)
+            if value is not None and not isinstance(value, dict):
+                raise ValueError(f"event field {name!r} must be a JSON object")
+            body[name] = value
+        known = {"event_id", "task_id", "seq", "timestamp", "type", *EVENT_BODY_FIELDS}
+        extra = {k: v for k, v in data.items() if k not in known}
+        seq = data.get("seq")
+        return cls(
+            event_id=str(data.get("event_id") or new_id("evt")),
+            task_id=task_id,
+            seq=int(seq) if isinstance(seq, int | float | str) and str(seq).lstrip("-").isdigit() else 0,
+            timestamp=iso(parse_ts(data.get("timestamp"))),
+            type=etype,
+            extra=extra,
+            **body,
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class Task:
+    """One run of an agent on one goal."""
+
+    task_id: str
+    """Unique id (``tsk_…``)."""
+    task_type: str
+    """What kind of task this is (``csv_cleaning``, ``weather_query``…): lessons match on it."""
+    goal: str = ""
+    """What the agent was asked to do."""
+    scope: str = "global"
+    """``global``, ``project:NAME`` or ``user:NAME``."""
+    tools: list[str] = field(default_factory=list)
+    """The tools the agent had."""
+    intent: str | None = None
+    """``query`` / ``operation`` / ``analysis`` when known."""
+    status: TaskStatus = "running"
+    """``running`` until the ``task_end`` event."""
+    outcome: dict[str, Any] | None = None
+    """The ``task_end`` result."""
+    injected_lesson_ids: list[str] = field(default_factory=list)
+    """Lessons that were recalled and injected into this task."""
+    started_at: str = ""
+    """UTC ISO timestamp of ``task_start``."""
+    ended_at: str | None = None
+    """UTC ISO timestamp of ``task_end``."""
+    event_count: int = 0
+    """How many events the store holds for the task."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Task:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+# -- replay -----------------------------------------------------------------------------------
+
+KeyNodeKind = Literal[
+    "first_failure",
+    "hesitation",
+    "anomaly",
+    "loop",
+    "consecutive_failures",
+    "dissatisfaction",
+    "recovery",
+]
+
+
+@dataclass(kw_only=True, slots=True)
+class Step:
+    """One line of a chronicle: a compact view of one event."""
+
+    index: int
+    """Position in the ordered run (0-based)."""
+    event_id: str
+    type: str
+    action: str | None = None
+    """Tool or action, when the step ran one."""
+    status: str | None = None
+    """``succeeded`` / ``failed`` for actions."""
+    step: str | None = None
+    """The agent's ``current_step`` label."""
+    summary: str = ""
+    """One short line (<= 80 chars)."""
+    error_type: str | None = None
+    input: dict[str, Any] | None = None
+    """The (already bounded) input of an action: ``{"tool": …, "args": {…}}``."""
+    context: dict[str, Any] | None = None
+    """The event's ``context`` (goal, subtask, source …), when it carried one."""
+    output: Any = None
+    """A bounded view of the action's output, when it had one."""
+
+
+@dataclass(kw_only=True, slots=True)
+class KeyNode:
+    """A moment of the run worth reflecting on."""
+
+    kind: KeyNodeKind
+    index: int
+    """Index of the step in the chronicle's ``steps``."""
+    event_id: str
+    summary: str
+    """At most 50 characters."""
+    action: str | None = None
+    error_type: str | None = None
+    related: list[int] = field(default_factory=list)
+    """Indices of the other steps that make up the node (the loop's repetitions, …)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Chronicle:
+    """A run replayed into ordered steps and the key nodes a reflector should look at."""
+
+    task: Task
+    steps: list[Step]
+    key_nodes: list[KeyNode]
+    event_count: int
+    """Events in the run before compression."""
+    compressed: bool = False
+    """True when steps were dropped (more than the replay limit) keeping every key node."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Chronicle:
+        return cls(
+            task=Task.from_dict(data["task"]),
+            steps=[Step(**s) for s in data.get("steps", [])],
+            key_nodes=[KeyNode(**k) for k in data.get("key_nodes", [])],
+            event_count=data.get("event_count", 0),
+            compressed=data.get("compressed", False),
+        )
+
+
+# -- lessons ----------------------------------------------------------------------------------
+
+@dataclass(kw_only=True, slots=True)
+class Structured:
+    """A lesson in a form a plain program can apply: when the scenario matches, prefer/avoid."""
+
+    when: dict[str, Any] = field(default_factory=dict)
+    """Conditions: ``tool``, ``step``, ``error_type``, ``input`` (key/value pairs)…"""
+    prefer: dict[str, Any] | None = None
+    """Action to take instead: ``{"tool": …, "input": {…}}``."""
+    avoid: dict[str, Any] | None = None
+    """Action not to take: ``{"tool": …, "input": {…}}``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(kw_only=True, slots=True)
+class Features:
+    """What a lesson is about, used by the rule stage and the ranker to match it."""
+
+    tools: list[str] = field(default_factory=list)
+    intent: str | None = None
+    step: str | None = None
+    error_type: str | None = None
+    keywords: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(kw_only=True, slots=True)
+class Lesson:
+    """One piece of advice learned from past runs, ready to inject."""
+
+    lesson_id: str
+    task_type: str
+    advice: str
+    """Second-person advice (``You …``), injected as is."""
+    features: Features = field(default_factory=Features)
+    root_cause: str = ""
+    suggestions: list[str] = field(default_factory=list)
+    general_rule: str = ""
+    structured: Structured | None = None
+    kind: LessonKind = "heuristic"
+    scope: str = "global"
+    """``global``, ``project:NAME`` or ``user:NAME``."""
+    source_task_ids: list[str] = field(default_factory=list)
+    created_at: str = ""
+    updated_at: str = ""
+    valid_until: str | None = None
+    """UTC ISO; ``None`` only for pinned lessons."""
+    pinned: bool = False
+    status: LessonStatus = "active"
+    support: int = 1
+    """How many reflections said the same thing."""
+    hit_count: int = 0
+    """How often recall returned it."""
+    helpful: int = 0
+    harmful: int = 0
+    value_score: float = 0.5
+    conflicts: list[str] = field(default_factory=list)
+    """Ids of lessons this one contradicts."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """Edits: ``{"at", "by", "action", "changes"}``."""
+    quality: str = "ok"
+    """``ok`` or ``suspect``."""
+    language: str = "en"
+    """``en`` or ``zh``: the language of the advice."""
+    score: float | None = None
+    """Set by recall: the fused ranking score. Not stored."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Lesson:
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        feats = kwargs.get("features")
+        if isinstance(feats, dict):
+            kwargs["features"] = Features(**{k: v for k, v in feats.items() if k in Features.__dataclass_fields__})
+        elif feats is None:
+            kwargs.pop("features", None)
+        st = kwargs.get("structured")
+        if isinstance(st, dict):
+            kwargs["structured"] = Structured(
+                **{k: v for k, v in st.items() if k in Structured.__dataclass_fields__}
+            )
+        return cls(**kwargs)
+
+    def is_live(self, now: datetime | None = None) -> bool:
+        """Active and not past ``valid_until`` (pinned lessons never expire)."""
+        if self.status != "active":
+            return False
+        if self.pinned or not self.valid_until:
+            return True
+        return parse_ts(self.valid_until) > (now or utcnow())
+
+
+# -- reflection -------------------------------------------------------------------------------
+
+@dataclass(kw_only=True, slots=True)
+class LessonDraft:
+    """A lesson as a reflector proposes it, before curation gives it an id and a place."""
+
+    task_type: str
+    advice: str
+    features: Features = field(default_factory=Features)
+    root_cause: str = ""
+    suggestions: list[str] = field(default_factory=list)
+    general_rule: str = ""
+    structured: Structured | None = None
+    kind: LessonKind = "heuristic"
+    scope: str = "global"
+    source_task_ids: list[str] = field(default_factory=list)
+    language: str = "en"
+
+
+@dataclass(kw_only=True, slots=True)
+class Reflection:
+    """What one review of one task produced, kept whether it succeeded or not."""
+
+    reflection_id: str
+    task_id: str
+    kind: Literal["full", "local"] = "full"
+    status: ReflectionStatus = "ok"
+    """``ok``; ``suspect`` when the answer could not be parsed; ``failed`` when the call failed."""
+    reflector: str = "offline"
+    """``offline``, ``openai:MODEL`` or ``anthropic:MODEL``."""
+    model: str | None = None
+    latency_ms: float | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    parsed: dict[str, Any] | None = None
+    """The structured answer (root cause, suggestions, general rule, …)."""
+    raw_text: str | None = None
+    """The model's raw answer, kept when it was suspect."""
+    error: str | None = None
+    lessons: list[LessonDraft] = field(default_factory=list)
+    lesson_ids: list[str] = field(default_factory=list)
+    """Ids of the lessons curation made or strengthened from this reflection."""
+    created_at: str = ""
+    trigger: str = "task_end"
+    """What asked for the review: ``task_end``, ``consecutive_failures``, ``loop``, …"""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,117 @@
+"""Storage behind one narrow protocol.
+
+SQLite (a file, embedded) is the default. Everything else in Hindsight talks to a ``Store`` and
+never to a database directly, so another backend only has to implement this protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hindsight_loop.models import Event, Lesson, Reflection, Task
+
+
+@dataclass(kw_only=True, slots=True)
+class ReviewJob:
+    """A queued reflection, claimed by a worker thread or a ``hindsight worker`` process."""
+
+    job_id: int
+    task_id: str
+    kind: str
+    """``full`` or ``local``."""
+    trigger: str
+    """``task_end``, ``consecutive_failures``, ``dissatisfaction``, ``loop``, ``manual``."""
+    window: list[int] | None = None
+    """For a local review: ``[first_seq, last_seq]`` of the anomaly's window."""
+    attempts: int = 0
+    use_llm: bool = True
+
+
+class Store(Protocol):
+    """What Hindsight needs from a database."""
+
+    url: str
+
+    # events ------------------------------------------------------------------------------
+    def write_event_batch(self, rows: Sequence[tuple[str, str, int, str, str, bytes]]) -> list[str]:
+        """Durably write recorder rows ``(event_id, task_id, seq, timestamp, type, body_json)``.
+
+        One statement per batch; raises on failure so the caller can dead-letter the batch.
+        Tasks are created from ``task_start`` rows and closed by ``task_end`` rows; events of a
+        task that was never started are kept under a placeholder task, whose ids are returned.
+        """
+
+    def insert_events(self, events: Iterable[Event]) -> int:
+        """Write whole events (imports); returns how many were written."""
+
+    def events(self, task_id: str) -> list[Event]:
+        """A task's events ordered by (timestamp, seq)."""
+
+    def event_count(self, task_id: str | None = None) -> int: ...
+
+    # tasks -------------------------------------------------------------------------------
+    def upsert_task(self, task: Task) -> None: ...
+
+    def get_task(self, task_id: str) -> Task | None: ...
+
+    def list_tasks(
+        self, *, limit: int = 50, task_type: str | None = None, status: str | None = None
+    ) -> list[Task]: ...
+
+    # lessons -----------------------------------------------------------------------------
+    def save_lesson(self, lesson: Lesson, *, embedding: bytes | None = None,
+                    embed_model: str | None = None) -> None: ...
+
+    def get_lesson(self, lesson_id: str) -> Lesson | None: ...
+
+    def list_lessons(self, *, status: str | None = None,
+                     task_type: str | None = None) -> list[Lesson]: ...
+
+    def lesson_embeddings(self) -> dict[str, tuple[str, bytes]]:
+        """``lesson_id -> (embed_model, vector bytes)`` for every lesson that has one."""
+
+    def bump_hits(self, lesson_ids: Sequence[str]) -> None: ...
+
+    def book_version(self) -> int:
+        """A number that changes whenever any lesson changes (lets recall cache its index)."""
+
+    # reflections and the review queue ----------------------------------------------------
+    def save_reflection(self, reflection: Reflection) -> None: ...
+
+    def reflections(self, task_id: str | None = None, *, limit: int = 100) -> list[Reflection]: ...
+
+    def enqueue_review(self, task_id: str, *, kind: str = "full", trigger: str = "task_end",
+                       window: list[int] | None = None, use_llm: bool = True) -> int: ...
+
+    def claim_review(self) -> ReviewJob | None:
+        """Take the oldest pending job (atomically, so two workers never take the same one)."""
+
+    def finish_review(self, job_id: int, *, status: str, error: str | None = None) -> None: ...
+
+    def pending_reviews(self) -> int: ...
+
+    # misc --------------------------------------------------------------------------------
+    def meta(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+def open_store(url: str) -> Store:
+    """Open a store from a path or URL: ``hindsight.db``, ``sqlite:///path/to.db``."""
+    from hindsight_loop.store.sqlite import SQLiteStore
+
+    if url.startswith("sqlite:///"):
+        return SQLiteStore(url[len("sqlite:///") :])
+    if url.startswith("sqlite://"):
+        return SQLiteStore(url[len("sqlite://") :])
+    if "://" in url:
+        scheme = url.split("://", 1)[0]
+        raise ValueError(
+            f"unsupported store URL scheme {scheme!r}: use a file path or 'sqlite:///path.db'"
+        )
+    return SQLiteStore(url)
+
+
+__all__ = ["ReviewJob", "Store", "open_store"]

@@ -1,0 +1,137 @@
+"""Numbered schema migrations, applied in order when a store opens.
+
+Each migration is a named function in an ordered registry; each runs in its own transaction and
+leaves its name in ``_migrations``. The schema version is read from that table, never guessed
+from which columns exist.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+from hindsight_loop.models import iso, utcnow
+
+Migration = Callable[[sqlite3.Connection], None]
+MIGRATIONS: list[tuple[str, Migration]] = []
+
+
+def migration(fn: Migration) -> Migration:
+    MIGRATIONS.append((fn.__name__, fn))
+    return fn
+
+
+@migration
+def m001_core(db: sqlite3.Connection) -> None:
+    # Events keep their scalar fields in columns (for ordering and lookup) and everything else
+    # in one JSON body, so a batch is written by a single INSERT … SELECT FROM json_each().
+    db.execute(
+        """CREATE TABLE tasks (
+            task_id TEXT PRIMARY KEY,
+            task_type TEXT NOT NULL,
+            goal TEXT NOT NULL DEFAULT '',
+            scope TEXT NOT NULL DEFAULT 'global',
+            tools TEXT NOT NULL DEFAULT '[]',
+            intent TEXT,
+            status TEXT NOT NULL DEFAULT 'running',
+            outcome TEXT,
+            injected TEXT NOT NULL DEFAULT '[]',
+            started_at TEXT NOT NULL,
+            ended_at TEXT
+        )"""
+    )
+    db.execute("CREATE INDEX tasks_by_type ON tasks(task_type, started_at)")
+    db.execute("CREATE INDEX tasks_by_start ON tasks(started_at)")
+    db.execute(
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY,
+            event_id TEXT NOT NULL,
+            task_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            ts TEXT NOT NULL,
+            type TEXT NOT NULL,
+            body TEXT NOT NULL
+        )"""
+    )
+    # Replay reads one task's events in (timestamp, seq) order: this index serves it directly.
+    db.execute("CREATE INDEX events_by_task ON events(task_id, ts, seq)")
+    db.execute(
+        """CREATE TABLE lessons (
+            lesson_id TEXT PRIMARY KEY,
+            task_type TEXT NOT NULL,
+            status TEXT NOT NULL,
+            scope TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            body TEXT NOT NULL,
+            embedding BLOB,
+            embed_model TEXT
+        )"""
+    )
+    db.execute("CREATE INDEX lessons_by_status ON lessons(status, task_type)")
+    db.execute(
+        """CREATE TABLE reflections (
+            reflection_id TEXT PRIMARY KEY,
+            task_id TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            body TEXT NOT NULL
+        )"""
+    )
+    db.execute("CREATE INDEX reflections_by_task ON reflections(task_id, created_at)")
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute("INSERT INTO meta(key, value) VALUES ('book_version', '0')")
+
+
+@migration
+def m002_review_queue(db: sqlite3.Connection) -> None:
+    # Reviews run off the agent's hot path: a worker thread or a `hindsight worker` process
+    # claims jobs from this table, so a crash between queueing and reviewing loses nothing.
+    db.execute(
+        """CREATE TABLE review_jobs (
+            job_id INTEGER PRIMARY KEY,
+            task_id TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            trigger TEXT NOT NULL,
+            window TEXT,
+            use_llm INTEGER NOT NULL DEFAULT 1,
+            status TEXT NOT NULL DEFAULT 'pending',
+            attempts INTEGER NOT NULL DEFAULT 0,
+            error TEXT,
+            created_at TEXT NOT NULL,
+            finished_at TEXT
+        )"""
+    )
+    db.execute("CREATE INDEX review_jobs_pending ON review_jobs(status, job_id)")
+
+
+def applied(db: sqlite3.Connection) -> list[str]:
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+    )
+    return [row[0] for row in db.execute("SELECT name FROM _migrations ORDER BY rowid")]
+
+
+def migrate(db: sqlite3.Connection, *, upto: str | None = None) -> list[str]:
+    """Apply every migration not yet applied (or up to and including ``upto``); return their names."""
+    done = set(applied(db))
+    ran = []
+    for name, fn in MIGRATIONS:
+        if name not in done:
+            # BEGIN IMMEDIATE: two processes opening the same new file must not both migrate.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if name in set(applied(db)):
+                    db.execute("COMMIT")
+                    continue
+                fn(db)
+                db.execute(
+                    "INSERT INTO _migrations(name, applied_at) VALUES (?, ?)", (name, iso(utcnow()))
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            ran.append(name)
+        if name == upto:
+            break
+    return ran

@@ -1,0 +1,492 @@
+"""The embedded default store: one SQLite file in WAL mode.
+
+Each thread gets its own connection (the recorder's writer, the review worker and the caller
+all use the store at once); WAL lets readers proceed while the writer commits.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from hindsight_loop.models import Event, Lesson, Reflection, Task, iso, utcnow
+from hindsight_loop.store import ReviewJob
+from hindsight_loop.store.migrations import migrate
+
+_EVENT_SCALARS = ("event_id", "task_id", "seq", "timestamp", "type")
+
+# One statement per batch: a writer that makes many small calls gives up the GIL on each and is
+# starved by a CPU-busy agent thread; a single INSERT … SELECT over a JSON array is not.
+_INSERT_BATCH = """
+INSERT INTO events(event_id, task_id, seq, ts, type, body)
+SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5 FROM json_each(?)
+"""
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _body_of(event: Event) -> bytes:
+    data = event.to_dict()
+    for key in _EVENT_SCALARS:
+        data.pop(key, None)
+    return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
+
+
+def _task_from_start(task_id: str, ts: str, body: dict[str, Any]) -> tuple:
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        tools = [str(tools)]
+    return (
+        task_id,
+        str(body.get("task_type") or "unknown"),
+        str(body.get("goal") or ""),
+        str(body.get("scope") or "global"),
+        _dumps([str(t) for t in tools]),
+        body.get("intent"),
+        _dumps(body.get("injected_lesson_ids") or []),
+        ts,
+    )
+
+
+class SQLiteStore:
+    """A ``Store`` on one SQLite file."""
+
+    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL") -> None:
+        self.path = str(path)
+        self.url = f"sqlite:///{self.path}"
+        self._synchronous = synchronous
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        migrate(self._db)
+
+    # -- connections -----------------------------------------------------------------------
+    @property
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            if self._closed:
+                raise RuntimeError(f"store {self.path!r} is closed")
+            db = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=30.0
+            )
+            db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a commit survives the process being killed (it is in the OS's
+            # page cache); only a power loss can take the last transactions.
+            db.execute(f"PRAGMA synchronous={self._synchronous}")
+            db.execute("PRAGMA busy_timeout=30000")
+            self._local.db = db
+            with self._lock:
+                self._conns.append(db)
+        return db
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._conns = self._conns, []
+        for db in conns:
+            try:
+                db.close()
+            except sqlite3.Error:
+                pass
+        self._local = threading.local()
+
+    # -- events ----------------------------------------------------------------------------
+    def write_event_batch(self, rows: Sequence[tuple[str, str, int, str, str, bytes]]) -> list[str]:
+        if not rows:
+            return []
+        payload = orjson.dumps([[r[0], r[1], r[2], r[3], r[4], orjson.Fragment(r[5])] for r in rows])
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(_INSERT_BATCH, (payload,))
+            unknown = self._adopt_unknown_tasks(db, rows)
+            self._apply_task_events(db, rows)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return unknown
+
+    def _adopt_unknown_tasks(
+        self, db: sqlite3.Connection, rows: Sequence[tuple[str, str, int, str, str, bytes]]
+    ) -> list[str]:
+        """Events for a task nobody started are kept, under a placeholder task, and reported."""
+        first_ts: dict[str, str] = {}
+        started = set()
+        for _eid, task_id, _seq, ts, etype, _body in rows:
+            if etype == "task_start":
+                started.add(task_id)
+            elif task_id not in first_ts or ts < first_ts[task_id]:
+                first_ts[task_id] = ts
+        for task_id in started:
+            first_ts.pop(task_id, None)
+        if not first_ts:
+            return []
+        known = {
+            r[0]
+            for r in db.execute(
+                "SELECT task_id FROM tasks WHERE task_id IN (SELECT value FROM json_each(?))",
+                (_dumps(list(first_ts)),),
+            )
+        }
+        unknown = sorted(set(first_ts) - known)
+        for task_id in unknown:
+            db.execute(
+                "INSERT INTO tasks(task_id, task_type, started_at) VALUES (?, 'unknown', ?)",
+                (task_id, first_ts[task_id]),
+            )
+        return unknown
+
+    def _apply_task_events(
+        self, db: sqlite3.Connection, rows: Sequence[tuple[str, str, int, str, str, bytes]]
+    ) -> None:
+        """Create tasks from their ``task_start`` and close them on ``task_end``."""
+        for event_id, task_id, _seq, ts, etype, body in rows:
+            del event_id
+            if etype == "task_start":
+                fields = orjson.loads(body)
+                db.execute(
+                    """INSERT INTO tasks(task_id, task_type, goal, scope, tools, intent, injected,
+                                         started_at)
+                       VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                       ON CONFLICT(task_id) DO UPDATE SET task_type=excluded.task_type,
+                         goal=excluded.goal, scope=excluded.scope, tools=excluded.tools,
+                         intent=excluded.intent, injected=excluded.injected,
+                         started_at=excluded.started_at""",
+                    _task_from_start(task_id, ts, fields),
+                )
+            elif etype == "task_end":
+                result = orjson.loads(body).get("result") or {}
+                status = result.get("status")
+                status = status if status in ("succeeded", "failed") else "failed"
+                db.execute(
+                    "UPDATE tasks SET status=?, outcome=?, ended_at=? WHERE task_id=?",
+                    (status, _dumps(result), ts, task_id),
+                )
+
+    def insert_events(self, events: Iterable[Event]) -> int:
+        rows = [
+            (e.event_id, e.task_id, e.seq, e.timestamp, e.type, _body_of(e)) for e in events
+        ]
+        self.write_event_batch(rows)
+        return len(rows)
+
+    def events(self, task_id: str) -> list[Event]:
+        out = []
+        for event_id, tid, seq, ts, etype, body in self._db.execute(
+            "SELECT event_id, task_id, seq, ts, type, body FROM events "
+            "WHERE task_id=? ORDER BY ts, seq",
+            (task_id,),
+        ):
+            data = orjson.loads(body)
+            extra = {
+                k: v
+                for k, v in data.items()
+                if k not in ("agent_state", "context", "input", "decision", "result")
+            }
+            out.append(
+                Event(
+                    event_id=event_id,
+                    task_id=tid,
+                    seq=seq,
+                    timestamp=ts,
+                    type=etype,
+                    agent_state=data.get("agent_state"),
+                    context=data.get("context"),
+                    input=data.get("input"),
+                    decision=data.get("decision"),
+                    result=data.get("result"),
+                    extra=extra,
+                )
+            )
+        return out
+
+    def event_count(self, task_id: str | None = None) -> int:
+        if task_id is None:
+            return self._db.execute("SELECT count(*) FROM events").fetchone()[0]
+        return self._db.execute(
+            "SELECT count(*) FROM events WHERE task_id=?", (task_id,)
+        ).fetchone()[0]
+
+    def known_task_ids(self, task_ids: Iterable[str]) -> set[str]:
+        ids = list(set(task_ids))
+        if not ids:
+            return set()
+        rows = self._db.execute(
+            "SELECT task_id FROM tasks WHERE task_id IN (SELECT value FROM json_each(?))",
+            (_dumps(ids),),
+        )
+        return {r[0] for r in rows}
+
+    # -- tasks -----------------------------------------------------------------------------
+    def upsert_task(self, task: Task) -> None:
+        self._db.execute(
+            """INSERT INTO tasks(task_id, task_type, goal, scope, tools, intent, status, outcome,
+                                 injected, started_at, ended_at)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+               ON CONFLICT(task_id) DO UPDATE SET task_type=excluded.task_type,
+                 goal=excluded.goal, scope=excluded.scope, tools=excluded.tools,
+                 intent=excluded.intent, status=excluded.status, outcome=excluded.outcome,
+                 injected=excluded.injected, started_at=excluded.started_at,
+                 ended_at=excluded.ended_at""",
+            (
+                task.task_id,
+                task.task_type,
+                task.goal,
+                task.scope,
+                _dumps(task.tools),
+                task.intent,
+                task.status,
+                _dumps(task.outcome) if task.outcome is not None else None,
+                _dumps(task.injected_lesson_ids),
+                task.started_at or iso(utcnow()),
+                task.ended_at,
+            ),
+        )
+
+    _TASK_COLS = (
+        "t.task_id, t.task_type, t.goal, t.scope, t.tools, t.intent, t.status, t.outcome, "
+        "t.injected, t.started_at, t.ended_at, "
+        "(SELECT count(*) FROM events e WHERE e.task_id = t.task_id)"
+    )
+
+    @staticmethod
+    def _task_row(row: tuple) -> Task:
+        return Task(
+            task_id=row[0],
+            task_type=row[1],
+            goal=row[2],
+            scope=row[3],
+            tools=orjson.loads(row[4]),
+            intent=row[5],
+            status=row[6],
+            outcome=orjson.loads(row[7]) if row[7] else None,
+            injected_lesson_ids=orjson.loads(row[8]),
+            started_at=row[9],
+            ended_at=row[10],
+            event_count=row[11],
+        )
+
+    def get_task(self, task_id: str) -> Task | None:
+        row = self._db.execute(
+            f"SELECT {self._TASK_COLS} FROM tasks t WHERE t.task_id=?", (task_id,)
+        ).fetchone()
+        return self._task_row(row) if row else None
+
+    def list_tasks(
+        self, *, limit: int = 50, task_type: str | None = None, status: str | None = None
+    ) -> list[Task]:
+        where, args = [], []
+        if task_type:
+            where.append("t.task_type=?")
+            args.append(task_type)
+        if status:
+            where.append("t.status=?")
+            args.append(status)
+        sql = f"SELECT {self._TASK_COLS} FROM tasks t"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY t.started_at DESC, t.rowid DESC LIMIT ?"
+        args.append(limit)
+        return [self._task_row(r) for r in self._db.execute(sql, args)]
+
+    # -- lessons ---------------------------------------------------------------------------
+    def save_lesson(
+        self, lesson: Lesson, *, embedding: bytes | None = None, embed_model: str | None = None
+    ) -> None:
+        body = lesson.to_dict()
+        body.pop("score", None)
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(
+                """INSERT INTO lessons(lesson_id, task_type, status, scope, updated_at, body,
+                                       embedding, embed_model)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT(lesson_id) DO UPDATE SET task_type=excluded.task_type,
+                     status=excluded.status, scope=excluded.scope,
+                     updated_at=excluded.updated_at, body=excluded.body,
+                     embedding=coalesce(excluded.embedding, lessons.embedding),
+                     embed_model=coalesce(excluded.embed_model, lessons.embed_model)""",
+                (
+                    lesson.lesson_id,
+                    lesson.task_type,
+                    lesson.status,
+                    lesson.scope,
+                    lesson.updated_at or iso(utcnow()),
+                    _dumps(body),
+                    embedding,
+                    embed_model,
+                ),
+            )
+            db.execute(
+                "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key='book_version'"
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def get_lesson(self, lesson_id: str) -> Lesson | None:
+        row = self._db.execute("SELECT body FROM lessons WHERE lesson_id=?", (lesson_id,)).fetchone()
+        return Lesson.from_dict(orjson.loads(row[0])) if row else None
+
+    def list_lessons(
+        self, *, status: str | None = None, task_type: str | None = None
+    ) -> list[Lesson]:
+        where, args = [], []
+        if status:
+            where.append("status=?")
+            args.append(status)
+        if task_type:
+            where.append("task_type=?")
+            args.append(task_type)
+        sql = "SELECT body FROM lessons"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY rowid"
+        return [Lesson.from_dict(orjson.loads(r[0])) for r in self._db.execute(sql, args)]
+
+    def lesson_embeddings(self) -> dict[str, tuple[str, bytes]]:
+        return {
+            r[0]: (r[1], r[2])
+            for r in self._db.execute(
+                "SELECT lesson_id, embed_model, embedding FROM lessons WHERE embedding IS NOT NULL"
+            )
+        }
+
+    def bump_hits(self, lesson_ids: Sequence[str]) -> None:
+        # Hit counts do not change the book's version: recall does not rank on them, and a
+        # recall must not invalidate the index it was served from.
+        if not lesson_ids:
+            return
+        self._db.execute(
+            """UPDATE lessons SET body = json_set(body, '$.hit_count',
+                   coalesce(json_extract(body, '$.hit_count'), 0) + 1)
+               WHERE lesson_id IN (SELECT value FROM json_each(?))""",
+            (_dumps(list(lesson_ids)),),
+        )
+
+    def book_version(self) -> int:
+        return int(
+            self._db.execute("SELECT value FROM meta WHERE key='book_version'").fetchone()[0]
+        )
+
+    # -- reflections and reviews -----------------------------------------------------------
+    def save_reflection(self, reflection: Reflection) -> None:
+        self._db.execute(
+            """INSERT INTO reflections(reflection_id, task_id, status, created_at, body)
+               VALUES (?, ?, ?, ?, ?)
+               ON CONFLICT(reflection_id) DO UPDATE SET status=excluded.status,
+                 body=excluded.body""",
+            (
+                reflection.reflection_id,
+                reflection.task_id,
+                reflection.status,
+                reflection.created_at or iso(utcnow()),
+                _dumps(reflection.to_dict()),
+            ),
+        )
+
+    def reflections(self, task_id: str | None = None, *, limit: int = 100) -> list[Reflection]:
+        from hindsight_loop.models import LessonDraft, Reflection as R
+        from hindsight_loop.models import Features, Structured
+
+        if task_id:
+            rows = self._db.execute(
+                "SELECT body FROM reflections WHERE task_id=? ORDER BY created_at, rowid LIMIT ?",
+                (task_id, limit),
+            )
+        else:
+            rows = self._db.execute(
+                "SELECT body FROM reflections ORDER BY created_at DESC, rowid DESC LIMIT ?",
+                (limit,),
+            )
+        out = []
+        for (body,) in rows:
+            data = orjson.loads(body)
+            drafts = []
+            for d in data.pop("lessons", []) or []:
+                feats = d.get("features") or {}
+                st = d.get("structured")
+                d["features"] = Features(**feats)
+                d["structured"] = Structured(**st) if isinstance(st, dict) else None
+                drafts.append(LessonDraft(**d))
+            out.append(R(**data, lessons=drafts))
+        return out
+
+    def enqueue_review(
+        self,
+        task_id: str,
+        *,
+        kind: str = "full",
+        trigger: str = "task_end",
+        window: list[int] | None = None,
+        use_llm: bool = True,
+    ) -> int:
+        cur = self._db.execute(
+            """INSERT INTO review_jobs(task_id, kind, trigger, window, use_llm, created_at)
+               VALUES (?, ?, ?, ?, ?, ?)""",
+            (task_id, kind, trigger, _dumps(window) if window else None, int(use_llm),
+             iso(utcnow())),
+        )
+        return int(cur.lastrowid or 0)
+
+    def claim_review(self) -> ReviewJob | None:
+        row = self._db.execute(
+            """UPDATE review_jobs SET status='running', attempts=attempts+1
+               WHERE job_id = (SELECT job_id FROM review_jobs WHERE status='pending'
+                               ORDER BY job_id LIMIT 1)
+               RETURNING job_id, task_id, kind, trigger, window, attempts, use_llm"""
+        ).fetchone()
+        if row is None:
+            return None
+        return ReviewJob(
+            job_id=row[0],
+            task_id=row[1],
+            kind=row[2],
+            trigger=row[3],
+            window=orjson.loads(row[4]) if row[4] else None,
+            attempts=row[5],
+            use_llm=bool(row[6]),
+        )
+
+    def finish_review(self, job_id: int, *, status: str, error: str | None = None) -> None:
+        self._db.execute(
+            "UPDATE review_jobs SET status=?, error=?, finished_at=? WHERE job_id=?",
+            (status, error, iso(utcnow()), job_id),
+        )
+
+    def pending_reviews(self) -> int:
+        return self._db.execute(
+            "SELECT count(*) FROM review_jobs WHERE status IN ('pending', 'running')"
+        ).fetchone()[0]
+
+    def review_jobs(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        cols = ("job_id", "task_id", "kind", "trigger", "status", "attempts", "error", "created_at")
+        rows = self._db.execute(
+            f"SELECT {', '.join(cols)} FROM review_jobs ORDER BY job_id DESC LIMIT ?", (limit,)
+        )
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+
+    # -- misc ------------------------------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        from hindsight_loop.store.migrations import applied
+
+        return {
+            "url": self.url,
+            "migrations": applied(self._db),
+            "book_version": self.book_version(),
+            "events": self.event_count(),
+        }
