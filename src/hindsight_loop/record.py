@@ -95,7 +95,12 @@ class _Sanitizer:
         try:
             s.encode("utf-8")
         except UnicodeEncodeError:
-            s = s.encode("utf-8", "replace").decode("utf-8")
+            # Lone surrogates: bytes smuggled in by surrogateescape come back as U+FFFD.
+            try:
+                raw = s.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:
+                raw = s.encode("utf-8", "surrogatepass")
+            s = raw.decode("utf-8", "replace")
             self.problems.append("invalid UTF-8 replaced")
         if len(s) > self.max_text:
             s = f"{s[: self.max_text]}…[cut {len(s) - self.max_text} chars]"

@@ -1,0 +1,23 @@
+"""Shared fixtures: every test gets real SQLite files in its own temporary folder."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hindsight_loop import Hindsight
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "hindsight.db"
+
+
+@pytest.fixture
+def hs(db_path: Path) -> Iterator[Hindsight]:
+    """A facade on a fresh file, reviews run by drain() in the test's own thread."""
+    h = Hindsight(db_path, background=False)
+    yield h
+    h.close()

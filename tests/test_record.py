@@ -1,0 +1,356 @@
+"""Recording: the hot path, the writer, sanitizing, redaction, dead letters, durability."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import orjson
+import pytest
+
+from hindsight_loop import Hindsight, HindsightWarning
+from hindsight_loop.record import redact
+
+
+def _events(hs: Hindsight, task_id: str):
+    hs.flush()
+    return hs.store.events(task_id)
+
+
+def test_task_block_records_start_steps_and_end(hs: Hindsight) -> None:
+    with hs.task("csv_cleaning", goal="clean sales.csv", tools=["read_csv"], recall=False) as task:
+        task.user_input("please clean it")
+        task.decision("read_csv", alternatives=["read_excel"], confidence=0.7, step="parse")
+        task.state(current_step="parse", context_count=3)
+        with task.action("read_csv", {"path": "sales.csv"}, step="parse") as call:
+            call.result({"rows": 10})
+        task.feedback("thanks", score=1)
+    events = _events(hs, task.task_id)
+    assert [e.type for e in events] == [
+        "task_start", "user_input", "llm_decision", "state_change", "action_executed",
+        "feedback", "task_end",
+    ]
+    action = events[4]
+    assert action.input == {"tool": "read_csv", "args": {"path": "sales.csv"}}
+    assert action.result["status"] == "succeeded"
+    assert action.result["output"] == {"rows": 10}
+    assert action.agent_state == {"current_step": "parse"}
+    stored = hs.store.get_task(task.task_id)
+    assert stored is not None
+    assert stored.status == "succeeded"
+    assert stored.tools == ["read_csv"]
+    assert stored.event_count == 7
+
+
+def test_exception_in_action_is_recorded_and_reraised(hs: Hindsight) -> None:
+    with pytest.raises(ValueError, match="boom"), hs.task("t", recall=False) as task:
+        with task.action("parse", {"x": 1}):
+            raise ValueError("boom")
+    events = _events(hs, task.task_id)
+    action = next(e for e in events if e.type == "action_executed")
+    assert action.result["status"] == "failed"
+    assert action.result["error_type"] == "ValueError"
+    assert action.result["error_message"] == "boom"
+    assert events[-1].type == "task_end"
+    assert events[-1].result["status"] == "failed"
+    assert hs.store.get_task(task.task_id).status == "failed"
+
+
+def test_explicit_fail_marks_task_failed(hs: Hindsight) -> None:
+    with hs.task("t", recall=False) as task:
+        task.fail("wrong output", expected=3)
+    assert _events(hs, task.task_id)[-1].result == {
+        "status": "failed", "error_message": "wrong output", "expected": 3,
+    }
+
+
+def test_tool_decorator_sync_and_async(hs: Hindsight) -> None:
+    @hs.tool
+    def add(a: int, b: int = 2) -> int:
+        return a + b
+
+    @hs.tool
+    async def fetch(url: str) -> str:
+        await asyncio.sleep(0)
+        if "bad" in url:
+            raise ConnectionError("refused")
+        return "ok"
+
+    assert add(1) == 3  # outside a task: plain call, nothing recorded
+    with hs.task("t", recall=False) as task:
+        assert add(1, b=5) == 6
+        assert asyncio.run(fetch("http://good")) == "ok"
+        with pytest.raises(ConnectionError):
+            asyncio.run(fetch("http://bad"))
+    actions = [e for e in _events(hs, task.task_id) if e.type == "action_executed"]
+    assert [(a.input["tool"], a.input["args"]) for a in actions] == [
+        ("add", {"a": 1, "b": 5}),
+        ("fetch", {"url": "http://good"}),
+        ("fetch", {"url": "http://bad"}),
+    ]
+    assert actions[0].result["output"] == 6
+    assert actions[2].result["error_type"] == "ConnectionError"
+
+
+def test_caller_timestamps_order_the_replay(hs: Hindsight) -> None:
+    tid = "tsk_clock"
+    hs.record({"type": "task_start", "task_id": tid, "timestamp": "2024-11-20T14:32:00Z",
+               "task_type": "t"})
+    # Sent out of order, as from two processes with their own clocks.
+    hs.record({"type": "user_input", "task_id": tid, "seq": 2,
+               "timestamp": "2024-11-20T14:32:10.500Z", "input": {"text": "second"}})
+    hs.record({"type": "user_input", "task_id": tid, "seq": 1,
+               "timestamp": "2024-11-20T14:32:10.500Z", "input": {"text": "first"}})
+    hs.record({"type": "user_input", "task_id": tid, "seq": 9,
+               "timestamp": "2024-11-20T14:32:05+00:00", "input": {"text": "zeroth"}})
+    texts = [e.input["text"] for e in _events(hs, tid) if e.type == "user_input"]
+    assert texts == ["zeroth", "first", "second"]
+
+
+def test_long_text_is_cut_and_secrets_redacted(db_path: Path) -> None:
+    hs = Hindsight(db_path, background=False, max_text=100)
+    try:
+        with hs.task("t", recall=False) as task, task.action(
+            "call_api",
+            {
+                "query": "x" * 10_000_000,
+                "api_key": "abc123secretvalue",
+                "headers": {"Authorization": "Bearer eyJhbGciOiJIUzI1NiJ9.payload.sig"},
+                "note": "use sk-proj-abcdefghijklmnopqrstuvwxyz0123 for OpenAI",
+                "dsn": "postgres://admin:hunter2@db.internal/app",
+                "password": "hunter2",
+            },
+        ):
+            pass
+        action = next(e for e in _events(hs, task.task_id) if e.type == "action_executed")
+        args = action.input["args"]
+        assert len(args["query"]) < 200 and args["query"].startswith("x" * 100)
+        raw = orjson.dumps(action.to_dict()).decode()
+        for secret in ("abc123secretvalue", "eyJhbGciOiJIUzI1NiJ9", "sk-proj-abcdefghij", "hunter2"):
+            assert secret not in raw
+        assert args["api_key"] == "[REDACTED]"
+        assert args["password"] == "[REDACTED]"
+    finally:
+        hs.close()
+
+
+def test_redact_leaves_clean_events_alone() -> None:
+    blob = orjson.dumps({"tool": "read_csv", "args": {"path": "/data/tokens.csv"}})
+    assert redact(blob) == blob
+
+
+def test_bad_values_are_stored_with_warnings_never_raised(hs: Hindsight) -> None:
+    class Weird:
+        def __repr__(self) -> str:
+            return "<Weird>"
+
+    bad_utf8 = b"caf\xe9 \xff".decode("utf-8", "surrogateescape")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with hs.task("t", recall=False) as task, task.action(
+            "tool",
+            {"obj": Weird(), "nan": math.nan, "inf": -math.inf, "text": bad_utf8,
+             "bytes": b"\x00\xff", "set": {1}, 3: "int key"},
+        ):
+            pass
+        hs.flush()
+    action = next(e for e in hs.store.events(task.task_id) if e.type == "action_executed")
+    args = action.input["args"]
+    assert args["obj"] == "<Weird>"
+    assert args["nan"] is None and args["inf"] is None
+    assert "\ufffd" in args["text"]
+    assert args["3"] == "int key"
+    messages = " ".join(str(w.message) for w in caught if issubclass(w.category, HindsightWarning))
+    assert "stored as null" in messages
+    assert "not JSON" in messages
+    assert "invalid UTF-8" in messages
+
+
+def test_warnings_as_errors_never_reach_the_agent(hs: Hindsight) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hs.record({"type": "nope", "task_id": "x"}) is False
+        assert hs.record("not an event") is False  # type: ignore[arg-type]
+        with hs.task("t", recall=False) as task, task.action("tool", {"obj": object()}):
+            pass
+        hs.flush()
+    assert any(e.type == "action_executed" for e in hs.store.events(task.task_id))
+
+
+def test_refused_events_are_kept_in_the_dead_letter_file(hs: Hindsight) -> None:
+    with pytest.warns(HindsightWarning, match="unknown event type"):
+        assert hs.record({"type": "bogus", "task_id": "t1"}) is False
+    with pytest.warns(HindsightWarning, match="task_id"):
+        assert hs.record({"type": "user_input"}) is False
+    with pytest.warns(HindsightWarning, match="must be an object"):
+        assert hs.record({"type": "user_input", "task_id": "t1", "input": "text"}) is False
+    lines = hs.recorder.dead_letter.read_bytes().splitlines()
+    assert len(lines) == 3
+    assert orjson.loads(lines[0])["refused"] == {"type": "bogus", "task_id": "t1"}
+
+
+def test_unknown_task_id_is_kept_and_reported(hs: Hindsight) -> None:
+    with pytest.warns(HindsightWarning, match="unknown task"):
+        assert hs.record({"type": "user_input", "task_id": "tsk_ghost", "input": {"text": "hi"}})
+        hs.flush()
+    task = hs.store.get_task("tsk_ghost")
+    assert task is not None and task.task_type == "unknown"
+    assert [e.input["text"] for e in hs.store.events("tsk_ghost")] == ["hi"]
+
+
+def test_store_failure_goes_to_dead_letter(db_path: Path) -> None:
+    hs = Hindsight(db_path, background=False, triggers=False)
+    try:
+        with hs.task("t", recall=False) as task:
+            task.user_input("kept")
+        hs.flush()
+        # Make the store refuse writes: a trigger that aborts every insert into events.
+        hs.store._db.execute(  # type: ignore[attr-defined]
+            "CREATE TRIGGER refuse BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'disk says no'); END"
+        )
+        with pytest.warns(HindsightWarning, match="dead"):
+            hs.record({"type": "user_input", "task_id": task.task_id, "input": {"text": "refused"}})
+            hs.flush()
+        lines = [orjson.loads(x) for x in hs.recorder.dead_letter.read_bytes().splitlines()]
+        assert lines[-1]["input"] == {"text": "refused"}
+        assert "disk says no" in lines[-1]["_dead_letter_reason"]
+        assert hs.recorder.stats["dead_lettered"] == 1
+    finally:
+        hs.close()
+
+
+def test_overload_spills_to_dead_letter_and_loses_nothing(db_path: Path) -> None:
+    hs = Hindsight(db_path, background=False, triggers=False, queue_bound=50)
+    try:
+        hs.recorder.block_seconds = 0.0  # never wait: spill at once
+        # Hold the writer back: an exclusive lock from another connection.
+        import sqlite3
+
+        other = sqlite3.connect(db_path, isolation_level=None)
+        other.execute("BEGIN EXCLUSIVE")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HindsightWarning)
+            hs.record({"type": "task_start", "task_id": "tsk_o", "task_type": "t"})
+            for i in range(500):
+                hs.record({"type": "user_input", "task_id": "tsk_o", "input": {"i": i}})
+            assert hs.recorder.backlog <= 50
+            other.execute("ROLLBACK")
+            other.close()
+            hs.flush()
+        stored = {e.input["i"] for e in hs.store.events("tsk_o") if e.type == "user_input"}
+        spilled = {
+            orjson.loads(x)["input"]["i"]
+            for x in hs.recorder.dead_letter.read_bytes().splitlines()
+            if orjson.loads(x).get("type") == "user_input"
+        }
+        assert hs.recorder.stats["spilled"] > 0
+        assert stored | spilled == set(range(500))
+        assert not stored & spilled
+    finally:
+        hs.close()
+
+
+def test_import_jsonl_creates_tasks_and_reports_bad_lines(hs: Hindsight, tmp_path: Path) -> None:
+    lines = [
+        {"type": "task_start", "task_id": "tsk_a", "task_type": "weather", "goal": "天气",
+         "tools": ["get_weather"], "timestamp": "2024-11-20T14:32:00Z"},
+        {"type": "action_executed", "task_id": "tsk_a", "timestamp": "2024-11-20T14:32:01Z",
+         "input": {"tool": "get_weather", "args": {"city": "北京"}},
+         "result": {"status": "succeeded"}},
+        {"type": "task_end", "task_id": "tsk_a", "timestamp": "2024-11-20T14:32:02Z",
+         "result": {"status": "succeeded"}},
+        {"type": "task_start", "task_id": "tsk_b", "task_type": "flight"},
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(orjson.dumps(x) for x in lines) + b"\n{broken\n" + b'{"type": "x"}\n')
+    accepted, problems = hs.import_jsonl(path)
+    assert accepted == 4
+    assert len(problems) == 2 and problems[0].startswith("line 5")
+    task = hs.store.get_task("tsk_a")
+    assert task is not None
+    assert (task.task_type, task.goal, task.status, task.event_count) == ("weather", "天气", "succeeded", 3)
+    assert hs.store.get_task("tsk_b").status == "running"
+
+
+_KILL_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from hindsight_loop import Hindsight
+    hs = Hindsight(sys.argv[1], background=False)
+    with hs.task("t", recall=False, task_id="tsk_kill") as task:
+        for i in range(int(sys.argv[2])):
+            task.record_action("tool", {"i": i}, output="x" * 200)
+    hs.flush()
+    print("flushed", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_sigkill_right_after_flush_loses_nothing(db_path: Path) -> None:
+    n = 20_000
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILL_SCRIPT, str(db_path), str(n)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert "flushed" in proc.stdout
+    hs = Hindsight(db_path, background=False)
+    try:
+        events = hs.store.events("tsk_kill")
+        assert len(events) == n + 2
+        assert sorted(e.input["args"]["i"] for e in events if e.type == "action_executed") == list(range(n))
+    finally:
+        hs.close()
+
+
+def test_close_at_exit_flushes(db_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        from hindsight_loop import Hindsight
+        hs = Hindsight(sys.argv[1], background=False)
+        with hs.task("t", recall=False, task_id="tsk_exit") as task:
+            for i in range(1000):
+                task.user_input(str(i))
+        # no flush, no close: the process just ends
+        """
+    )
+    subprocess.run([sys.executable, "-c", script, str(db_path)], check=True, timeout=60)
+    hs = Hindsight(db_path, background=False)
+    try:
+        assert hs.store.event_count("tsk_exit") == 1002
+    finally:
+        hs.close()
+
+
+def test_recording_from_many_threads(hs: Hindsight) -> None:
+    import threading
+
+    with hs.task("t", recall=False) as task:
+        def work(k: int) -> None:
+            for i in range(2000):
+                task.record_action("tool", {"k": k, "i": i})
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert hs.flush()
+    assert hs.store.event_count(task.task_id) == 8002
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_events_survive_reopen(db_path: Path) -> None:
+    with Hindsight(db_path, background=False) as hs, hs.task("t", recall=False) as task:
+        task.user_input("persist me")
+    with Hindsight(db_path, background=False) as hs2:
+        assert [e.type for e in hs2.store.events(task.task_id)] == ["task_start", "user_input", "task_end"]

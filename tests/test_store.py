@@ -1,0 +1,95 @@
+"""The SQLite store: migrations from a blank file and from the first schema, the review queue."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from hindsight_loop.models import Lesson, Reflection, Task, iso, utcnow
+from hindsight_loop.store import open_store
+from hindsight_loop.store.migrations import MIGRATIONS, applied, migrate
+from hindsight_loop.store.sqlite import SQLiteStore
+
+
+def test_blank_database_gets_every_migration(db_path: Path) -> None:
+    store = SQLiteStore(db_path)
+    try:
+        assert store.meta()["migrations"] == [name for name, _ in MIGRATIONS]
+    finally:
+        store.close()
+
+
+def test_upgrade_from_the_first_schema_keeps_data(db_path: Path) -> None:
+    db = sqlite3.connect(db_path, isolation_level=None)
+    migrate(db, upto=MIGRATIONS[0][0])
+    assert applied(db) == [MIGRATIONS[0][0]]
+    db.execute(
+        "INSERT INTO tasks(task_id, task_type, started_at) VALUES ('tsk_old', 'legacy', ?)",
+        (iso(utcnow()),),
+    )
+    db.close()
+    store = SQLiteStore(db_path)
+    try:
+        assert store.meta()["migrations"] == [name for name, _ in MIGRATIONS]
+        assert store.get_task("tsk_old").task_type == "legacy"
+        assert store.enqueue_review("tsk_old") > 0
+    finally:
+        store.close()
+
+
+def test_open_store_urls(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'a.db'}")
+    store.close()
+    assert (tmp_path / "a.db").exists()
+    try:
+        open_store("mysql://x")
+    except ValueError as exc:
+        assert "sqlite:///" in str(exc)
+    else:
+        raise AssertionError("expected a ValueError")
+
+
+def test_lessons_roundtrip_and_book_version(db_path: Path) -> None:
+    store = SQLiteStore(db_path)
+    try:
+        v0 = store.book_version()
+        lesson = Lesson(lesson_id="les_1", task_type="csv", advice="You should read GBK files as gbk.",
+                        valid_until=iso(utcnow()))
+        store.save_lesson(lesson, embedding=b"\x00" * 8, embed_model="hash")
+        assert store.book_version() == v0 + 1
+        assert store.get_lesson("les_1") == lesson
+        store.bump_hits(["les_1", "les_1"])
+        assert store.get_lesson("les_1").hit_count == 1
+        assert store.book_version() == v0 + 1  # hits do not invalidate recall's index
+        assert store.lesson_embeddings() == {"les_1": ("hash", b"\x00" * 8)}
+    finally:
+        store.close()
+
+
+def test_review_queue_claims_each_job_once(db_path: Path) -> None:
+    a, b = SQLiteStore(db_path), SQLiteStore(db_path)
+    try:
+        a.upsert_task(Task(task_id="tsk_1", task_type="t"))
+        ids = [a.enqueue_review("tsk_1", kind="local", trigger="loop", window=[2, 5]) for _ in range(3)]
+        claimed = [a.claim_review(), b.claim_review(), a.claim_review(), b.claim_review()]
+        assert sorted(j.job_id for j in claimed if j) == ids
+        assert claimed[-1] is None
+        assert claimed[0].window == [2, 5]
+        assert a.pending_reviews() == 3  # running counts as pending until finished
+        for j in claimed[:3]:
+            a.finish_review(j.job_id, status="done")
+        assert a.pending_reviews() == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_reflections_roundtrip(db_path: Path) -> None:
+    store = SQLiteStore(db_path)
+    try:
+        r = Reflection(reflection_id="ref_1", task_id="tsk_1", status="suspect", raw_text="not json",
+                       model="m", latency_ms=12.5, tokens_in=10, tokens_out=3, created_at=iso(utcnow()))
+        store.save_reflection(r)
+        assert store.reflections("tsk_1") == [r]
+    finally:
+        store.close()
