@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Install everything the tests need into .venv (pinned by requirements.lock) and run them all.
+# Used by the README's test command and by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -c requirements.lock -e '.[all,dev]'
+# The MCP end-to-end tests drive a real published MCP server, installed in its own venv so its
+# SDK pin cannot clash with ours.
+bash scripts/setup-mcp-time.sh
+exec .venv/bin/python -m pytest -q "$@"
