@@ -132,6 +132,7 @@ def test_two_failures_in_a_row_queue_a_local_review(hs: Hindsight) -> None:
         for _ in range(2):
             task.record_action("fetch", {"url": "http://x"}, status="failed", error_type="Timeout",
                                error_message="timed out")
+        task.fail("gave up")
     hs.flush()
     jobs = hs.store.review_jobs()
     assert {(j["kind"], j["trigger"]) for j in jobs} >= {("local", "consecutive_failures"), ("full", "task_end")}
