@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from hindsight_loop.cli.common import DbOption, JsonOption, fail, open_hs, print_json
 
@@ -28,7 +28,8 @@ def tasks(
     if json:
         print_json([t.to_dict() for t in found])
         return
-    table = Table("task id", "type", "status", "events", "started", "goal")
+    table = Table("type", "status", "events", "started", "goal")
+    table.columns.insert(0, Column("task id", no_wrap=True))
     for t in found:
         table.add_row(t.task_id, t.task_type, t.status, str(t.event_count), t.started_at, t.goal[:60])
     console.print(table)
@@ -121,7 +122,7 @@ def reflections(
     if json:
         print_json([r.to_dict() for r in found])
         return
-    table = Table("reflection", "task", "kind", "status", "by", "ms", "tokens", "error")
+    table = Table(Column("reflection", no_wrap=True), Column("task", no_wrap=True), "kind", "status", "by", "ms", "tokens", "error")
     for r in found:
         tokens = f"{r.tokens_in or 0}/{r.tokens_out or 0}" if r.tokens_in is not None else ""
         table.add_row(
