@@ -354,3 +354,15 @@ def test_events_survive_reopen(db_path: Path) -> None:
         task.user_input("persist me")
     with Hindsight(db_path, background=False) as hs2:
         assert [e.type for e in hs2.store.events(task.task_id)] == ["task_start", "user_input", "task_end"]
+
+
+def test_procedural_tools_can_be_skipped(db_path: Path) -> None:
+    with Hindsight(db_path, background=False, skip_tools=["poll_status"]) as hs:
+        with hs.task("t", recall=False) as task:
+            for _ in range(5):
+                with task.action("poll_status", {"job": 1}):
+                    pass
+                task.record_action("poll_status", {"job": 1})
+            task.record_action("download", {"job": 1})
+        hs.flush()
+        assert [e.action for e in hs.store.events(task.task_id) if e.type == "action_executed"] == ["download"]

@@ -73,6 +73,9 @@ class Hindsight:
         triggers: Run the live anomaly rules (two failures in a row, dissatisfaction, loops)
             in the writer thread and queue local reviews for them.
         dead_letter: Where events that cannot be written go (default: next to the database).
+        queue_bound: Most events waiting for the writer; past it the agent's thread waits
+            briefly, then spills the oldest to the dead-letter file (memory stays bounded).
+        skip_tools: Purely procedural tools (polling, heartbeats) whose calls are not recorded.
     """
 
     def __init__(
@@ -87,8 +90,10 @@ class Hindsight:
         triggers: bool = True,
         dead_letter: str | Path | None = None,
         queue_bound: int | None = None,
+        skip_tools: Sequence[str] = (),
     ) -> None:
         self.store: Store = open_store(str(db))
+        self.skip_tools = frozenset(skip_tools)
         self.review_min_events = review_min_events
         self.triggers = triggers
         self._reflector = reflector
@@ -790,6 +795,8 @@ class TaskRun:
         timestamp: Any = None,
     ) -> None:
         """Record a tool call that already happened, in one call (the cheapest path)."""
+        if name in self.hs.skip_tools:
+            return
         result: dict[str, Any] = {"status": status, "output": output}
         if error_type is not None:
             result["error_type"] = error_type
@@ -866,6 +873,8 @@ class ActionCall:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._name in self._task.hs.skip_tools:
+            return
         latency = round((time.perf_counter() - self._started) * 1000, 3)
         if exc is not None:
             result = {
