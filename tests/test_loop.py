@@ -142,13 +142,13 @@ def test_lesson_injected_into_five_failed_tasks_drops_out(hs: Hindsight) -> None
     lesson = hs.add_lesson(LessonDraft(task_type="weather", advice="You should ask for the city first.",
                                       features=Features(tools=["get_weather"])))
     for _ in range(5):
-        with hs.task("weather", goal="weather tomorrow", tools=["get_weather"]) as task:
+        with hs.task("weather", goal="what is the weather in the city tomorrow", tools=["get_weather"]) as task:
             task.fail("user unhappy")
         hs.drain()
     after = hs.store.get_lesson(lesson.lesson_id)
     assert after.harmful >= 3
     assert after.status == "needs_review"
-    assert hs.recall(task_type="weather", tools=["get_weather"], query="weather tomorrow") == []
+    assert hs.recall(task_type="weather", tools=["get_weather"], query="what is the weather in the city tomorrow") == []
 
 
 def test_user_scoped_lessons_do_not_leak(hs: Hindsight) -> None:

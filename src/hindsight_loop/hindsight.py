@@ -102,7 +102,11 @@ class Hindsight:
         self._index: LessonIndex | None = None
         self._index_version = -1
         self._index_lock = threading.Lock()
+        # Per running task, kept by the writer thread and dropped at task_end.
         self._watches: dict[str, Any] = {}
+        self._positions: dict[str, list[int]] = {}  # step index of each event the watch saw
+        self._counts: dict[str, int] = {}  # events of the task written so far
+        self._had_failure: set[str] = set()
         self._local_reviews: dict[str, int] = {}
         path = getattr(self.store, "path", "hindsight")
         kwargs: dict[str, Any] = {}
@@ -301,17 +305,25 @@ class Hindsight:
     def _on_batch(self, rows: list[Row]) -> None:
         """Runs in the writer thread after a batch is durable: task ends and anomalies."""
         queued = False
-        for _event_id, task_id, _seq, _ts, etype, body in rows:
+        counts = self._counts
+        for event_id, task_id, seq, ts, etype, body in rows:
+            position = counts.get(task_id, 0)
+            counts[task_id] = position + 1
+            if etype == "action_executed" and b'"status":"failed"' in body:
+                self._had_failure.add(task_id)
             if etype == "task_end":
-                self._watches.pop(task_id, None)
-                self._local_reviews.pop(task_id, None)
-                queued |= self._queue_end_reviews(task_id)
+                queued |= self._queue_end_reviews(task_id, task_id in self._had_failure)
+                for per_task in (self._watches, self._positions, self._counts, self._local_reviews):
+                    per_task.pop(task_id, None)
+                self._had_failure.discard(task_id)
             elif self.triggers and etype in ("action_executed", "feedback", "user_input"):
-                queued |= self._watch(task_id, etype, body, _event_id, _seq, _ts)
+                queued |= self._watch(task_id, etype, body, event_id, seq, ts, position)
         if queued:
             self._work.set()
 
-    def _queue_end_reviews(self, task_id: str) -> bool:
+    def _queue_end_reviews(self, task_id: str, had_failure: bool) -> bool:
+        from hindsight_loop.reflect import needs_review
+
         task = self.store.get_task(task_id)
         if task is None:
             return False
@@ -319,18 +331,26 @@ class Hindsight:
         if task.injected_lesson_ids:
             self.store.enqueue_review(task_id, kind="outcome", trigger="task_end")
             queued = True
-        if task.status == "failed" or task.event_count >= self.review_min_events:
+        if needs_review(
+            task, task.event_count, min_events=self.review_min_events, had_failure=had_failure
+        ):
             self.store.enqueue_review(task_id, kind="full", trigger="task_end")
             queued = True
         return queued
 
-    def _watch(self, task_id: str, etype: str, body: bytes, event_id: str, seq: int, ts: str) -> bool:
+    def _watch(
+        self, task_id: str, etype: str, body: bytes, event_id: str, seq: int, ts: str,
+        position: int,
+    ) -> bool:
         from hindsight_loop.models import Event
         from hindsight_loop.replay import AnomalyWatch
 
         watch = self._watches.get(task_id)
         if watch is None:
             watch = self._watches[task_id] = AnomalyWatch()
+            self._positions[task_id] = []
+        positions = self._positions[task_id]
+        positions.append(position)
         data = orjson.loads(body)
         event = Event(
             event_id=event_id,
@@ -349,8 +369,10 @@ class Hindsight:
             if done >= MAX_LOCAL_REVIEWS:
                 break
             self._local_reviews[task_id] = done + 1
-            indices = [node.index, *node.related]
-            window = [max(0, min(indices) - 2), max(indices)]
+            # The watch counts only the events it saw; the review reads chronicle steps, which
+            # are every event of the task: map back through the positions it saw them at.
+            steps = [positions[i] for i in (node.index, *node.related) if 0 <= i < len(positions)]
+            window = [max(0, min(steps) - 2), max(steps)]
             self.store.enqueue_review(task_id, kind="local", trigger=node.kind, window=window)
             queued = True
         return queued
@@ -567,6 +589,11 @@ class Hindsight:
         try:
             if job.kind == "outcome":
                 self._apply_outcome(job.task_id)
+            elif job.kind == "local" and self.store.has_pending_review(job.task_id, kind="full"):
+                # The task ended before its local review ran and a full review of the whole
+                # run is queued: that one sees everything the local one would.
+                self.store.finish_review(job.job_id, status="skipped", error="full review queued")
+                return
             else:
                 reflector = self.reflector if job.use_llm else self.offline_reflector
                 r = self.reflect(

@@ -311,9 +311,10 @@ class Structured:
     when: dict[str, Any] = field(default_factory=dict)
     """Conditions: ``tool``, ``step``, ``error_type``, ``input`` (key/value pairs)…"""
     prefer: dict[str, Any] | None = None
-    """Action to take instead: ``{"tool": …, "input": {…}}``."""
+    """Action to take instead: ``{"tool": …, "args": {…}}`` (only the args that differ)."""
     avoid: dict[str, Any] | None = None
-    """Action not to take: ``{"tool": …, "input": {…}}``."""
+    """Action not to take: ``{"tool": …, "args": {…}}``, with ``"variants": [{…}, …]`` when
+    several different calls failed."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Column, Table
 
 from hindsight_loop.cli.common import DbOption, JsonOption, fail, open_hs, print_json
@@ -51,7 +52,7 @@ def replay(
         print_json(chronicle.to_dict())
         return
     t = chronicle.task
-    console.print(f"[bold]{t.task_id}[/] {t.task_type} [{t.status}] {t.goal}")
+    console.print(f"[bold]{t.task_id}[/] {t.task_type} \\[{t.status}] {escape(t.goal)}")
     suffix = " (compressed)" if chronicle.compressed else ""
     console.print(f"{chronicle.event_count} events{suffix}")
     marks = {}
@@ -105,7 +106,7 @@ def reflect(
         console.print(f"raw answer: {reflection.raw_text[:300]}", highlight=False)
     for lesson in lessons:
         if lesson is not None:
-            console.print(f"  {lesson.lesson_id} [{lesson.status}] {lesson.advice}", highlight=False)
+            console.print(f"  {lesson.lesson_id} \\[{lesson.status}] {escape(lesson.advice)}", highlight=False)
     if reflection.status == "ok" and not lessons:
         console.print("  no lesson in this run")
 

@@ -90,6 +90,9 @@ class Store(Protocol):
 
     def finish_review(self, job_id: int, *, status: str, error: str | None = None) -> None: ...
 
+    def has_pending_review(self, task_id: str, *, kind: str) -> bool:
+        """Whether a job of this kind for this task is waiting to run."""
+
     def pending_reviews(self) -> int: ...
 
     # misc --------------------------------------------------------------------------------

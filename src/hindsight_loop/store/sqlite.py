@@ -468,6 +468,15 @@ class SQLiteStore:
             (status, error, iso(utcnow()), job_id),
         )
 
+    def has_pending_review(self, task_id: str, *, kind: str) -> bool:
+        return (
+            self._db.execute(
+                "SELECT 1 FROM review_jobs WHERE task_id=? AND kind=? AND status='pending' LIMIT 1",
+                (task_id, kind),
+            ).fetchone()
+            is not None
+        )
+
     def pending_reviews(self) -> int:
         return self._db.execute(
             "SELECT count(*) FROM review_jobs WHERE status IN ('pending', 'running')"
