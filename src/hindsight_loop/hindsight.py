@@ -151,7 +151,10 @@ class Hindsight:
                 from hindsight_loop.llm import reflector_from_env
 
                 reflector = reflector_from_env()
-            except ImportError:
+            except (ImportError, ValueError) as exc:
+                # A missing client package or an unusable HINDSIGHT_LLM_* setting: say so and
+                # keep learning offline rather than failing every review.
+                warn(f"LLM reflection is off ({exc}); using the offline reflector")
                 reflector = None
             self._reflector = reflector or self.offline_reflector
         return self._reflector
@@ -657,6 +660,13 @@ class Hindsight:
         finally:
             self._closed = True
             self._work.set()
+            # Ends a retry backoff in flight, so a slow model cannot hold the process open.
+            closer = getattr(self._reflector, "close", None)
+            if callable(closer):
+                try:
+                    closer()
+                except Exception:  # noqa: BLE001
+                    log.exception("hindsight: closing the reflector failed")
             if self._worker is not None:
                 self._worker.join(timeout=30)
             self.store.close()

@@ -87,6 +87,8 @@ def reflect(
         if hs.store.get_task(task_id) is None:
             raise fail(f"no task {task_id!r} in {db}; list them with 'hindsight tasks --db {db}'")
         reflector = hs.reflector if llm else hs.offline_reflector
+        if llm and reflector is hs.offline_reflector and not json:
+            console.print("no model configured (HINDSIGHT_LLM_PROVIDER / HINDSIGHT_LLM_MODEL): using the offline reflector")
         reflection = hs.reflect(task_id, reflector=reflector, kind=kind)
         lessons = [hs.store.get_lesson(i) for i in reflection.lesson_ids]
     if json:

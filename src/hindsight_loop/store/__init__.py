@@ -24,7 +24,7 @@ class ReviewJob:
     trigger: str
     """``task_end``, ``consecutive_failures``, ``dissatisfaction``, ``loop``, ``manual``."""
     window: list[int] | None = None
-    """For a local review: ``[first_seq, last_seq]`` of the anomaly's window."""
+    """For a local review: ``[first, last]`` step indices (``Step.index``) of the anomaly's window."""
     attempts: int = 0
     use_llm: bool = True
 
