@@ -405,7 +405,9 @@ class Hindsight:
         ``status="failed"`` and returned.
         """
         self.flush()
-        chronicle = self.replay(task_id)
+        # A local review's window is in run positions: replay it uncompressed so step indices
+        # are run positions (the reflector reads only the window, so the size does not matter).
+        chronicle = self.replay(task_id, max_steps=1 << 30) if window else self.replay(task_id)
         reflector = reflector or self.reflector
         started = time.perf_counter()
         try:

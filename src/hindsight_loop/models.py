@@ -240,7 +240,7 @@ class Step:
     """One line of a chronicle: a compact view of one event."""
 
     index: int
-    """Position in the ordered run (0-based)."""
+    """Position in ``Chronicle.steps`` (0-based); the run position unless the run was compressed."""
     event_id: str
     type: str
     action: str | None = None
