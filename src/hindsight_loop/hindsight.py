@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import orjson
 
+from hindsight_loop.embed import lesson_text
 from hindsight_loop.models import (
     EVENT_TYPES,
     Chronicle,
@@ -102,6 +103,7 @@ class Hindsight:
         self._index: LessonIndex | None = None
         self._index_version = -1
         self._index_lock = threading.Lock()
+        self._curate_lock = threading.Lock()
         # Per running task, kept by the writer thread and dropped at task_end.
         self._watches: dict[str, Any] = {}
         self._positions: dict[str, list[int]] = {}  # step index of each event the watch saw
@@ -185,7 +187,14 @@ class Hindsight:
 
         On entry the task recalls its lessons (``task.lessons``, ``task.advice``) unless
         ``recall=False``; on exit it records ``task_end`` (failed if the block raised).
+
+        Raises:
+            ValueError: ``scope`` is not ``global``, ``project:NAME`` or ``user:NAME`` (raised
+                here, before the task runs: a mistyped scope would leak or lose lessons).
         """
+        from hindsight_loop.lessons import check_scope
+
+        scope = check_scope(scope)
         return TaskRun(
             self,
             task_type=task_type,
@@ -447,11 +456,13 @@ class Hindsight:
         """Curate one lesson draft into the book: add, merge into a twin, or flag a conflict."""
         from hindsight_loop.lessons import curate
 
-        book = self.store.list_lessons(task_type=draft.task_type)
-        change = curate(draft, book, embedder=self.embedder)
-        self.save_lesson(change.lesson)
-        if change.other is not None:
-            self.save_lesson(change.other)
+        # Read the book, decide and write in one transaction: two reviews (a worker thread, a
+        # `hindsight worker` process, an MCP call) curating at once must see each other's lesson.
+        with self._curate_lock, self.store.transaction():
+            book = self.store.list_lessons(task_type=draft.task_type)
+            change = curate(draft, book, embedder=self.embedder)
+            for lesson in change.saves:
+                self.save_lesson(lesson)
         return change.lesson
 
     def save_lesson(self, lesson: Lesson) -> None:
@@ -466,7 +477,7 @@ class Hindsight:
         version = self.store.book_version()
         with self._index_lock:
             if self._index is None or version != self._index_version:
-                lessons = self.store.list_lessons()
+                lessons = self._expire_due(self.store.list_lessons())
                 vectors: dict[str, np.ndarray] = {}
                 stale: list[Lesson] = []
                 stored = self.store.lesson_embeddings()
@@ -491,6 +502,15 @@ class Hindsight:
                 self._index = LessonIndex(lessons, embedder=self.embedder, vectors=vectors)
                 self._index_version = version
             return self._index
+
+    def _expire_due(self, lessons: list[Lesson]) -> list[Lesson]:
+        """Mark lessons past ``valid_until`` expired in the store (kept, never deleted)."""
+        from hindsight_loop.lessons import expire_due
+
+        expired = {x.lesson_id: x for x in expire_due(lessons)}
+        for lesson in expired.values():
+            self.store.save_lesson(lesson)
+        return [expired.get(x.lesson_id, x) for x in lessons]
 
     def recall(
         self,
@@ -625,7 +645,9 @@ class Hindsight:
         for lesson_id in task.injected_lesson_ids:
             lesson = self.store.get_lesson(lesson_id)
             if lesson is not None:
-                self.store.save_lesson(apply_outcome(lesson, succeeded=task.status == "succeeded"))
+                self.store.save_lesson(
+                    apply_outcome(lesson, succeeded=task.status == "succeeded", task_id=task_id)
+                )
 
     def _work_loop(self) -> None:
         while not self._closed:
@@ -936,12 +958,6 @@ class ActionCall:
 
 # -- helpers ------------------------------------------------------------------------------------
 
-def lesson_text(lesson: Lesson) -> str:
-    """The text a lesson is embedded and matched by."""
-    parts = [lesson.advice, lesson.general_rule, " ".join(lesson.features.keywords)]
-    return " ".join(p for p in parts if p)
-
-
 def _empty_lessons() -> LessonSet:
     from hindsight_loop.recall import LessonSet
 
@@ -980,4 +996,4 @@ def _check_wire_event(event: Any) -> str | None:
     return None
 
 
-__all__ = ["ActionCall", "Hindsight", "TaskRun", "current_task", "lesson_text"]
+__all__ = ["ActionCall", "Hindsight", "TaskRun", "current_task"]

@@ -7,6 +7,7 @@ never to a database directly, so another backend only has to implement this prot
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,6 +62,9 @@ class Store(Protocol):
     ) -> list[Task]: ...
 
     # lessons -----------------------------------------------------------------------------
+    def transaction(self) -> AbstractContextManager[None]:
+        """A write transaction for this thread: reads and writes inside it are one unit."""
+
     def save_lesson(self, lesson: Lesson, *, embedding: bytes | None = None,
                     embed_model: str | None = None) -> None: ...
 

@@ -6,9 +6,10 @@ all use the store at once); WAL lets readers proceed while the writer commits.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,21 @@ class SQLiteStore:
             except sqlite3.Error:
                 pass
         self._local = threading.local()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One write transaction (BEGIN IMMEDIATE) for this thread; writes inside it join it."""
+        db = self._db
+        if db.in_transaction:
+            yield
+            return
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
     # -- events ----------------------------------------------------------------------------
     def write_event_batch(self, rows: Sequence[tuple[str, str, int, str, str, bytes]]) -> list[str]:
@@ -307,10 +323,8 @@ class SQLiteStore:
     ) -> None:
         body = lesson.to_dict()
         body.pop("score", None)
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute(
+        with self.transaction():
+            self._db.execute(
                 """INSERT INTO lessons(lesson_id, task_type, status, scope, updated_at, body,
                                        embedding, embed_model)
                    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
@@ -330,13 +344,9 @@ class SQLiteStore:
                     embed_model,
                 ),
             )
-            db.execute(
+            self._db.execute(
                 "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key='book_version'"
             )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def get_lesson(self, lesson_id: str) -> Lesson | None:
         row = self._db.execute("SELECT body FROM lessons WHERE lesson_id=?", (lesson_id,)).fetchone()

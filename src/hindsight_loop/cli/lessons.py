@@ -1,0 +1,474 @@
+"""``hindsight lessons …``: people stay in charge of the lesson book.
+
+Review what curation and feedback flagged, confirm, edit, reject, pin and expire lessons (each
+change lands in the lesson's history with who made it), and move the book in and out as
+knowledge-base entries (Markdown) or JSON lines.
+"""
+
+from __future__ import annotations
+
+import getpass
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import orjson
+import typer
+
+from hindsight_loop import lessons as book_ops
+from hindsight_loop.cli.common import DbOption, JsonOption, fail, open_hs, print_json
+
+if TYPE_CHECKING:
+    from hindsight_loop.models import Lesson
+
+lessons_app = typer.Typer(
+    help="Review and curate the lesson book: list, show, review, confirm, edit, reject, pin, "
+    "expire, export, import.",
+    no_args_is_help=True,
+)
+
+IdArgument = Annotated[str, typer.Argument(help="Lesson id (see 'hindsight lessons list').")]
+ByOption = Annotated[
+    str | None,
+    typer.Option(
+        "--by",
+        envvar="HINDSIGHT_USER",
+        help="Who makes the change, kept in the lesson's history (env: HINDSIGHT_USER; "
+        "default: your login name).",
+    ),
+]
+
+
+def _who(by: str | None) -> str:
+    if by:
+        return by
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name in some containers
+        return "cli"
+
+
+def _find(hs: Any, lesson_id: str, db: str) -> Lesson:
+    lesson = hs.store.get_lesson(lesson_id)
+    if lesson is not None:
+        return lesson
+    raise fail(
+        f"no lesson {lesson_id!r} in {db}; list them with 'hindsight lessons list --db {db}'"
+    )
+
+
+def _say(text: str) -> None:
+    # Plain echo, not rich: advice may hold brackets that rich would read as markup.
+    typer.echo(text)
+
+
+def _check_status(status: str | None) -> None:
+    if status is not None and status not in book_ops.STATUSES:
+        raise fail(f"unknown status {status!r}; use one of {', '.join(book_ops.STATUSES)}")
+
+
+def _short(text: str, width: int = 70) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _done(lesson: Lesson, json: bool, message: str) -> None:
+    if json:
+        print_json(lesson.to_dict())
+    else:
+        _say(f"{lesson.lesson_id} {message} [{lesson.status}]")
+
+
+def _change(
+    db: str, lesson_id: str, json: bool, message: str, apply: Callable[[Lesson], Lesson]
+) -> None:
+    """Load a lesson, apply one change to it, save it (re-embedded), report it."""
+    with open_hs(db) as hs:
+        lesson = _find(hs, lesson_id, db)
+        try:
+            changed = apply(lesson)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        hs.save_lesson(changed)
+    _done(changed, json, message)
+
+
+# -- read commands ------------------------------------------------------------------------------
+
+
+@lessons_app.command("list")
+def list_(
+    db: DbOption = "hindsight.db",
+    json: JsonOption = False,
+    status: Annotated[
+        str | None, typer.Option(help="Only this status: active, needs_review, rejected, expired.")
+    ] = None,
+    task_type: Annotated[
+        str | None, typer.Option("--task-type", help="Only this task type.")
+    ] = None,
+    scope: Annotated[
+        str | None, typer.Option(help="Only this scope: global, project:NAME or user:NAME.")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Show at most this many (best first).")] = 100,
+) -> None:
+    """List lessons, best value first, with status, scope, support and outcomes."""
+    _check_status(status)
+    with open_hs(db) as hs:
+        found = hs.store.list_lessons(status=status, task_type=task_type)
+    if scope is not None:
+        found = [x for x in found if x.scope == scope]
+    found.sort(key=lambda x: (x.status != "active", -x.value_score, x.created_at))
+    found = found[:limit]
+    if json:
+        print_json([x.to_dict() for x in found])
+        return
+    if not found:
+        if status or task_type or scope:
+            _say("No lessons match.")
+        else:
+            _say("No lessons yet: review tasks, or seed the book with 'hindsight lessons import'.")
+        return
+    # Two lines per lesson rather than a table: the advice needs the width, in any terminal.
+    for x in found:
+        pinned = ", pinned" if x.pinned else ""
+        _say(
+            f"{x.lesson_id} [{x.status}{pinned}] {x.task_type} {x.scope} support {x.support} "
+            f"helped {x.helpful} hurt {x.harmful} value {x.value_score:.2f}"
+        )
+        _say(f"  {_short(x.advice, 200)}")
+
+
+@lessons_app.command("show")
+def show(lesson_id: IdArgument, db: DbOption = "hindsight.db", json: JsonOption = False) -> None:
+    """Show one lesson in full, with its edit history."""
+    with open_hs(db) as hs:
+        lesson = _find(hs, lesson_id, db)
+    if json:
+        print_json(lesson.to_dict())
+        return
+    f = lesson.features
+    pinned = ", pinned" if lesson.pinned else ""
+    _say(f"{lesson.lesson_id} [{lesson.status}{pinned}]")
+    _say(lesson.advice)
+    rows = [
+        ("task type", lesson.task_type),
+        ("scope", lesson.scope),
+        ("kind", lesson.kind),
+        ("tools", ", ".join(f.tools)),
+        ("intent", f.intent or ""),
+        ("step", f.step or ""),
+        ("error type", f.error_type or ""),
+        ("keywords", ", ".join(f.keywords)),
+        ("root cause", lesson.root_cause),
+        ("general rule", lesson.general_rule),
+        ("suggestions", " | ".join(lesson.suggestions)),
+        ("support", str(lesson.support)),
+        ("hits", str(lesson.hit_count)),
+        ("helpful/harmful", f"{lesson.helpful}/{lesson.harmful}"),
+        ("value", f"{lesson.value_score:.2f}"),
+        ("quality", lesson.quality),
+        ("valid until", lesson.valid_until or ("never (pinned)" if lesson.pinned else "")),
+        ("conflicts", ", ".join(lesson.conflicts)),
+        ("sources", ", ".join(lesson.source_task_ids)),
+        ("created", lesson.created_at),
+        ("updated", lesson.updated_at),
+    ]
+    for name, value in rows:
+        if value:
+            _say(f"  {name:<16}{value}")
+    _say("history")
+    for entry in lesson.history:
+        changes = entry.get("changes") or {}
+        what = ", ".join(sorted(changes)) if changes else ""
+        reason = f" ({entry['reason']})" if entry.get("reason") else ""
+        _say(
+            f"  {entry.get('at', '')}  {entry.get('by', '')}: {entry.get('action', '')}"
+            + (f" {what}" if what else "")
+            + reason
+        )
+
+
+@lessons_app.command("review")
+def review(db: DbOption = "hindsight.db", json: JsonOption = False) -> None:
+    """List what needs a person: conflicts, suspect quality, lessons that keep hurting."""
+    with open_hs(db) as hs:
+        every = {x.lesson_id: x for x in hs.store.list_lessons()}
+    queue = []
+    for lesson in every.values():
+        reasons = book_ops.review_reasons(lesson, every)
+        if reasons:
+            queue.append((lesson, reasons))
+    queue.sort(key=lambda pair: (pair[0].status != "needs_review", pair[0].created_at))
+    if json:
+        print_json([{**lesson.to_dict(), "reasons": reasons} for lesson, reasons in queue])
+        return
+    if not queue:
+        _say("Nothing needs review.")
+        return
+    for lesson, reasons in queue:
+        _say(
+            f"{lesson.lesson_id} [{lesson.status}] {lesson.task_type} {lesson.scope}: "
+            + "; ".join(reasons)
+        )
+        _say(f"  {lesson.advice}")
+        for other_id in lesson.conflicts:
+            other = every.get(other_id)
+            if other is not None and other.status in {"active", "needs_review"}:
+                _say(f"  vs {other_id} [{other.status}]: {other.advice}")
+    _say(
+        f"{len(queue)} to review. Settle each with 'hindsight lessons confirm ID', "
+        "'hindsight lessons edit ID --advice …' or 'hindsight lessons reject ID'."
+    )
+
+
+# -- changes ------------------------------------------------------------------------------------
+
+
+@lessons_app.command("confirm")
+def confirm(
+    lesson_id: IdArgument,
+    db: DbOption = "hindsight.db",
+    by: ByOption = None,
+    json: JsonOption = False,
+) -> None:
+    """Vouch for a lesson: it goes live (again) and its harm count starts afresh."""
+    with open_hs(db) as hs:
+        lesson = book_ops.confirm(_find(hs, lesson_id, db), by=_who(by))
+        hs.save_lesson(lesson)
+        live = [
+            other.lesson_id
+            for cid in lesson.conflicts
+            if (other := hs.store.get_lesson(cid)) is not None and other.status == "active"
+        ]
+    _done(lesson, json, "confirmed")
+    if live and not json:
+        _say(
+            f"note: it conflicts with {', '.join(live)} (active); recall never injects both. "
+            "Reject the wrong one with 'hindsight lessons reject ID'."
+        )
+
+
+@lessons_app.command("reject")
+def reject(
+    lesson_id: IdArgument,
+    db: DbOption = "hindsight.db",
+    reason: Annotated[str, typer.Option(help="Why, kept in the history.")] = "",
+    by: ByOption = None,
+    json: JsonOption = False,
+) -> None:
+    """Reject a lesson: it is kept for the record but never recalled."""
+    who = _who(by)
+    _change(db, lesson_id, json, "rejected", lambda x: book_ops.reject(x, by=who, reason=reason))
+
+
+@lessons_app.command("pin")
+def pin(
+    lesson_id: IdArgument,
+    db: DbOption = "hindsight.db",
+    by: ByOption = None,
+    json: JsonOption = False,
+) -> None:
+    """Pin a lesson: it never expires."""
+    who = _who(by)
+    _change(db, lesson_id, json, "pinned", lambda x: book_ops.pin(x, by=who))
+
+
+@lessons_app.command("unpin")
+def unpin(
+    lesson_id: IdArgument,
+    db: DbOption = "hindsight.db",
+    by: ByOption = None,
+    json: JsonOption = False,
+) -> None:
+    """Unpin a lesson: it expires again 30 days from now."""
+    who = _who(by)
+    _change(db, lesson_id, json, "unpinned", lambda x: book_ops.unpin(x, by=who))
+
+
+@lessons_app.command("expire")
+def expire(
+    lesson_ids: Annotated[
+        list[str] | None, typer.Argument(help="Lessons to expire now (their ids).")
+    ] = None,
+    db: DbOption = "hindsight.db",
+    due: Annotated[
+        bool, typer.Option("--due", help="Expire every active, unpinned lesson past its date.")
+    ] = False,
+    by: ByOption = None,
+    json: JsonOption = False,
+) -> None:
+    """Expire lessons: kept, not recalled. Give ids, or --due for all that ran out."""
+    if not lesson_ids and not due:
+        raise fail("name the lessons to expire, or pass --due to expire all past valid_until")
+    who = _who(by)
+    with open_hs(db) as hs:
+        changed = [book_ops.expire(_find(hs, i, db), by=who) for i in lesson_ids or []]
+        if due:
+            changed += book_ops.expire_due(hs.store.list_lessons(status="active"))
+        for lesson in changed:
+            hs.save_lesson(lesson)
+    if json:
+        print_json([x.to_dict() for x in changed])
+        return
+    for lesson in changed:
+        _done(lesson, False, "expired")
+    if not changed:
+        _say("No lesson is past its valid_until.")
+
+
+@lessons_app.command("edit")
+def edit(
+    lesson_id: IdArgument,
+    db: DbOption = "hindsight.db",
+    advice: Annotated[str | None, typer.Option(help="New advice (second person).")] = None,
+    general_rule: Annotated[str | None, typer.Option("--general-rule", help="New rule.")] = None,
+    root_cause: Annotated[str | None, typer.Option("--root-cause", help="New root cause.")] = None,
+    suggestion: Annotated[
+        list[str] | None, typer.Option("--suggestion", help="Replace suggestions (repeat).")
+    ] = None,
+    task_type: Annotated[str | None, typer.Option("--task-type", help="New task type.")] = None,
+    scope: Annotated[
+        str | None, typer.Option(help="New scope: global, project:NAME or user:NAME.")
+    ] = None,
+    tool: Annotated[
+        list[str] | None, typer.Option("--tool", help="Replace the tools it is about (repeat).")
+    ] = None,
+    keyword: Annotated[
+        list[str] | None, typer.Option("--keyword", help="Replace its keywords (repeat).")
+    ] = None,
+    intent: Annotated[
+        str | None, typer.Option(help="query, operation or analysis ('' to clear).")
+    ] = None,
+    step: Annotated[str | None, typer.Option(help="The step it applies to ('' to clear).")] = None,
+    error_type: Annotated[
+        str | None, typer.Option("--error-type", help="The error it is about ('' to clear).")
+    ] = None,
+    valid_until: Annotated[
+        str | None, typer.Option("--valid-until", help="New expiry date, e.g. 2025-12-31.")
+    ] = None,
+    by: ByOption = None,
+    json: JsonOption = False,
+) -> None:
+    """Change a lesson's text or scenario; the history keeps the old and new values."""
+    changes: dict[str, Any] = {
+        "advice": advice,
+        "general_rule": general_rule,
+        "root_cause": root_cause,
+        "suggestions": suggestion,
+        "task_type": task_type,
+        "scope": scope,
+        "tools": tool,
+        "keywords": keyword,
+        "valid_until": valid_until,
+    }
+    changes = {k: v for k, v in changes.items() if v is not None}
+    for name, value in (("intent", intent), ("step", step), ("error_type", error_type)):
+        if value is not None:
+            changes[name] = value or None
+    if not changes:
+        raise fail(
+            "nothing to change: pass --advice, --general-rule, --root-cause, --suggestion, "
+            "--task-type, --scope, --tool, --keyword, --intent, --step, --error-type or "
+            "--valid-until"
+        )
+    who = _who(by)
+    _change(db, lesson_id, json, "edited", lambda x: book_ops.edit(x, by=who, **changes))
+
+
+# -- export and import --------------------------------------------------------------------------
+
+
+@lessons_app.command("export")
+def export(
+    db: DbOption = "hindsight.db",
+    format_: Annotated[
+        str, typer.Option("--format", "-f", help="md (knowledge-base entries) or jsonl.")
+    ] = "md",
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")
+    ] = None,
+    status: Annotated[str | None, typer.Option(help="Only lessons with this status.")] = None,
+) -> None:
+    """Write the lesson book as Markdown entries or JSON lines ('import' reads the lines back)."""
+    if format_ not in {"md", "jsonl"}:
+        raise fail(f"unknown format {format_!r}; use --format md or --format jsonl")
+    _check_status(status)
+    with open_hs(db) as hs:
+        found = hs.store.list_lessons(status=status)
+    text = book_ops.export_jsonl(found) if format_ == "jsonl" else book_ops.export_markdown(found)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    output.write_text(text, encoding="utf-8")
+    typer.echo(f"wrote {len(found)} lessons to {output}", err=True)
+
+
+@lessons_app.command("import")
+def import_(
+    file: Annotated[
+        str,
+        typer.Argument(
+            help="JSON lines ('-' for stdin): exported lessons, or hand-written entries with "
+            "task_type and advice, and optional tools, intent, scope, keywords, valid_until, "
+            "status, pinned."
+        ),
+    ],
+    db: DbOption = "hindsight.db",
+    by: ByOption = None,
+    json: JsonOption = False,
+) -> None:
+    """Read lessons in: hand-written ones are curated, exported ones restored as they were.
+
+    Curation merges repeats into the lessons they repeat and flags contradictions for review.
+    Nothing is imported if any line is wrong.
+    """
+    try:
+        raw = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise fail(f"cannot read {file!r}: {exc.strerror or exc}") from None
+    who = _who(by)
+    parsed: list[tuple[Lesson, bool]] = []
+    problems: list[str] = []
+    for number, line in enumerate(raw.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            obj = orjson.loads(line)
+            parsed.append((book_ops.parse_import_line(obj, by=who), "lesson_id" in obj))
+        except orjson.JSONDecodeError as exc:
+            problems.append(f"line {number}: not valid JSON ({exc})")
+        except ValueError as exc:
+            problems.append(f"line {number}: {exc}")
+    if problems:
+        for problem in problems:
+            typer.echo(problem, err=True)
+        raise fail(
+            f"nothing imported from {file}: fix the {len(problems)} line(s) above and run again"
+        )
+
+    outcome: dict[str, list[str]] = {"added": [], "merged": [], "conflicts": [], "restored": []}
+    with open_hs(db) as hs:
+        book = {x.lesson_id: x for x in hs.store.list_lessons()}
+        for lesson, exported in parsed:
+            if exported:
+                saves, key = [lesson], "restored"
+            else:
+                change = book_ops.curate(lesson, list(book.values()), embedder=hs.embedder)
+                saves = change.saves
+                key = {"add": "added", "merge": "merged", "conflict": "conflicts"}[change.action]
+            for saved in saves:
+                book[saved.lesson_id] = saved
+                hs.save_lesson(saved)
+            outcome[key].append(saves[0].lesson_id)
+    if json:
+        print_json(outcome)
+        return
+    counts = ", ".join(f"{len(ids)} {name}" for name, ids in outcome.items())
+    _say(f"imported {len(parsed)} lines from {file}: {counts}")
+    if outcome["conflicts"]:
+        _say("see the conflicts with 'hindsight lessons review'")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(lessons_app, name="lessons")

@@ -1,0 +1,972 @@
+"""Curation and feedback: keep the lesson book small, true and sharp.
+
+Every new lesson passes through ``curate`` (add it, merge it into the lesson it repeats, or flag
+it as contradicting one), every task that had lessons injected feeds ``apply_outcome``, and
+lessons age out through ``expire_due``. People change lessons through ``edit`` and the review
+verbs built on it, so each change lands in the lesson's history with who, when and what.
+
+These are functions of data: they return new ``Lesson`` values and never touch the store. The
+facade (or the CLI) loads the book, calls them and saves what they return.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal, get_args
+
+import numpy as np
+import orjson
+
+from hindsight_loop.models import (
+    DEFAULT_VALIDITY,
+    Features,
+    Intent,
+    Lesson,
+    LessonDraft,
+    LessonKind,
+    LessonStatus,
+    Structured,
+    iso,
+    new_id,
+    parse_ts,
+    utcnow,
+)
+from hindsight_loop.text import detect_language, is_cjk, tokenize
+
+# Two lessons' advice is compared by the mean of the embedder's cosine and a weighted overlap of
+# their terms (``text_similarity``). The offline hashed embedder knows no synonyms and scores
+# unrelated sentences of one template ("confirm the X before calling Y") high; the term overlap
+# keeps concrete values (``utf-8-sig``, ``sep=';'``) decisive. Tuned on ten-fold rewordings in
+# English and Chinese (pairs score >= 0.47) against distinct lessons of one task type (<= 0.43).
+#: Similarity above which a draft repeats a lesson when neither names a step or error type ...
+MERGE_THRESHOLD = 0.45
+#: ... when both name the same step / error type (and no tool differs) ...
+MERGE_THRESHOLD_SAME_SCENARIO = 0.38
+#: ... and when only one of them names a step or error type.
+MERGE_THRESHOLD_PARTIAL_SCENARIO = 0.55
+#: Two texts that differ only in a negation ("use X" / "do not use X") score this high once the
+#: negation and emphasis words are stripped; below it, a negation is just a rewording.
+CONFLICT_THRESHOLD = 0.85
+#: How much more specific (``specificity``) a repeat's advice must be to replace the kept text.
+SPECIFICITY_MARGIN = 8.0
+#: Reworded versions of a lesson kept (in its history) so later rewordings can match any of them.
+MAX_VARIANTS = 8
+
+#: A lesson is flagged when, since it was last confirmed, it hurt at least this often and more
+#: often than it helped.
+HARMFUL_MIN = 3
+#: Recency half-life of the value score.
+RECENCY_HALF_LIFE_DAYS = 30.0
+
+SCOPE_RE = re.compile(r"^(global|(project|user):\S.*)$")
+STATUSES: tuple[str, ...] = get_args(LessonStatus)
+INTENTS: tuple[str, ...] = get_args(Intent)
+KINDS: tuple[str, ...] = get_args(LessonKind)
+FEATURE_FIELDS = ("tools", "intent", "step", "error_type", "keywords")
+
+
+@dataclass(kw_only=True, slots=True)
+class Change:
+    """What curation decided for one draft; save ``lesson``, and ``other`` when it is set."""
+
+    action: Literal["add", "merge", "conflict"]
+    """``add`` a new lesson, ``merge`` into an existing one, or a new lesson in ``conflict``."""
+    lesson: Lesson
+    """The new lesson (add, conflict) or the existing lesson the draft was merged into (merge)."""
+    other: Lesson | None = None
+    """For a conflict: the active lesson contradicted, with the new id added to its conflicts."""
+
+    @property
+    def saves(self) -> list[Lesson]:
+        """The lessons the caller has to write back to the store."""
+        return [self.lesson] if self.other is None else [self.lesson, self.other]
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+
+def check_scope(scope: str) -> str:
+    """Return ``scope`` if it is ``global``, ``project:NAME`` or ``user:NAME``; else raise."""
+    if not isinstance(scope, str) or not SCOPE_RE.match(scope.strip()):
+        raise ValueError(f"invalid scope {scope!r}: use 'global', 'project:NAME' or 'user:NAME'")
+    return scope.strip()
+
+
+def _history(now: datetime, by: str, action: str, changes: dict[str, Any]) -> dict[str, Any]:
+    return {"at": iso(now), "by": by, "action": action, "changes": changes}
+
+
+_CONCRETE_RE = re.compile(r"[\w.=/:'\"`-]*[\d_=./:'\"`-][\w.=/:'\"`-]*")
+
+
+def specificity(text: str) -> float:
+    """How concrete advice is: its length plus a bonus per code-like token (``utf-8-sig``, ``x=1``)."""
+    concrete = [t for t in _CONCRETE_RE.findall(text) if re.search(r"\w", t)]
+    return len(text.strip()) + 8.0 * len(concrete)
+
+
+def _merge_list(a: Sequence[Any], b: Sequence[Any], limit: int | None = None) -> list[Any]:
+    out = list(a)
+    out += [x for x in b if x not in out]
+    return out[:limit] if limit else out
+
+
+def _canon(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+# -- drafts into lessons ------------------------------------------------------------------------
+
+
+def draft_to_lesson(
+    draft: LessonDraft,
+    *,
+    now: datetime | None = None,
+    validity: timedelta = DEFAULT_VALIDITY,
+    by: str = "curator",
+) -> Lesson:
+    """A new active lesson from a reflector's draft: fresh id, timestamps, 30-day validity."""
+    now = now or utcnow()
+    lesson = Lesson(
+        lesson_id=new_id("les"),
+        task_type=draft.task_type,
+        advice=draft.advice.strip(),
+        features=copy.deepcopy(draft.features),
+        root_cause=draft.root_cause,
+        suggestions=list(draft.suggestions),
+        general_rule=draft.general_rule,
+        structured=copy.deepcopy(draft.structured),
+        kind=draft.kind,
+        scope=check_scope(draft.scope),
+        source_task_ids=list(draft.source_task_ids),
+        created_at=iso(now),
+        updated_at=iso(now),
+        valid_until=iso(now + validity),
+        language=detect_language(draft.advice),
+        history=[_history(now, by, "create", {"source_task_ids": list(draft.source_task_ids)})],
+    )
+    lesson.value_score = value_score(lesson, now)
+    return lesson
+
+
+# -- curation -----------------------------------------------------------------------------------
+
+_NEG_EN = re.compile(
+    r"\b(?:do\s+not|does\s+not|don't|don’t|doesn't|never|not|no|avoid(?:s|ing)?|without|"
+    r"refrain\s+from|stop)\b",
+    re.IGNORECASE,
+)
+_EMPH_EN = re.compile(
+    r"\b(?:always|prefer(?:s|ably)?|must|should|make\s+sure\s+(?:to|that)|be\s+sure\s+to|do)\b",
+    re.IGNORECASE,
+)
+# No bare 不: it starts many ordinary words (不同, 不断); 别 only before a verb (not 特别, 类别).
+_NEG_ZH = re.compile(
+    r"不要|不能|不应该|不应|不可以|不可|不得|不用|不必|无需|切勿|请勿|勿|禁止|避免|别(?=[用再让把去忘使])"
+)
+_EMPH_ZH = re.compile(r"总是|务必|一定要|应当|应该|优先")
+#: snake_case names in advice: tools and columns (``get_weather``, ``order_date``).
+_IDENTIFIER_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+")
+
+
+def _polarity(text: str) -> tuple[bool, str]:
+    """Whether advice is phrased as a prohibition, and the text with polarity words removed."""
+    negative = bool(_NEG_EN.search(text) or _NEG_ZH.search(text))
+    core = _EMPH_ZH.sub("", _NEG_ZH.sub("", _EMPH_EN.sub("", _NEG_EN.sub("", text))))
+    return negative, " ".join(core.split())
+
+
+def _scenario(lesson: Lesson | LessonDraft) -> dict[str, Any]:
+    """The situation a lesson is about: tool(s), step and error type, from features and ``when``."""
+    when = lesson.structured.when if lesson.structured else {}
+    f = lesson.features
+    tools = set(f.tools)
+    if isinstance(when.get("tool"), str):
+        tools.add(when["tool"])
+    if not tools:
+        # No tools given: the snake_case names the advice mentions stand in (get_weather).
+        tools = {m.lower() for m in _IDENTIFIER_RE.findall(lesson.advice)}
+    return {
+        "tools": tools,
+        "step": when.get("step") or f.step,
+        "error_type": when.get("error_type") or f.error_type,
+        "context": _canon(when["context"]) if when.get("context") else None,
+    }
+
+
+def _scenario_agreement(a: dict[str, Any], b: dict[str, Any]) -> int:
+    """How far two lessons' scenarios agree: -2 they differ (another step, error type, context or
+    tool), 1 both name the same step or error type, -1 only one names them, 0 neither does.
+
+    A shared tool alone says little: most lessons of a task type are about the same few tools.
+    """
+    for key in ("step", "error_type", "context"):
+        if a[key] and b[key] and a[key] != b[key]:
+            return -2
+    if a["tools"] and b["tools"] and not a["tools"] & b["tools"]:
+        return -2
+    named_a, named_b = (a["step"], a["error_type"]), (b["step"], b["error_type"])
+    if named_a == named_b:
+        return 1 if any(named_a) else 0
+    return -1
+
+
+#: Merge threshold by ``_scenario_agreement`` (-2, different scenarios, never merges).
+_MERGE_THRESHOLDS = {
+    1: MERGE_THRESHOLD_SAME_SCENARIO,
+    0: MERGE_THRESHOLD,
+    -1: MERGE_THRESHOLD_PARTIAL_SCENARIO,
+}
+
+_WEIGHTED_TERM_RE = re.compile(r"[\d=\-.'\"]")
+_SNAKE_RE = re.compile(r"^[a-z]+(?:_[a-z]+)+$")
+
+
+def _term_weight(term: str) -> float:
+    # Values (utf-8-sig, sep=';', 3.0) say what to do; snake_case names are tools and columns,
+    # shared by every lesson about them; a lone Chinese character says little.
+    if _SNAKE_RE.match(term):
+        return 1.0
+    if _WEIGHTED_TERM_RE.search(term):
+        return 3.0
+    return 0.5 if len(term) == 1 and is_cjk(term) else 1.0
+
+
+# Words nearly every piece of agent advice uses: two lessons sharing them share no content.
+_ADVICE_WORDS = frozenset(
+    {"user", "call", "calling", "called", "before", "after", "first", "always", "never", "make"}
+    | {"sure", "need", "tool", "用户", "调用", "之前", "之后", "务必", "总是", "一定"}
+)
+
+
+def _terms(text: str) -> set[str]:
+    # A snake_case name is one term: its parts ("get", "weather" of get_weather) would make every
+    # lesson about one tool share three terms instead of one.
+    names = {m.lower() for m in _IDENTIFIER_RE.findall(text)}
+    words = tokenize(_IDENTIFIER_RE.sub(" ", text))
+    return names | {t for t in words if t not in _ADVICE_WORDS}
+
+
+def term_overlap(a: str, b: str) -> float:
+    """Weighted cosine of the two texts' term sets (CJK-aware, stopwords dropped), in [0, 1]."""
+    ta, tb = _terms(a), _terms(b)
+    if not ta or not tb:
+        return 0.0
+    shared = sum(_term_weight(t) ** 2 for t in ta & tb)
+    norm = math.sqrt(sum(_term_weight(t) ** 2 for t in ta) * sum(_term_weight(t) ** 2 for t in tb))
+    return shared / norm
+
+
+def text_similarity(a: str, b: str, cosine: float) -> float:
+    """How alike two pieces of advice are: mean of embedding ``cosine`` and ``term_overlap``."""
+    return (max(cosine, 0.0) + term_overlap(a, b)) / 2
+
+
+def _action(value: dict[str, Any] | None) -> bytes | None:
+    # ``variants`` lists the failed attempts of one run: two runs of one lesson differ there.
+    if value is None:
+        return None
+    return _canon({k: v for k, v in value.items() if k != "variants"})
+
+
+def _has_fix(lesson: Lesson | LessonDraft) -> bool:
+    return lesson.structured is not None and lesson.structured.prefer is not None
+
+
+def _structured_relation(a: Structured | None, b: Structured | None) -> str | None:
+    """``same``, ``conflict``, ``different`` or None (cannot tell) from the structured forms."""
+    if a is None or b is None or _canon(a.when) != _canon(b.when):
+        return None
+    a_prefer, a_avoid, b_prefer, b_avoid = (
+        _action(a.prefer),
+        _action(a.avoid),
+        _action(b.prefer),
+        _action(b.avoid),
+    )
+    if (a_prefer is not None and a_prefer == b_avoid) or (
+        a_avoid is not None and a_avoid == b_prefer
+    ):
+        return "conflict"
+    if a_prefer is not None and b_prefer is not None:
+        # Two fixes for one situation: different lessons (both may work), never one merged text.
+        return "same" if a_prefer == b_prefer else "different"
+    if a_avoid is not None and a_avoid == b_avoid:
+        # Both avoid the same action; one may also name the fix: it says the same, and more.
+        return "same"
+    return None
+
+
+def variants(lesson: Lesson) -> list[str]:
+    """The lesson's advice and the rewordings merged into it (most recent first)."""
+    texts = [lesson.advice]
+    for entry in reversed(lesson.history):
+        text = (entry.get("changes") or {}).get("merged_advice")
+        if isinstance(text, str) and text not in texts:
+            texts.append(text)
+        if len(texts) >= MAX_VARIANTS:
+            break
+    return texts
+
+
+def curate(
+    draft: LessonDraft | Lesson,
+    book: Sequence[Lesson],
+    *,
+    embedder: Any,
+    now: datetime | None = None,
+    validity: timedelta = DEFAULT_VALIDITY,
+    merge_text: Callable[[str, str], str] | None = None,
+    quality: str = "ok",
+) -> Change:
+    """Decide what a new lesson does to the book: add it, merge it, or flag a conflict.
+
+    Only lessons of the same task type and scope are compared. A draft repeats a lesson when
+    their structured forms agree (same ``when``, same ``prefer``), or their advice is close
+    (``text_similarity`` against every wording merged so far, above a threshold that is lower when
+    both name the same step or error type) and their scenarios do not differ. It contradicts an
+    *active* lesson when the structured forms swap prefer and avoid, or when the advice is the
+    same once negation words are removed but only one of the two is negated.
+
+    Args:
+        draft: A reflector's draft, or a ``Lesson`` (imports) whose id, status and validity are
+            kept if it is added.
+        book: The lessons to compare with (any status; rejected ones absorb repeats and stay
+            rejected, expired ones are revived by a repeat).
+        embedder: An ``Embedder``: ``embed(texts) -> float32 array`` with L2-normalized rows.
+        now: The curation time (tests pass a fixed one).
+        validity: How long a new or refreshed lesson stays valid.
+        merge_text: Optional ``(kept, new) -> merged`` advice writer (an LLM); its failure falls
+            back to keeping the more specific text.
+        quality: ``suspect`` when the draft came from an answer that could not be parsed cleanly;
+            a new suspect lesson waits in review instead of going live.
+
+    Returns:
+        A ``Change``; save ``change.saves``.
+    """
+    now = now or utcnow()
+    scope = check_scope(draft.scope)
+    candidates = [
+        lesson
+        for lesson in book
+        if lesson.task_type == draft.task_type
+        and lesson.scope == scope
+        and (not isinstance(draft, Lesson) or lesson.lesson_id != draft.lesson_id)
+    ]
+    best_same: tuple[float, Lesson] | None = None
+    conflict_with: Lesson | None = None
+    if candidates:
+        same, conflicts = _relations(draft, candidates, embedder=embedder)
+        if same:
+            best_same = max(same, key=lambda pair: pair[0])
+        live = [c for c in conflicts if c.is_live(now)]
+        if live:
+            conflict_with = live[0]
+
+    if best_same is not None:
+        return Change(
+            action="merge",
+            lesson=_merge(best_same[1], draft, now=now, validity=validity, merge_text=merge_text),
+        )
+
+    lesson = _new_lesson(draft, now=now, validity=validity)
+    if quality == "suspect":
+        lesson.quality = "suspect"
+        lesson.status = "needs_review"
+    if conflict_with is None:
+        return Change(action="add", lesson=lesson)
+
+    lesson.status = "needs_review"
+    lesson.conflicts = _merge_list(lesson.conflicts, [conflict_with.lesson_id])
+    lesson.history.append(
+        _history(now, "curator", "conflict", {"conflicts": [conflict_with.lesson_id]})
+    )
+    other = copy.deepcopy(conflict_with)
+    other.conflicts = _merge_list(other.conflicts, [lesson.lesson_id])
+    other.history.append(_history(now, "curator", "conflict", {"conflicts": [lesson.lesson_id]}))
+    return Change(action="conflict", lesson=lesson, other=other)
+
+
+def _relations(
+    draft: LessonDraft | Lesson,
+    candidates: Sequence[Lesson],
+    *,
+    embedder: Any,
+) -> tuple[list[tuple[float, Lesson]], list[Lesson]]:
+    """Split candidates into those the draft repeats (with similarity) and those it contradicts."""
+    texts = [draft.advice]
+    spans: list[tuple[int, int]] = []  # which rows of ``texts`` hold each candidate's wordings
+    for lesson in candidates:
+        wordings = variants(lesson)
+        spans.append((len(texts), len(texts) + len(wordings)))
+        texts.extend(wordings)
+    matrix = np.asarray(embedder.embed(texts), dtype=np.float32)
+    query = matrix[0]
+
+    draft_negative, draft_core = _polarity(draft.advice)
+    draft_scenario = _scenario(draft)
+    same: list[tuple[float, Lesson]] = []
+    conflicts: list[Lesson] = []
+    polar: list[tuple[Lesson, str, float]] = []
+    for lesson, (start, stop) in zip(candidates, spans, strict=True):
+        relation = _structured_relation(draft.structured, lesson.structured)
+        if relation == "conflict":
+            conflicts.append(lesson)
+            continue
+        if relation == "same":
+            same.append((1.0, lesson))
+            continue
+        if relation == "different":
+            continue
+        agreement = _scenario_agreement(draft_scenario, _scenario(lesson))
+        if agreement == -2:
+            continue  # different situations: neither a repeat nor a contradiction
+        sim = max(
+            text_similarity(draft.advice, text, float(c))
+            for text, c in zip(texts[start:stop], matrix[start:stop] @ query, strict=True)
+        )
+        threshold = _MERGE_THRESHOLDS[agreement]
+        if sim < threshold:
+            continue
+        negative, core = _polarity(lesson.advice)
+        if negative != draft_negative:
+            polar.append((lesson, core, sim))
+        else:
+            same.append((sim, lesson))
+
+    if polar:
+        # Close texts of opposite polarity: a contradiction if they match once the negation is
+        # gone ("use X" / "never use X"), a rewording otherwise ("use X" / "X, not Y").
+        cores = [draft_core] + [core for _, core, _ in polar]
+        core_vecs = np.asarray(embedder.embed(cores), dtype=np.float32)
+        for (lesson, core, sim), vec in zip(polar, core_vecs[1:], strict=True):
+            if text_similarity(draft_core, core, float(vec @ core_vecs[0])) >= CONFLICT_THRESHOLD:
+                conflicts.append(lesson)
+            else:
+                same.append((sim, lesson))
+    return same, conflicts
+
+
+def _new_lesson(draft: LessonDraft | Lesson, *, now: datetime, validity: timedelta) -> Lesson:
+    if isinstance(draft, LessonDraft):
+        return draft_to_lesson(draft, now=now, validity=validity)
+    lesson = copy.deepcopy(draft)
+    lesson.created_at = lesson.created_at or iso(now)
+    lesson.updated_at = lesson.updated_at or iso(now)
+    if not lesson.pinned and not lesson.valid_until:
+        lesson.valid_until = iso(now + validity)
+    if not lesson.history:
+        lesson.history.append(_history(now, "curator", "create", {}))
+    lesson.value_score = value_score(lesson, now)
+    return lesson
+
+
+def _better(new_fix: bool, new_text: str, old_fix: bool, old_text: str) -> bool:
+    """Whether a repeat's text should replace the kept one.
+
+    Text from a lesson that names what to do instead beats text that only says what not to do;
+    otherwise the more concrete text wins, by a margin so the text people see does not flip with
+    every rewording.
+    """
+    if new_fix != old_fix:
+        return new_fix
+    return specificity(new_text) > specificity(old_text) + SPECIFICITY_MARGIN
+
+
+def _merge(
+    kept: Lesson,
+    draft: LessonDraft | Lesson,
+    *,
+    now: datetime,
+    validity: timedelta,
+    merge_text: Callable[[str, str], str] | None,
+) -> Lesson:
+    lesson = copy.deepcopy(kept)
+    old_advice = lesson.advice
+    new_advice = draft.advice.strip()
+    fix_new, fix_old = _has_fix(draft), _has_fix(kept)
+    advice = new_advice if _better(fix_new, new_advice, fix_old, old_advice) else old_advice
+    if merge_text is not None and new_advice != old_advice:
+        try:
+            merged = merge_text(old_advice, new_advice).strip()
+        except Exception:  # noqa: BLE001 - an LLM failure must not lose the merge
+            merged = ""
+        advice = merged or advice
+    lesson.advice = advice
+    if advice != old_advice:
+        lesson.language = detect_language(advice)
+    for name in ("root_cause", "general_rule"):
+        mine, theirs = getattr(lesson, name), getattr(draft, name)
+        if theirs and _better(fix_new, theirs, fix_old, mine):
+            setattr(lesson, name, theirs)
+    lesson.suggestions = _merge_list(lesson.suggestions, draft.suggestions, limit=5)
+    f, g = lesson.features, draft.features
+    f.tools = _merge_list(f.tools, g.tools)
+    f.keywords = _merge_list(f.keywords, g.keywords, limit=12)
+    f.intent = f.intent or g.intent
+    f.step = f.step or g.step
+    f.error_type = f.error_type or g.error_type
+    if draft.structured is not None and (lesson.structured is None or fix_new > fix_old):
+        lesson.structured = copy.deepcopy(draft.structured)
+    added_sources = [t for t in draft.source_task_ids if t not in lesson.source_task_ids]
+    lesson.source_task_ids += added_sources
+    lesson.support += draft.support if isinstance(draft, Lesson) else 1
+    lesson.updated_at = iso(now)
+    changes: dict[str, Any] = {"support": lesson.support, "merged_advice": new_advice}
+    if added_sources:
+        changes["source_task_ids"] = added_sources
+    if advice != old_advice:
+        changes["advice"] = {"from": old_advice, "to": advice}
+    if not lesson.pinned:
+        lesson.valid_until = iso(now + validity)
+        if lesson.status == "expired":
+            # The lesson was learned again: it is current once more.
+            lesson.status = "active"
+            changes["status"] = {"from": "expired", "to": "active"}
+    lesson.value_score = value_score(lesson, now)
+    lesson.history.append(_history(now, "curator", "merge", changes))
+    return lesson
+
+
+# -- feedback -----------------------------------------------------------------------------------
+
+
+def value_score(lesson: Lesson, now: datetime | None = None) -> float:
+    """How much a lesson is worth injecting, in [0, 1].
+
+    The Laplace-smoothed helpful rate ``(helpful + 1) / (helpful + harmful + 2)`` scaled by a
+    factor in [0.5, 1] that grows with support (log-damped, full at 10 reflections) and recency
+    (half-life ``RECENCY_HALF_LIFE_DAYS`` since the last update). Multiplying keeps a lesson that
+    hurts low however often it was learned; a new lesson scores about 0.41.
+    """
+    now = now or utcnow()
+    rate = (lesson.helpful + 1) / (lesson.helpful + lesson.harmful + 2)
+    support = min(1.0, math.log1p(max(lesson.support, 1)) / math.log1p(10))
+    stamp = lesson.updated_at or lesson.created_at
+    days = max(0.0, (now - parse_ts(stamp)).total_seconds() / 86400) if stamp else 0.0
+    recency = 0.5 ** (days / RECENCY_HALF_LIFE_DAYS)
+    return round(rate * (0.5 + 0.25 * support + 0.25 * recency), 4)
+
+
+def _counts_since_confirm(lesson: Lesson) -> tuple[int, int]:
+    """Helpful and harmful counts since a person last confirmed the lesson."""
+    for entry in reversed(lesson.history):
+        if entry.get("action") == "confirm":
+            base = entry.get("counts") or {}
+            return (
+                lesson.helpful - int(base.get("helpful", 0)),
+                lesson.harmful - int(base.get("harmful", 0)),
+            )
+    return lesson.helpful, lesson.harmful
+
+
+def keeps_hurting(lesson: Lesson) -> bool:
+    """Hurt at least ``HARMFUL_MIN`` times, and more often than it helped, since last confirmed."""
+    helpful, harmful = _counts_since_confirm(lesson)
+    return harmful >= HARMFUL_MIN and harmful > helpful
+
+
+def apply_outcome(
+    lesson: Lesson,
+    *,
+    succeeded: bool,
+    now: datetime | None = None,
+    validity: timedelta = DEFAULT_VALIDITY,
+    task_id: str | None = None,
+) -> Lesson:
+    """Count the outcome of a task the lesson was injected into; flag it if it keeps hurting.
+
+    A success counts as helpful and extends ``valid_until`` (a lesson that works stays); a failure
+    counts as harmful. A live lesson that keeps hurting goes to ``needs_review``: recall drops it
+    and ``hindsight lessons review`` shows it.
+    """
+    now = now or utcnow()
+    out = copy.deepcopy(lesson)
+    if succeeded:
+        out.helpful += 1
+        if not out.pinned:
+            extended = now + validity
+            if not out.valid_until or parse_ts(out.valid_until) < extended:
+                out.valid_until = iso(extended)
+    else:
+        out.harmful += 1
+    out.updated_at = iso(now)
+    out.value_score = value_score(out, now)
+    if out.status == "active" and keeps_hurting(out):
+        out.status = "needs_review"
+        out.history.append(
+            _history(
+                now,
+                "feedback",
+                "flag_harmful",
+                {
+                    "status": {"from": "active", "to": "needs_review"},
+                    "helpful": out.helpful,
+                    "harmful": out.harmful,
+                    **({"task_id": task_id} if task_id else {}),
+                },
+            )
+        )
+    return out
+
+
+def expire_due(book: Sequence[Lesson], now: datetime | None = None) -> list[Lesson]:
+    """The active, unpinned lessons past ``valid_until``, already marked ``expired``: save them.
+
+    Expired lessons are kept (for review, export and revival by a repeat), never deleted.
+    """
+    now = now or utcnow()
+    return [
+        expire(lesson, by="system", now=now, reason="valid_until passed")
+        for lesson in book
+        if lesson.status == "active"
+        and not lesson.pinned
+        and lesson.valid_until
+        and parse_ts(lesson.valid_until) < now
+    ]
+
+
+# -- people in charge ---------------------------------------------------------------------------
+
+_LESSON_FIELDS = {f.name for f in dataclasses.fields(Lesson)}
+_EDITABLE = (_LESSON_FIELDS | set(FEATURE_FIELDS)) - {"lesson_id", "history", "score", "features"}
+
+
+def edit(
+    lesson: Lesson, *, by: str, action: str = "edit", now: datetime | None = None, **changes: Any
+) -> Lesson:
+    """A copy of ``lesson`` with ``changes`` applied and one history entry saying who, when, what.
+
+    ``changes`` are ``Lesson`` field names, or feature names (``tools``, ``intent``, ``step``,
+    ``error_type``, ``keywords``). Values are checked; a change to nothing is not recorded.
+    """
+    now = now or utcnow()
+    unknown = sorted(set(changes) - _EDITABLE)
+    if unknown:
+        raise ValueError(
+            f"cannot edit {', '.join(map(repr, unknown))}; editable: {', '.join(sorted(_EDITABLE))}"
+        )
+    out = copy.deepcopy(lesson)
+    record: dict[str, Any] = {}
+    for name, value in changes.items():
+        value = _check_field(name, value)
+        target = out.features if name in FEATURE_FIELDS else out
+        old = getattr(target, name)
+        if old == value:
+            continue
+        setattr(target, name, value)
+        record[name] = {"from": old, "to": value}
+    if "advice" in record:
+        out.language = detect_language(out.advice)
+    if record or action != "edit":
+        out.updated_at = iso(now)
+        out.value_score = value_score(out, now)
+        out.history.append(_history(now, by, action, record))
+    return out
+
+
+def _check_field(name: str, value: Any) -> Any:
+    if name in {"advice", "task_type"} and (not isinstance(value, str) or not value.strip()):
+        raise ValueError(f"{name!r} must be non-empty text")
+    if name == "advice":
+        return value.strip()
+    if name == "scope":
+        return check_scope(value)
+    if name == "status" and value not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {value!r}")
+    if name == "intent" and value is not None and value not in INTENTS:
+        raise ValueError(f"intent must be one of {', '.join(INTENTS)}, got {value!r}")
+    if name == "kind" and value not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {value!r}")
+    if name in {"tools", "keywords", "suggestions", "source_task_ids", "conflicts"}:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{name!r} must be a list of strings")
+        return list(dict.fromkeys(value))
+    if name in {"valid_until", "created_at", "updated_at"} and value is not None:
+        try:
+            return iso(parse_ts(value))
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(
+                f"{name!r} must be an ISO date like 2025-01-31 or 2025-01-31T12:00:00Z, got {value!r}"
+            ) from None
+    if name == "pinned" and not isinstance(value, bool):
+        raise ValueError(f"'pinned' must be true or false, got {value!r}")
+    if name in {"support", "hit_count", "helpful", "harmful"} and (
+        not isinstance(value, int) or isinstance(value, bool) or value < 0
+    ):
+        raise ValueError(f"{name!r} must be a whole number >= 0, got {value!r}")
+    return value
+
+
+def pin(lesson: Lesson, *, by: str, now: datetime | None = None) -> Lesson:
+    """Pin a lesson: it never expires (``valid_until`` cleared)."""
+    return edit(lesson, by=by, action="pin", now=now, pinned=True, valid_until=None)
+
+
+def unpin(
+    lesson: Lesson, *, by: str, now: datetime | None = None, validity: timedelta = DEFAULT_VALIDITY
+) -> Lesson:
+    """Unpin a lesson: it expires again, ``validity`` from now."""
+    now = now or utcnow()
+    return edit(
+        lesson, by=by, action="unpin", now=now, pinned=False, valid_until=iso(now + validity)
+    )
+
+
+def reject(lesson: Lesson, *, by: str, now: datetime | None = None, reason: str = "") -> Lesson:
+    """Reject a lesson: kept for the record (and to absorb repeats), never recalled."""
+    out = edit(lesson, by=by, action="reject", now=now, status="rejected")
+    if reason:
+        out.history[-1]["reason"] = reason
+    return out
+
+
+def expire(lesson: Lesson, *, by: str, now: datetime | None = None, reason: str = "") -> Lesson:
+    """Mark a lesson expired now (kept, not recalled)."""
+    out = edit(lesson, by=by, action="expire", now=now, status="expired")
+    if reason:
+        out.history[-1]["reason"] = reason
+    return out
+
+
+def confirm(
+    lesson: Lesson, *, by: str, now: datetime | None = None, validity: timedelta = DEFAULT_VALIDITY
+) -> Lesson:
+    """A person vouches for a lesson: active, quality ok, valid again if it had run out.
+
+    Its helpful/harmful counts so far are recorded, so only failures after this confirmation can
+    flag it as harmful again. Conflicts stay recorded; recall never injects both sides.
+    """
+    now = now or utcnow()
+    changes: dict[str, Any] = {"status": "active", "quality": "ok"}
+    if not lesson.pinned and (not lesson.valid_until or parse_ts(lesson.valid_until) <= now):
+        changes["valid_until"] = iso(now + validity)
+    out = edit(lesson, by=by, action="confirm", now=now, **changes)
+    out.history[-1]["counts"] = {"helpful": out.helpful, "harmful": out.harmful}
+    return out
+
+
+def review_reasons(lesson: Lesson, book: Mapping[str, Lesson] | None = None) -> list[str]:
+    """Why a lesson needs a person's look: conflicts, suspect quality, harm (empty: it does not).
+
+    With ``book`` (lessons by id), a conflict counts only while the other side is still live or
+    waiting for review; rejected and expired lessons need nothing.
+    """
+    if lesson.status in {"rejected", "expired"}:
+        return []
+    reasons: list[str] = []
+    open_conflicts = [
+        cid
+        for cid in lesson.conflicts
+        if book is None or (cid in book and book[cid].status in {"active", "needs_review"})
+    ]
+    if open_conflicts:
+        reasons.append("conflicts with " + ", ".join(open_conflicts))
+    if lesson.quality == "suspect":
+        reasons.append("suspect quality")
+    if keeps_hurting(lesson):
+        reasons.append(f"harmful: hurt {lesson.harmful} times, helped {lesson.helpful}")
+    if lesson.status == "needs_review" and not reasons:
+        reasons.append("needs review")
+    return reasons
+
+
+# -- import and export --------------------------------------------------------------------------
+
+_IMPORT_FIELDS = {
+    "task_type", "advice", "tools", "intent", "scope", "keywords", "valid_until", "status",
+    "pinned", "step", "error_type", "root_cause", "suggestions", "general_rule", "kind",
+    "source_task_ids", "language", "structured",
+}  # fmt: skip
+
+
+def parse_import_line(obj: Any, *, now: datetime | None = None, by: str = "import") -> Lesson:
+    """A lesson from one import line: an exported lesson, or a hand-written entry.
+
+    A hand-written entry needs ``task_type`` and ``advice``; it may carry ``tools``, ``intent``,
+    ``scope`` (``global``, ``project:NAME``, ``user:NAME``), ``keywords``, ``valid_until``,
+    ``status``, ``pinned`` (and the other lesson texts: ``root_cause``, ``general_rule`` …).
+    An exported lesson comes back as it was; a hand-written one gets a new id, 30 days of validity
+    (unless pinned or given ``valid_until``) and a history entry by ``by``. Raises ``ValueError``
+    saying what is wrong with the line.
+    """
+    now = now or utcnow()
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    if "lesson_id" in obj:
+        return _parse_full(obj)
+    unknown = sorted(set(obj) - _IMPORT_FIELDS)
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, sorted(_IMPORT_FIELDS), n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ValueError(
+            f"unknown field {', '.join(hints)}; allowed: {', '.join(sorted(_IMPORT_FIELDS))}"
+        )
+    for name in ("task_type", "advice"):
+        if not isinstance(obj.get(name), str) or not obj[name].strip():
+            raise ValueError(f"missing {name!r}: every line needs 'task_type' and 'advice' as text")
+    fields: dict[str, Any] = {}
+    features: dict[str, Any] = {}
+    for name, value in obj.items():
+        if name == "structured":
+            fields[name] = _parse_structured(value)
+            continue
+        checked = _check_field(name, value)
+        if name in {"step", "error_type", "root_cause", "general_rule", "language"} and not (
+            checked is None or isinstance(checked, str)
+        ):
+            raise ValueError(f"{name!r} must be text")
+        (features if name in FEATURE_FIELDS else fields)[name] = checked
+    pinned = fields.get("pinned", False)
+    if pinned:
+        fields["valid_until"] = None
+    elif not fields.get("valid_until"):
+        fields["valid_until"] = iso(now + DEFAULT_VALIDITY)
+    fields.setdefault("language", detect_language(fields["advice"]))
+    lesson = Lesson(
+        lesson_id=new_id("les"),
+        features=Features(**features),
+        created_at=iso(now),
+        updated_at=iso(now),
+        history=[_history(now, by, "import", {})],
+        **fields,
+    )
+    lesson.value_score = value_score(lesson, now)
+    return lesson
+
+
+def _parse_structured(value: Any) -> Structured | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("when", {}), dict):
+        raise ValueError('\'structured\' must be an object like {"when": {...}, "prefer": {...}}')
+    unknown = set(value) - {"when", "prefer", "avoid"}
+    if unknown:
+        raise ValueError(
+            f"'structured' allows only 'when', 'prefer', 'avoid'; got {sorted(unknown)}"
+        )
+    return Structured(
+        when=value.get("when") or {}, prefer=value.get("prefer"), avoid=value.get("avoid")
+    )
+
+
+def _parse_full(obj: dict[str, Any]) -> Lesson:
+    if not isinstance(obj["lesson_id"], str) or not obj["lesson_id"].strip():
+        raise ValueError("'lesson_id' must be non-empty text")
+    for name in ("task_type", "advice"):
+        if not isinstance(obj.get(name), str) or not obj[name].strip():
+            raise ValueError(f"missing {name!r}: every line needs 'task_type' and 'advice' as text")
+    if obj.get("features") is not None and not isinstance(obj["features"], dict):
+        raise ValueError("'features' must be an object")
+    try:
+        lesson = Lesson.from_dict({**obj, "structured": _parse_structured(obj.get("structured"))})
+    except TypeError as exc:
+        raise ValueError(f"not a lesson: {exc}") from None
+    checked = ("scope", "status", "kind", "valid_until", "pinned", "support", "helpful", "harmful")
+    for name in checked:
+        _check_field(name, getattr(lesson, name))
+    lesson.score = None
+    return lesson
+
+
+def export_jsonl(lessons: Sequence[Lesson]) -> str:
+    """The lessons in their wire form, one JSON object a line (``import`` reads it back)."""
+    lines = []
+    for lesson in lessons:
+        body = lesson.to_dict()
+        body.pop("score", None)
+        lines.append(orjson.dumps(body).decode())
+    return "".join(line + "\n" for line in lines)
+
+
+def export_markdown(lessons: Sequence[Lesson]) -> str:
+    """The lessons as knowledge-base entries: one section per lesson, grouped by task type."""
+    out = ["# Lessons", ""]
+    if not lessons:
+        out.append("_No lessons._")
+        return "\n".join(out) + "\n"
+    by_type: dict[str, list[Lesson]] = {}
+    for lesson in lessons:
+        by_type.setdefault(lesson.task_type, []).append(lesson)
+    for task_type in sorted(by_type):
+        out += [f"## {task_type}", ""]
+        for lesson in by_type[task_type]:
+            out += _markdown_entry(lesson)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _markdown_entry(lesson: Lesson) -> list[str]:
+    f = lesson.features
+    title = lesson.advice.splitlines()[0] if lesson.advice else lesson.lesson_id
+    if len(title) > 80:
+        title = title[:79] + "…"
+    lines = [f"### {title}", ""]
+    if title != lesson.advice:
+        lines += [f"> {line}" for line in lesson.advice.splitlines()] + [""]
+    meta = [
+        ("id", f"`{lesson.lesson_id}`"),
+        ("status", lesson.status + (" (pinned)" if lesson.pinned else "")),
+        ("scope", lesson.scope),
+        ("tools", ", ".join(f"`{t}`" for t in f.tools)),
+        ("intent", f.intent or ""),
+        ("step", f.step or ""),
+        ("error type", f.error_type or ""),
+        ("keywords", ", ".join(f.keywords)),
+        ("support", str(lesson.support)),
+        ("helpful / harmful", f"{lesson.helpful} / {lesson.harmful}"),
+        ("value", f"{lesson.value_score:.2f}"),
+        ("valid until", lesson.valid_until or ("never" if lesson.pinned else "")),
+        ("conflicts", ", ".join(f"`{c}`" for c in lesson.conflicts)),
+        ("sources", ", ".join(f"`{t}`" for t in lesson.source_task_ids)),
+    ]
+    lines += [f"- **{k}**: {v}" for k, v in meta if v]
+    lines.append("")
+    if lesson.root_cause:
+        lines += [f"**Root cause.** {lesson.root_cause}", ""]
+    if lesson.general_rule:
+        lines += [f"**General rule.** {lesson.general_rule}", ""]
+    if lesson.suggestions:
+        lines += ["**Suggestions.**", ""] + [f"1. {s}" for s in lesson.suggestions] + [""]
+    if lesson.structured:
+        st = lesson.structured
+        parts = [f"when `{orjson.dumps(st.when).decode()}`"]
+        if st.prefer is not None:
+            parts.append(f"prefer `{orjson.dumps(st.prefer).decode()}`")
+        if st.avoid is not None:
+            parts.append(f"avoid `{orjson.dumps(st.avoid).decode()}`")
+        lines += [f"**Rule.** {', '.join(parts)}", ""]
+    return lines
+
+
+__all__ = [
+    "Change",
+    "apply_outcome",
+    "check_scope",
+    "confirm",
+    "curate",
+    "draft_to_lesson",
+    "edit",
+    "expire",
+    "expire_due",
+    "export_jsonl",
+    "export_markdown",
+    "keeps_hurting",
+    "parse_import_line",
+    "pin",
+    "reject",
+    "review_reasons",
+    "specificity",
+    "unpin",
+    "value_score",
+    "variants",
+]

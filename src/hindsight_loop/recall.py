@@ -1,0 +1,639 @@
+"""Recall: the right few lessons for the task at hand, rendered as advice to inject.
+
+Vector similarity alone confuses lessons that are phrased alike but do not transfer ("confirm the
+city before asking for the weather" and "confirm the departure airport before searching flights").
+So recall is rules first, ranking second (DESIGN.md):
+
+1. The rule stage keeps only lessons that can apply: active, not expired (pinned lessons never
+   expire), in scope (global plus the caller's own project/user scopes), of the same task type
+   (or a lesson for any task type), sharing a tool with the task (a lesson without tools fits any
+   task), and of the same intent class when both are known.
+2. The rank stage scores the survivors by a fusion of cosine similarity, BM25 over a CJK-aware
+   tokenization and the lesson's value score, plus boosts for an exact step / error-type match.
+   Below a minimum score nothing is returned: no advice is better than wrong advice.
+3. At most one of two conflicting lessons is returned.
+
+``LessonIndex`` is built once per version of the lesson book and queried many times: it keeps
+the lessons sorted by task type so a query only touches its own task type's slice (plus the
+lessons for any task type), and holds every rule-stage field as a numpy array, the vectors as one
+matrix and BM25 as a column-compressed term matrix (built by ``bm25s``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import bm25s
+import numpy as np
+
+from hindsight_loop.embed import Embedder, lesson_text
+from hindsight_loop.models import Intent, Lesson, parse_ts
+from hindsight_loop.text import detect_language, tokenize
+
+__all__ = [
+    "LessonIndex",
+    "LessonSet",
+    "Ranking",
+    "RecallQuery",
+    "classify_intent",
+    "inject",
+]
+
+_ANY_TASK_TYPES = ("", "*", "any")
+
+
+@dataclass(kw_only=True, slots=True)
+class RecallQuery:
+    """What the agent is about to do, as recall matches it."""
+
+    task_type: str | None = None
+    """The task's type; ``None`` does not filter on it."""
+    tools: list[str] = field(default_factory=list)
+    """The tools the agent has; empty means unknown, so tools do not filter."""
+    query: str = ""
+    """Free text: the goal, the user's request, an error message (English or Chinese)."""
+    intent: str | None = None
+    """``query`` / ``operation`` / ``analysis``; ``None`` does not filter on it."""
+    scope: str | Sequence[str] | None = None
+    """The caller's own scope(s), e.g. ``"user:alice"`` or ``["project:web", "user:alice"]``.
+    Global lessons are always in scope; ``None`` means global only."""
+    step: str | None = None
+    """The agent's current step label; an exact match ranks a lesson higher."""
+    error_type: str | None = None
+    """The error just met (``EncodingError``); an exact match ranks a lesson higher."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Ranking:
+    """How the rank stage weighs its signals and where it cuts off."""
+
+    vector: float = 0.5
+    """Weight of cosine similarity in the text relevance."""
+    bm25: float = 0.5
+    """Weight of normalized BM25 in the text relevance."""
+    scenario: float = 0.2
+    """Share of relevance that comes from the scenario match (exact task type, tool overlap)
+    rather than the text; all of it when the query has no text."""
+    step_boost: float = 0.1
+    """Added when the lesson's step equals the query's step."""
+    error_boost: float = 0.15
+    """Added when the lesson's error type equals the query's error type."""
+    value_floor: float = 0.7
+    """The score is relevance x (value_floor + value_span x value_score): a lesson's track
+    record moves its rank, but cannot carry a lesson that does not match."""
+    value_span: float = 0.6
+    min_score: float = 0.3
+    """Below this, a lesson is a poor match and is not returned."""
+    relative: float = 0.75
+    """A lesson scoring below this fraction of the best one is left out too."""
+
+
+# -- results and injection ----------------------------------------------------------------
+
+_PROMPT = {
+    "en": (
+        "Advice from earlier runs of similar tasks (how to use the tools):",
+        "These lessons come from past experience; where one does not fit the current "
+        "situation, follow the actual situation.",
+    ),
+    "zh": (
+        "以往类似任务总结的经验（工具使用建议）：",
+        "以上经验来自过去的任务；如与当前实际情况不符，请以实际情况为准。",
+    ),
+}
+
+
+def _language(lesson: Lesson) -> str:
+    # The stored field defaults to "en"; the advice text itself is the better witness.
+    return "zh" if lesson.language == "zh" else detect_language(lesson.advice)
+
+
+class LessonSet(list[Lesson]):
+    """The lessons recall returned, best first, each with ``score`` set."""
+
+    @property
+    def ids(self) -> list[str]:
+        """The lesson ids, in order."""
+        return [lesson.lesson_id for lesson in self]
+
+    def as_prompt(self) -> str:
+        """Render the lessons as tool-usage advice, one bullet each (``""`` when empty).
+
+        The header and the closing line are in Chinese when most of the lessons are.
+        """
+        if not self:
+            return ""
+        zh = sum(_language(lesson) == "zh" for lesson in self)
+        header, footer = _PROMPT["zh" if zh * 2 > len(self) else "en"]
+        lines = [header]
+        for lesson in self:
+            advice = " ".join(lesson.advice.split())
+            tools = lesson.features.tools
+            lines.append(f"- [{', '.join(tools)}] {advice}" if tools else f"- {advice}")
+        lines.append(footer)
+        return "\n".join(lines)
+
+
+def inject(
+    messages: Sequence[Mapping[str, Any]],
+    lessons: Sequence[Lesson],
+    *,
+    mode: Literal["insert", "append"] = "insert",
+) -> list[dict[str, Any]]:
+    """Return a new OpenAI-style message list with the lessons' advice in it.
+
+    The default, ``mode="insert"``, adds one system message right before the last user message:
+    after the system prompt and tool descriptions, next to the request it is about, and leaving
+    the system prompt byte-for-byte unchanged so providers' prompt caches still hit. Some local
+    chat templates accept a single leading system message only; for them ``mode="append"`` adds
+    the advice to the end of the first system message instead (or creates one).
+
+    The input list and its messages are not modified. With no lessons, the messages come back
+    unchanged (as a new list).
+
+    Args:
+        messages: ``[{"role": ..., "content": ...}, ...]``.
+        lessons: What recall returned (a ``LessonSet`` or any sequence of lessons).
+        mode: ``"insert"`` or ``"append"``, see above.
+    """
+    out = [dict(m) for m in messages]
+    prompt = (lessons if isinstance(lessons, LessonSet) else LessonSet(lessons)).as_prompt()
+    if not prompt:
+        return out
+    if mode == "append":
+        for i, message in enumerate(out):
+            if message.get("role") in ("system", "developer"):
+                content = message.get("content")
+                if isinstance(content, list):  # content parts
+                    message["content"] = [*content, {"type": "text", "text": prompt}]
+                else:
+                    message["content"] = f"{content}\n\n{prompt}" if content else prompt
+                out[i] = message
+                return out
+        return [{"role": "system", "content": prompt}, *out]
+    if mode != "insert":
+        raise ValueError(f"unknown inject mode {mode!r}: use 'insert' or 'append'")
+    last_user = next((i for i in range(len(out) - 1, -1, -1) if out[i].get("role") == "user"), None)
+    at = len(out) if last_user is None else last_user
+    out.insert(at, {"role": "system", "content": prompt})
+    return out
+
+
+# -- intent ---------------------------------------------------------------------------------
+
+_INTENT_WORDS: dict[str, frozenset[str]] = {
+    "analysis": frozenset(
+        """analyze analyse analysis analyzing analysing compare comparison contrast trend why
+        explain evaluate evaluation assess assessment summarize summarise summary insight
+        correlation correlate statistic breakdown diagnose investigate reason cause impact
+        distribution growth forecast predict pattern""".split()
+    ),
+    "operation": frozenset(
+        """create make add insert delete remove drop update change modify edit set send email
+        book reserve cancel schedule install deploy run execute write save upload download
+        convert move rename fix repair clean import export order buy purchase pay transfer post
+        submit generate build apply merge commit push restart stop start enable disable
+        configure translate publish reply""".split()
+    ),
+    "query": frozenset(
+        """what which who whom when where whether show list find look search get check tell
+        lookup fetch retrieve count price weather status""".split()
+    ),
+}
+_INTENT_PHRASES: dict[str, tuple[str, ...]] = {
+    "analysis": (
+        "root cause", "how come", "分析", "比较", "对比", "趋势", "为什么", "原因", "评估", "总结",
+        "统计", "报告", "洞察", "归因", "占比", "同比", "环比", "预测", "影响", "怎么回事",
+    ),
+    "operation": (
+        "创建", "新建", "添加", "删除", "修改", "更新", "设置", "发送", "发邮件", "预订", "预定",
+        "订一", "订个", "取消", "安排", "安装", "部署", "运行", "执行", "保存", "上传", "下载",
+        "转换", "移动", "重命名", "修复", "清洗", "清理", "导入", "导出", "购买", "支付", "转账",
+        "提交", "生成", "翻译", "写一", "帮我写", "回复",
+    ),
+    "query": (
+        "how much", "how many", "is there", "are there", "什么", "哪", "谁", "几点", "多少", "吗",
+        "查询", "查一下", "查查", "看看", "搜索", "找一下", "告诉我", "是否", "怎么样", "天气",
+    ),
+}
+# Analysis words are the most specific, then operation verbs; question words alone say least.
+_INTENT_WEIGHT = {"analysis": 1.5, "operation": 1.2, "query": 1.0}
+_WORD_RE = re.compile(r"[a-z]+")
+_INTENTS: tuple[Intent, ...] = ("query", "operation", "analysis")
+
+
+def classify_intent(text: str, *, model: Callable[[str], str] | None = None) -> Intent:
+    """Classify a request as ``query`` (look something up), ``operation`` (change something)
+    or ``analysis`` (explain, compare, find a cause), in English or Chinese.
+
+    Keyword rules, offline and in microseconds. ``model`` optionally asks something better
+    (an LLM call, a classifier): it gets the text and should answer one of the three labels;
+    any other answer, or an exception, falls back to the rules.
+
+    Returns:
+        The intent; ``query`` when nothing points elsewhere.
+    """
+    if model is not None:
+        try:
+            answer = str(model(text)).strip().lower()
+        except Exception:  # the model is optional help; the rules still answer
+            answer = ""
+        for intent in _INTENTS:
+            if answer.startswith(intent):
+                return intent
+    low = (text or "").lower()
+    words = set(_WORD_RE.findall(low))
+    scores: dict[Intent, float] = {}
+    for intent in _INTENTS:
+        hits = len(words & _INTENT_WORDS[intent])
+        hits += sum(phrase in low for phrase in _INTENT_PHRASES[intent])
+        scores[intent] = hits * _INTENT_WEIGHT[intent]
+    if low.rstrip().endswith(("?", "？")):
+        scores["query"] += 0.5
+    best = max(_INTENTS[::-1], key=lambda i: scores[i])  # ties go to the more specific class
+    return best if scores[best] > 0 else "query"
+
+
+# -- the index ------------------------------------------------------------------------------
+
+
+def _norm(value: str | None) -> str:
+    return (value or "").strip().casefold()
+
+
+def _epoch(lesson: Lesson) -> float:
+    if lesson.pinned or not lesson.valid_until:
+        return math.inf
+    try:
+        return parse_ts(lesson.valid_until).timestamp()
+    except ValueError:
+        return -math.inf  # an unreadable date must not keep a lesson alive forever
+
+
+class _Vocab(dict[str, int]):
+    """Strings to small ids, 0 reserved for "none"."""
+
+    def id(self, value: str) -> int:
+        if not value:
+            return 0
+        got = self.get(value)
+        if got is None:
+            got = self[value] = len(self) + 1
+        return got
+
+
+class LessonIndex:
+    """The lesson book prepared for recall: build once per book version, search many times.
+
+    Args:
+        lessons: The book (any status: the rule stage drops what must not be recalled).
+        embedder: Embeds the queries, and the lessons that ``vectors`` does not cover.
+        vectors: Stored vectors by lesson id (from the same embedder); missing or
+            wrong-sized ones are computed.
+        ranking: Weights and cut-offs of the rank stage.
+    """
+
+    def __init__(
+        self,
+        lessons: Sequence[Lesson],
+        *,
+        embedder: Embedder,
+        vectors: Mapping[str, np.ndarray] | None = None,
+        ranking: Ranking | None = None,
+    ) -> None:
+        self.embedder = embedder
+        self.ranking = ranking or Ranking()
+        # Sorting by task type makes each task type one contiguous slice of every array.
+        keyed = sorted(
+            ((self._task_key(les.task_type), les) for les in lessons), key=lambda kl: kl[0]
+        )
+        self.lessons: list[Lesson] = [les for _, les in keyed]
+        n = len(self.lessons)
+        self._slices: dict[str, tuple[int, int]] = {}
+        for i, (key, _) in enumerate(keyed):
+            start, _end = self._slices.get(key, (i, i))
+            self._slices[key] = (start, i + 1)
+
+        self._scopes, self._intents, self._tool_ids = _Vocab(), _Vocab(), _Vocab()
+        self._steps, self._errors = _Vocab(), _Vocab()
+        self._active = np.fromiter((les.status == "active" for les in self.lessons), bool, n)
+        self._valid_until = np.fromiter((_epoch(les) for les in self.lessons), np.float64, n)
+        self._scope = np.fromiter(
+            (self._scopes.id(self._scope_key(les.scope)) for les in self.lessons), np.int32, n
+        )
+        self._global_scope = self._scopes.id("global")
+        self._intent = np.fromiter(
+            (self._intents.id(_norm(les.features.intent)) for les in self.lessons), np.int32, n
+        )
+        self._step = np.fromiter(
+            (self._steps.id(_norm(les.features.step)) for les in self.lessons), np.int32, n
+        )
+        self._error = np.fromiter(
+            (self._errors.id(_norm(les.features.error_type)) for les in self.lessons), np.int32, n
+        )
+        self._value = np.fromiter(
+            (min(max(float(les.value_score), 0.0), 1.0) for les in self.lessons), np.float32, n
+        )
+        self._specific = np.fromiter(
+            (key not in _ANY_TASK_TYPES for key, _ in keyed), np.float32, n
+        )
+        # Tools as postings: for each tool, the sorted positions of the lessons naming it.
+        postings: dict[int, list[int]] = {}
+        tool_count = np.zeros(n, np.int32)
+        for i, les in enumerate(self.lessons):
+            names = {_norm(t) for t in les.features.tools} - {""}
+            tool_count[i] = len(names)
+            for name in names:
+                postings.setdefault(self._tool_ids.id(name), []).append(i)
+        self._tool_count = tool_count
+        self._tool_postings = {t: np.asarray(p, np.int32) for t, p in postings.items()}
+
+        self._conflicts: dict[str, set[str]] = {}
+        for les in self.lessons:
+            for other in les.conflicts:
+                self._conflicts.setdefault(les.lesson_id, set()).add(other)
+                self._conflicts.setdefault(other, set()).add(les.lesson_id)
+
+        texts = [lesson_text(les) for les in self.lessons]
+        self._vectors = self._build_vectors(texts, vectors)
+        self._build_bm25(texts)
+
+    # -- building -------------------------------------------------------------------------
+
+    @staticmethod
+    def _task_key(task_type: str | None) -> str:
+        key = _norm(task_type)
+        return "" if key in _ANY_TASK_TYPES else key
+
+    @staticmethod
+    def _scope_key(scope: str | None) -> str:
+        return _norm(scope) or "global"
+
+    def _build_vectors(
+        self, texts: list[str], stored: Mapping[str, np.ndarray] | None
+    ) -> np.ndarray:
+        dim = self.embedder.dim
+        matrix = np.zeros((len(texts), dim), np.float32)
+        missing: list[int] = []
+        for i, les in enumerate(self.lessons):
+            vec = stored.get(les.lesson_id) if stored else None
+            if vec is not None:
+                vec = np.asarray(vec, np.float32).reshape(-1)
+            if vec is None or vec.shape[0] != dim:
+                missing.append(i)
+            else:
+                matrix[i] = vec
+        if missing:
+            matrix[missing] = self.embedder.embed([texts[i] for i in missing])
+        return matrix
+
+    def _build_bm25(self, texts: list[str]) -> None:
+        self._vocab: dict[str, int] = {}
+        docs = [
+            [self._vocab.setdefault(tok, len(self._vocab)) for tok in tokenize(text)]
+            for text in texts
+        ]
+        size = len(self._vocab)
+        self._k1 = 1.5
+        if not size:
+            self._bm25 = None
+            return
+        bm25 = bm25s.BM25(method="lucene", k1=self._k1)
+        # bm25s computes the per-(lesson, term) BM25 weights as a term-major (CSC) matrix;
+        # scoring happens here rather than in bm25s.get_scores, which would score the whole
+        # book: recall only needs the few lessons that passed the rule stage.
+        csc = bm25.build_index_from_ids(
+            unique_token_ids=list(range(size)), corpus_token_ids=docs, show_progress=False
+        )
+        data = np.asarray(csc["data"], np.float32)
+        rows = np.asarray(csc["indices"], np.int32)
+        col_ptr = np.asarray(csc["indptr"], np.int64)
+        df = np.diff(col_ptr)
+        self._idf = np.log1p((len(docs) - df + 0.5) / (df + 0.5))
+        self._max_idf = float(self._idf.max())
+        # The same weights lesson-major (CSR), for scoring a handful of survivors directly.
+        cols = np.repeat(np.arange(size, dtype=np.int32), df)
+        order = np.argsort(rows, kind="stable")
+        row_ptr = np.zeros(len(docs) + 1, np.int64)
+        np.cumsum(np.bincount(rows, minlength=len(docs)), out=row_ptr[1:])
+        self._bm25 = _Bm25(
+            col_ptr=col_ptr, col_rows=rows, col_data=data,
+            row_ptr=row_ptr, row_terms=cols[order], row_data=data[order],
+        )
+
+    def __len__(self) -> int:
+        return len(self.lessons)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the index's arrays (the lessons themselves not counted)."""
+        arrays = [self._vectors, self._active, self._valid_until, self._scope, self._intent]
+        arrays += [self._step, self._error, self._value, self._specific, self._tool_count]
+        arrays += list(self._tool_postings.values())
+        if self._bm25 is not None:
+            arrays += [*dataclasses.astuple(self._bm25), self._idf]
+        return int(sum(a.nbytes for a in arrays))
+
+    # -- searching ------------------------------------------------------------------------
+
+    def _ranges(self, task_type: str | None) -> list[tuple[int, int]]:
+        if task_type is None:
+            return [(0, len(self.lessons))]
+        key = self._task_key(task_type)
+        return [self._slices[k] for k in dict.fromkeys((key, "")) if k in self._slices]
+
+    def _rule_stage(
+        self, start: int, end: int, now: float, scope_ids: list[int], intent_id: int | None,
+        tool_ids: list[int] | None,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Positions in ``[start, end)`` that pass the rules, and how many query tools each
+        shares (``None`` when the query names no tools)."""
+        keep = self._active[start:end] & (self._valid_until[start:end] > now)
+        scope = self._scope[start:end]
+        in_scope = scope == self._global_scope
+        for sid in scope_ids:
+            in_scope |= scope == sid
+        keep &= in_scope
+        if intent_id is not None:
+            intent = self._intent[start:end]
+            keep &= (intent == 0) | (intent == intent_id)
+        shared = None
+        if tool_ids is not None:
+            shared = np.zeros(end - start, np.int32)
+            for tid in tool_ids:
+                post = self._tool_postings[tid]
+                lo, hi = post.searchsorted((start, end))
+                shared[post[lo:hi] - start] += 1  # a tool's postings hold each lesson once
+            keep &= (shared > 0) | (self._tool_count[start:end] == 0)
+        pos = np.flatnonzero(keep)
+        return pos + start, (shared[pos] if shared is not None else None)
+
+    def _bm25_scores(self, idx: np.ndarray, term_ids: list[int]) -> np.ndarray:
+        """BM25 of the lessons at ``idx`` for the query terms, whichever way is cheaper:
+        through the survivors' own terms (few survivors) or the terms' postings (many)."""
+        bm = self._bm25
+        assert bm is not None
+        terms = np.asarray(term_ids, np.int64)
+        row_start = bm.row_ptr[idx]
+        row_len = bm.row_ptr[idx + 1] - row_start
+        by_rows = int(row_len.sum())
+        col_start = bm.col_ptr[terms]
+        col_len = bm.col_ptr[terms + 1] - col_start
+        by_cols = int(col_len.sum())
+        if by_rows == 0 or by_cols == 0:
+            return np.zeros(idx.size, np.float32)
+        if by_rows <= by_cols:
+            wanted = np.zeros(len(self._vocab), np.float32)
+            wanted[terms] = 1.0
+            at = _ranges_flat(row_start, row_len, by_rows)
+            weights = bm.row_data[at] * wanted[bm.row_terms[at]]
+            # Sum each survivor's segment; reduceat needs in-range offsets, hence the pad,
+            # and returns the next element for an empty segment, hence the mask.
+            offsets = np.cumsum(row_len) - row_len
+            sums = np.add.reduceat(np.append(weights, np.float32(0)), offsets)
+            return np.where(row_len > 0, sums, np.float32(0))
+        at = _ranges_flat(col_start, col_len, by_cols)
+        full = np.bincount(bm.col_rows[at], weights=bm.col_data[at], minlength=len(self.lessons))
+        return full[idx]
+
+    def search(
+        self,
+        q: RecallQuery,
+        *,
+        limit: int = 3,
+        now: datetime | None = None,
+        min_score: float | None = None,
+    ) -> LessonSet:
+        """Recall the lessons that fit ``q``, best first; fewer than ``limit`` (or none) when
+        nothing else is a good enough match.
+
+        Args:
+            q: The task at hand.
+            limit: At most this many lessons.
+            now: The time validity is checked against (default: now, UTC).
+            min_score: Override the ranking's minimum score.
+
+        Returns:
+            Copies of the lessons with ``score`` set; the index's own lessons are untouched.
+        """
+        if limit <= 0 or not self.lessons:
+            return LessonSet()
+        rk = self.ranking
+        at = parse_ts(now).timestamp()  # None is now; a naive datetime is taken as UTC
+        scopes = [q.scope] if isinstance(q.scope, str) else list(q.scope or [])
+        scope_ids = [self._scopes[k] for k in map(self._scope_key, scopes) if k in self._scopes]
+        intent_id = self._intents.get(_norm(q.intent), -1) if q.intent else None
+        query_tools = {_norm(t) for t in q.tools} - {""}
+        tool_ids = [self._tool_ids[t] for t in query_tools if t in self._tool_ids]
+
+        # 1. Rules.
+        found = [
+            self._rule_stage(s, e, at, scope_ids, intent_id, tool_ids if query_tools else None)
+            for s, e in self._ranges(q.task_type)
+        ]
+        idx = np.concatenate([f[0] for f in found]) if found else np.zeros(0, np.int64)
+        if not idx.size:
+            return LessonSet()
+
+        # 2. Rank. Scenario match: a lesson written for this very task type, and the share of
+        # its tools the task has, say it was learned in the same situation.
+        specific = self._specific[idx] if q.task_type is not None else 1.0
+        if query_tools:
+            shared = np.concatenate([f[1] for f in found])  # type: ignore[misc]
+            count = self._tool_count[idx]
+            tool_fit = np.where(count > 0, shared / np.maximum(count, 1), 0.5)
+        else:
+            tool_fit = 0.5
+        scenario = 0.5 * specific + 0.5 * tool_fit
+
+        text = q.query.strip()
+        if text:
+            terms = list(dict.fromkeys(tokenize(text)))
+            term_ids = [self._vocab[t] for t in terms if t in self._vocab]
+            qvec = self.embedder.embed([text])[0]
+            if idx.size * 4 > len(self.lessons):  # most of the book: no point gathering rows
+                cosine = (self._vectors @ qvec)[idx]
+            else:
+                cosine = self._vectors[idx] @ qvec
+            cosine = np.maximum(cosine, 0.0)
+            bm25 = 0.0
+            if term_ids:
+                # Normalized by what a lesson of average length holding every query term once
+                # would score (Lucene BM25 gives idf / (1 + k1) per term there). Terms no lesson
+                # has count as the rarest known term: matching one word of a long request is a
+                # weak match, not a perfect one.
+                unknown = len(terms) - len(term_ids)
+                total_idf = float(self._idf[term_ids].sum()) + unknown * self._max_idf
+                reference = total_idf / (1.0 + self._k1)
+                bm25 = np.minimum(self._bm25_scores(idx, term_ids) / reference, 1.0)
+            text_fit = (rk.vector * cosine + rk.bm25 * bm25) / (rk.vector + rk.bm25)
+            relevance = rk.scenario * scenario + (1.0 - rk.scenario) * text_fit
+        else:
+            relevance = np.broadcast_to(scenario, idx.shape).astype(np.float64)
+
+        if q.step and (step_id := self._steps.get(_norm(q.step))):
+            relevance = relevance + rk.step_boost * (self._step[idx] == step_id)
+        if q.error_type and (error_id := self._errors.get(_norm(q.error_type))):
+            relevance = relevance + rk.error_boost * (self._error[idx] == error_id)
+        score = relevance * (rk.value_floor + rk.value_span * self._value[idx])
+
+        # 3. Cut off, order, and keep conflicting lessons apart.
+        floor = rk.min_score if min_score is None else min_score
+        good = np.flatnonzero(score >= floor)
+        if not good.size:
+            return LessonSet()
+        head_size = max(64, 4 * limit)  # only the head is needed; conflicts skip only a few
+        if good.size > head_size:
+            good = good[np.argpartition(-score[good], head_size - 1)[:head_size]]
+        order = good[np.argsort(-score[good], kind="stable")]
+        cutoff = max(floor, float(score[order[0]]) * rk.relative)
+        chosen = LessonSet()
+        chosen_ids: set[str] = set()
+        for j in order.tolist():
+            if score[j] < cutoff:
+                break
+            lesson = self.lessons[idx[j]]
+            clash = self._conflicts.get(lesson.lesson_id)
+            if clash and not clash.isdisjoint(chosen_ids):
+                continue  # two contradicting lessons are never injected together
+            chosen.append(_with_score(lesson, round(float(score[j]), 4)))
+            chosen_ids.add(lesson.lesson_id)
+            if len(chosen) == limit:
+                break
+        return chosen
+
+
+@dataclass(slots=True)
+class _Bm25:
+    """BM25 weights of every (lesson, term) pair, term-major and lesson-major."""
+
+    col_ptr: np.ndarray
+    col_rows: np.ndarray
+    col_data: np.ndarray
+    row_ptr: np.ndarray
+    row_terms: np.ndarray
+    row_data: np.ndarray
+
+
+def _ranges_flat(starts: np.ndarray, lengths: np.ndarray, total: int) -> np.ndarray:
+    """Concatenate ``arange(s, s + n)`` for every (s, n) pair without a Python loop."""
+    shift = starts - (np.cumsum(lengths) - lengths)
+    return np.repeat(shift, lengths) + np.arange(total)
+
+
+_LESSON_FIELDS = tuple(f.name for f in dataclasses.fields(Lesson))
+
+
+def _with_score(lesson: Lesson, score: float) -> Lesson:
+    # dataclasses.replace re-runs __init__ over ~25 fields (~20 µs); a slot copy is ~3 µs.
+    copy = object.__new__(Lesson)
+    for name in _LESSON_FIELDS:
+        object.__setattr__(copy, name, getattr(lesson, name))
+    copy.score = score
+    return copy

@@ -1,0 +1,121 @@
+"""Tokenizing English and Chinese text the same way everywhere lessons are matched.
+
+BM25 needs words, and Chinese has no spaces: a word segmenter (jieba and friends) is a heavy
+dependency with a dictionary to load. Overlapping character bigrams plus single characters match
+Chinese almost as well for short texts like lessons and queries, cost nothing to set up, and need
+no vocabulary, so that is what Hindsight uses. Latin text is split into lowercased words; tool and
+error names (``read_csv``, ``EncodingError``) also yield their parts so "csv" finds ``read_csv``.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Literal
+
+__all__ = ["STOPWORDS", "detect_language", "is_cjk", "tokenize"]
+
+# Han ideographs (main block, extension A, compatibility), kana and Hangul: scripts written
+# without spaces, so they are split into characters and bigrams.
+_CJK_CLASS = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
+_HAN_RE = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_LATIN_WORD_RE = re.compile(r"[a-zA-Z][\w.\-]*")
+# One run of CJK characters, or one Latin/digit word (underscores, dots and hyphens inside a
+# word keep it whole: ``read_csv``, ``utf-8``, ``v2.1``).
+_TOKEN_RE = re.compile(rf"([{_CJK_CLASS}]+)|([^\W_]+(?:[_.\-][^\W_]+)*)")
+_CAMEL_RE = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+_SPLIT_RE = re.compile(r"[_.\-]")
+
+#: Words too common to say anything about what a lesson is for (English, and single Chinese
+#: characters that are grammatical particles). Chinese bigrams are kept: they carry meaning.
+STOPWORDS: frozenset[str] = frozenset(
+    """a an the and or but if then else of to in on at by for from with without into onto over
+    under about as is are was were be been being do does did done doing have has had having it
+    its this that these those there here i me my we our you your he she they them their his her
+    what which who whom whose when where why how not no nor so too very can could should would
+    will shall may might must just also than only own same such both each any all some more most
+    other few again once up down out off s t don let get got please use using used
+    的 了 是 在 和 与 或 及 就 都 而 也 还 又 把 被 让 给 对 向 从 到 着 过 吗 呢 吧 啊 呀 嘛 个 这 那
+    你 我 他 她 它 们 之 其 请 要 会 能 可 以 将 于 为 等 时 后 前 先 再 中 上 下 里 去 来""".split()
+)
+
+
+def is_cjk(char: str) -> bool:
+    """True for a character of a script written without spaces (Chinese, Japanese, Korean)."""
+    return bool(re.match(f"[{_CJK_CLASS}]", char))
+
+
+def _stem(word: str) -> str:
+    # Only plurals: "files" and "file", "cities" and "city" must meet; anything cleverer
+    # (a real stemmer) mangles tool names and error types more often than it helps.
+    if len(word) <= 3 or not word.isalpha():
+        return word
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith(("ss", "us", "is", "ous")):
+        return word
+    if word.endswith("s"):
+        return word[:-1]
+    return word
+
+
+def _latin_tokens(raw: str, out: list[str], drop_stopwords: bool) -> None:
+    word = raw.lower()
+    if not (drop_stopwords and word in STOPWORDS):
+        out.append(_stem(word))
+    if raw.isalpha() and (raw.islower() or raw[1:].islower()):
+        return  # a plain word ("files", "Paris"): no parts to add
+    # Compound identifiers also index their parts: snake_case, dotted and camelCase names.
+    parts = [p for chunk in _SPLIT_RE.split(raw) for p in _CAMEL_RE.findall(chunk) or [chunk]]
+    if len(parts) > 1:
+        for part in parts:
+            low = part.lower()
+            if low and not (drop_stopwords and low in STOPWORDS):
+                out.append(_stem(low))
+
+
+def tokenize(text: str, *, drop_stopwords: bool = True) -> list[str]:
+    """Split English and/or Chinese text into the terms lessons are matched on.
+
+    Latin words are lowercased with plurals folded (``files`` -> ``file``); compound names add
+    their parts (``read_csv`` -> ``read_csv``, ``read``, ``csv``). Each run of CJK characters
+    yields its characters and its overlapping bigrams (``确认城市`` -> ``确``, ``认``, …,
+    ``确认``, ``认城``, ``城市``). Full-width forms are folded to ASCII first (NFKC).
+
+    Args:
+        text: Any text; ``None``-safe callers should pass ``""``.
+        drop_stopwords: Leave out function words (``the``, ``of``, ``的``, ``了`` …).
+
+    Returns:
+        The terms in order of appearance, repeats kept (term frequency matters to BM25).
+    """
+    if not text:
+        return []
+    text = unicodedata.normalize("NFKC", text)
+    out: list[str] = []
+    for cjk, latin in _TOKEN_RE.findall(text):
+        if latin:
+            _latin_tokens(latin, out, drop_stopwords)
+            continue
+        for i, char in enumerate(cjk):
+            if not (drop_stopwords and char in STOPWORDS):
+                out.append(char)
+            if i:
+                out.append(cjk[i - 1 : i + 1])
+    return out
+
+
+def detect_language(text: str) -> Literal["en", "zh"]:
+    """``"zh"`` when Chinese carries the text, else ``"en"``.
+
+    A Chinese sentence often embeds English identifiers (``使用 read_csv 时指定 encoding``), so
+    this weighs Han characters against Latin words (identifiers count once) rather than asking
+    for a majority of characters: a Chinese word is one or two characters.
+    """
+    if not text:
+        return "en"
+    han = len(_HAN_RE.findall(text))
+    if not han:
+        return "en"
+    latin_words = len(_LATIN_WORD_RE.findall(text))
+    return "zh" if han >= latin_words else "en"

@@ -1,0 +1,307 @@
+"""``hindsight lessons …``: review, change, export and import the lesson book from the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from hindsight_loop import Hindsight
+from hindsight_loop.cli import app
+from hindsight_loop.lessons import apply_outcome
+
+runner = CliRunner()
+
+SEED = [
+    {"task_type": "csv_cleaning", "advice": "Use encoding='utf-8-sig' when reading CSV files with read_csv.",
+     "tools": ["read_csv"], "keywords": ["bom"]},
+    {"task_type": "csv_cleaning", "advice": "When reading CSV files with read_csv, use encoding='utf-8-sig'.",
+     "tools": ["read_csv"]},
+    {"task_type": "weather_query", "advice": "调用 get_weather 前先向用户确认城市。", "tools": ["get_weather"],
+     "intent": "query", "scope": "user:alice"},
+    {"task_type": "weather_query", "advice": "Retry get_weather once on timeout before telling the user.",
+     "tools": ["get_weather"], "pinned": True},
+]  # fmt: skip
+
+
+def run(*args: str, code: int = 0, env: dict[str, str] | None = None) -> str:
+    result = runner.invoke(app, list(args), env=env)
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def run_json(*args: str) -> object:
+    return orjson.loads(run(*args, "--json"))
+
+
+def write_lines(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join(orjson.dumps(r).decode() + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def seeded(db_path: Path, tmp_path: Path) -> dict[str, str]:
+    """The SEED lines imported; advice -> lesson id."""
+    out = run_json(
+        "lessons", "import", str(write_lines(tmp_path / "seed.jsonl", SEED)), "--db", str(db_path)
+    )
+    assert {k: len(v) for k, v in out.items()} == {
+        "added": 3,
+        "merged": 1,
+        "conflicts": 0,
+        "restored": 0,
+    }
+    lessons = run_json("lessons", "list", "--db", str(db_path))
+    return {x["advice"]: x["lesson_id"] for x in lessons}
+
+
+def test_every_lessons_command_has_help() -> None:
+    assert "Review and curate the lesson book" in run("lessons", "--help")
+    for command in ("list", "show", "review", "confirm", "reject", "pin", "unpin", "expire", "edit",
+                    "export", "import"):  # fmt: skip
+        out = run("lessons", command, "--help")
+        assert "Usage:" in out and "--db" in out
+
+
+def test_import_curates_hand_written_lines(db_path: Path, seeded: dict[str, str]) -> None:
+    lessons = {x["advice"]: x for x in run_json("lessons", "list", "--db", str(db_path))}
+    assert len(lessons) == 3
+    merged = lessons[SEED[0]["advice"]]
+    assert merged["support"] == 2 and merged["features"]["keywords"] == ["bom"]
+    zh = lessons[SEED[2]["advice"]]
+    assert (
+        zh["scope"] == "user:alice"
+        and zh["features"]["intent"] == "query"
+        and zh["language"] == "zh"
+    )
+    pinned = lessons[SEED[3]["advice"]]
+    assert pinned["pinned"] and pinned["valid_until"] is None
+    table = run("lessons", "list", "--db", str(db_path))
+    assert "user:alice" in table and "pinned" in table
+
+
+def test_import_reports_every_bad_line_and_imports_nothing(db_path: Path, tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(
+        "# seeded by the data team\n"
+        + orjson.dumps(SEED[0]).decode() + "\n"
+        + "\n"
+        + '{"task_type": "csv_cleaning"}\n'
+        + "{not json\n"
+        + '{"task_type": "t", "advice": "x", "scope": "team:data"}\n'
+        + '{"task_type": "t", "advice": "x", "tool": ["read_csv"]}\n',
+        encoding="utf-8",
+    )  # fmt: skip
+    result = runner.invoke(app, ["lessons", "import", str(path), "--db", str(db_path)])
+    assert result.exit_code == 1
+    out = result.output
+    assert "line 4: missing 'advice'" in out
+    assert "line 5: not valid JSON" in out
+    assert "line 6: invalid scope 'team:data': use 'global', 'project:NAME' or 'user:NAME'" in out
+    assert "line 7: unknown field 'tool' (did you mean 'tools'?)" in out
+    assert "nothing imported" in out and "fix the 4 line(s) above" in out
+    assert run_json("lessons", "list", "--db", str(db_path)) == []
+
+
+def test_import_of_a_missing_file_says_so(db_path: Path, tmp_path: Path) -> None:
+    out = run("lessons", "import", str(tmp_path / "nope.jsonl"), "--db", str(db_path), code=1)
+    assert "cannot read" in out and "nope.jsonl" in out
+
+
+def test_import_from_stdin(db_path: Path) -> None:
+    line = orjson.dumps({"task_type": "t", "advice": "Check the delimiter first."}).decode()
+    result = runner.invoke(app, ["lessons", "import", "-", "--db", str(db_path)], input=line + "\n")
+    assert result.exit_code == 0, result.output
+    assert "1 added" in result.output
+
+
+def test_show_with_history(db_path: Path, seeded: dict[str, str]) -> None:
+    lesson_id = seeded[SEED[0]["advice"]]
+    data = run_json("lessons", "show", lesson_id, "--db", str(db_path))
+    assert data["lesson_id"] == lesson_id and data["support"] == 2
+    assert [h["action"] for h in data["history"]] == ["import", "merge"]
+    text = run("lessons", "show", lesson_id, "--db", str(db_path))
+    assert SEED[0]["advice"] in text and "history" in text and "curator: merge" in text
+
+
+def test_unknown_ids_say_how_to_list(db_path: Path, seeded: dict[str, str]) -> None:
+    for command in ("show", "pin", "unpin", "reject", "confirm", "expire"):
+        out = run("lessons", command, "les_nope", "--db", str(db_path), code=1)
+        assert "no lesson 'les_nope'" in out and "hindsight lessons list --db" in out
+    out = run("lessons", "edit", "les_nope", "--advice", "x", "--db", str(db_path), code=1)
+    assert "no lesson 'les_nope'" in out
+
+
+def test_list_filters(db_path: Path, seeded: dict[str, str]) -> None:
+    weather = run_json("lessons", "list", "--db", str(db_path), "--task-type", "weather_query")
+    assert len(weather) == 2
+    alice = run_json("lessons", "list", "--db", str(db_path), "--scope", "user:alice")
+    assert [x["advice"] for x in alice] == [SEED[2]["advice"]]
+    assert run_json("lessons", "list", "--db", str(db_path), "--status", "rejected") == []
+    out = run("lessons", "list", "--db", str(db_path), "--status", "dead", code=1)
+    assert "unknown status 'dead'" in out and "needs_review" in out
+
+
+def test_changes_are_recorded_with_who_made_them(db_path: Path, seeded: dict[str, str]) -> None:
+    db = str(db_path)
+    lesson_id = seeded[SEED[0]["advice"]]
+    run("lessons", "pin", lesson_id, "--db", db, "--by", "alice")
+    assert run_json("lessons", "show", lesson_id, "--db", db)["pinned"] is True
+    run("lessons", "unpin", lesson_id, "--db", db, env={"HINDSIGHT_USER": "bob"})
+    edited = run_json(
+        "lessons", "edit", lesson_id, "--db", db, "--by", "carol",
+        "--advice", "Read CSV files with read_csv(path, encoding='utf-8-sig').",
+        "--tool", "read_csv", "--tool", "open", "--scope", "project:billing", "--error-type", "UnicodeDecodeError",
+    )  # fmt: skip
+    assert edited["advice"] == "Read CSV files with read_csv(path, encoding='utf-8-sig')."
+    assert (
+        edited["features"]["tools"] == ["read_csv", "open"] and edited["scope"] == "project:billing"
+    )
+    assert edited["features"]["error_type"] == "UnicodeDecodeError"
+    run("lessons", "reject", lesson_id, "--db", db, "--by", "dave", "--reason", "wrong for SAP")
+    run("lessons", "confirm", lesson_id, "--db", db, "--by", "erin")
+    history = run_json("lessons", "show", lesson_id, "--db", db)["history"]
+    assert [(h["action"], h["by"]) for h in history[2:]] == [
+        ("pin", "alice"), ("unpin", "bob"), ("edit", "carol"), ("reject", "dave"), ("confirm", "erin"),
+    ]  # fmt: skip
+    assert history[4]["changes"]["scope"] == {"from": "global", "to": "project:billing"}
+    assert history[5]["reason"] == "wrong for SAP"
+    assert all(h["at"].endswith("Z") for h in history)
+
+
+def test_edit_errors_name_the_fix(db_path: Path, seeded: dict[str, str]) -> None:
+    lesson_id = seeded[SEED[0]["advice"]]
+    out = run("lessons", "edit", lesson_id, "--db", str(db_path), code=1)
+    assert "nothing to change: pass --advice" in out
+    out = run("lessons", "edit", lesson_id, "--db", str(db_path), "--scope", "team:x", code=1)
+    assert "use 'global', 'project:NAME' or 'user:NAME'" in out
+    out = run("lessons", "edit", lesson_id, "--db", str(db_path), "--valid-until", "soon", code=1)
+    assert "ISO date" in out
+
+
+def test_expire_by_id_and_when_due(db_path: Path, seeded: dict[str, str]) -> None:
+    db = str(db_path)
+    assert "name the lessons to expire, or pass --due" in run(
+        "lessons", "expire", "--db", db, code=1
+    )
+    lesson_id = seeded[SEED[2]["advice"]]
+    [expired] = run_json("lessons", "expire", lesson_id, "--db", db)
+    assert expired["status"] == "expired" and expired["history"][-1]["action"] == "expire"
+    assert run_json("lessons", "expire", "--due", "--db", db) == []
+    # A lesson past its date is expired by --due; a pinned one never is.
+    with Hindsight(db_path, background=False) as hs:
+        for lesson in hs.store.list_lessons():
+            if lesson.status == "active":
+                lesson.valid_until = "2000-01-01T00:00:00.000Z"
+                hs.save_lesson(lesson)
+    due = run_json("lessons", "expire", "--due", "--db", db)
+    assert [x["lesson_id"] for x in due] == [seeded[SEED[0]["advice"]]]
+    statuses = {x["advice"]: x["status"] for x in run_json("lessons", "list", "--db", db)}
+    assert statuses[SEED[3]["advice"]] == "active"  # pinned
+
+
+def test_review_lists_conflicts_and_suspect_and_harmful(db_path: Path, tmp_path: Path) -> None:
+    db = str(db_path)
+    assert "Nothing needs review." in run("lessons", "review", "--db", db)
+    rows = [
+        {"task_type": "csv_cleaning", "advice": "Use utf-8-sig encoding when reading CSV files."},
+        {
+            "task_type": "csv_cleaning",
+            "advice": "Do not use utf-8-sig encoding when reading CSV files.",
+        },
+    ]
+    out = run_json("lessons", "import", str(write_lines(tmp_path / "c.jsonl", rows)), "--db", db)
+    assert len(out["added"]) == 1 and len(out["conflicts"]) == 1
+    [new_id], [old_id] = out["conflicts"], out["added"]
+    queue = {x["lesson_id"]: x for x in run_json("lessons", "review", "--db", db)}
+    assert queue[new_id]["reasons"] == [f"conflicts with {old_id}"]
+    assert queue[new_id]["status"] == "needs_review"
+    text = run("lessons", "review", "--db", db)
+    assert f"vs {old_id} [active]" in text and "hindsight lessons reject ID" in text
+    # Confirming the new one leaves both live: the CLI says how to settle it.
+    out = run("lessons", "confirm", new_id, "--db", db)
+    assert f"conflicts with {old_id} (active)" in out
+    # Rejecting one side settles the conflict.
+    run("lessons", "reject", old_id, "--db", db)
+    assert "Nothing needs review." in run("lessons", "review", "--db", db)
+
+    with Hindsight(db_path, background=False) as hs:
+        lesson = hs.store.get_lesson(new_id)
+        for _ in range(3):
+            lesson = apply_outcome(lesson, succeeded=False)
+        hs.save_lesson(lesson)
+    [harmful] = run_json("lessons", "review", "--db", db)
+    assert harmful["reasons"] == ["harmful: hurt 3 times, helped 0"]
+
+
+def test_a_lesson_that_hurts_five_tasks_leaves_recall_and_shows_in_review(
+    db_path: Path, tmp_path: Path
+) -> None:
+    db = str(db_path)
+    line = {"task_type": "csv_cleaning", "advice": "Use encoding='latin-1' when reading CSV files.",
+            "tools": ["read_csv"]}  # fmt: skip
+    [lesson_id] = run_json(
+        "lessons", "import", str(write_lines(tmp_path / "l.jsonl", [line])), "--db", db
+    )["added"]
+    injected = []
+    with Hindsight(db_path, background=False) as hs:
+        for _ in range(5):
+            with hs.task("csv_cleaning", goal="read the CSV file", tools=["read_csv"]) as task:
+                injected.append([x.lesson_id for x in task.lessons] == [lesson_id])
+                task.fail("garbled text")
+            hs.drain()  # the task's outcome reaches its injected lessons
+        found = hs.recall(task_type="csv_cleaning", tools=["read_csv"], query="read the CSV file")
+    # Flagged after the third failure in a row: the next tasks no longer get it.
+    assert injected == [True, True, True, False, False]
+    assert found == []
+    [flagged] = run_json("lessons", "review", "--db", db)
+    assert flagged["lesson_id"] == lesson_id and flagged["status"] == "needs_review"
+    assert flagged["reasons"][0].startswith("harmful")
+
+
+def test_export_markdown_and_jsonl_and_import_them_back(
+    db_path: Path, tmp_path: Path, seeded: dict[str, str]
+) -> None:
+    db = str(db_path)
+    md = run("lessons", "export", "--db", db)
+    assert md.startswith("# Lessons") and "## weather_query" in md and SEED[2]["advice"] in md
+    out_file = tmp_path / "book.md"
+    result = runner.invoke(
+        app, ["lessons", "export", "--db", db, "--format", "md", "-o", str(out_file)]
+    )
+    assert result.exit_code == 0 and "wrote 3 lessons" in result.output
+    assert out_file.read_text(encoding="utf-8") == md
+
+    jsonl = tmp_path / "book.jsonl"
+    run("lessons", "export", "--db", db, "--format", "jsonl", "--output", str(jsonl))
+    assert len(jsonl.read_text(encoding="utf-8").splitlines()) == 3
+    other_db = str(tmp_path / "other.db")
+    out = run_json("lessons", "import", str(jsonl), "--db", other_db)
+    assert len(out["restored"]) == 3
+    before = run_json("lessons", "list", "--db", db)
+    after = run_json("lessons", "list", "--db", other_db)
+    assert sorted(before, key=lambda x: x["lesson_id"]) == sorted(
+        after, key=lambda x: x["lesson_id"]
+    )
+    # Importing the export again changes nothing: the lessons are restored in place.
+    run("lessons", "import", str(jsonl), "--db", other_db)
+    assert len(run_json("lessons", "list", "--db", other_db)) == 3
+
+    out = run("lessons", "export", "--db", db, "--format", "csv", code=1)
+    assert "use --format md or --format jsonl" in out
+    out = run("lessons", "export", "--db", db, "--status", "live", code=1)
+    assert "unknown status 'live'" in out
+    assert (
+        len(run("lessons", "export", "--db", db, "-f", "jsonl", "--status", "active").splitlines())
+        == 3
+    )
+
+
+def test_empty_book(db_path: Path) -> None:
+    db = str(db_path)
+    assert "No lessons yet" in run("lessons", "list", "--db", db)
+    assert "No lessons match." in run("lessons", "list", "--db", db, "--status", "active")
+    assert "_No lessons._" in run("lessons", "export", "--db", db)
+    assert run("lessons", "export", "--db", db, "--format", "jsonl") == ""

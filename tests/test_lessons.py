@@ -1,0 +1,656 @@
+"""Curation, feedback, expiry, edits and import/export of the lesson book (``hindsight_loop.lessons``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
+import orjson
+import pytest
+
+from hindsight_loop.embed import HashEmbedder
+from hindsight_loop.lessons import (
+    Change,
+    apply_outcome,
+    check_scope,
+    confirm,
+    curate,
+    draft_to_lesson,
+    edit,
+    expire_due,
+    export_jsonl,
+    export_markdown,
+    keeps_hurting,
+    parse_import_line,
+    pin,
+    reject,
+    review_reasons,
+    unpin,
+    value_score,
+)
+from hindsight_loop.models import Features, Lesson, LessonDraft, Structured, iso, parse_ts
+
+NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+EMBEDDER = HashEmbedder()
+
+ENCODING_REWORDED = [
+    "Use encoding='utf-8-sig' when reading CSV files with read_csv.",
+    "When reading CSV files with read_csv, use encoding='utf-8-sig'.",
+    "Always pass encoding='utf-8-sig' to read_csv for CSV files.",
+    "Read CSV files with read_csv and encoding='utf-8-sig'.",
+    "For CSV files, call read_csv with encoding='utf-8-sig'.",
+    "Set encoding='utf-8-sig' in read_csv when you read CSV files.",
+    "You should read CSV files via read_csv using encoding='utf-8-sig', since Excel adds a BOM.",
+    "CSV files must be read with read_csv(encoding='utf-8-sig').",
+    "Remember to use encoding='utf-8-sig' with read_csv on CSV files.",
+    "Pass encoding='utf-8-sig' to read_csv whenever you load a CSV file.",
+]
+CITY_REWORDED_ZH = [
+    "调用 get_weather 前先向用户确认城市。",
+    "在调用 get_weather 之前，先和用户确认城市。",
+    "先确认用户要查询的城市，再调用 get_weather。",
+    "调用天气接口 get_weather 前务必确认城市。",
+    "请先向用户确认城市，然后调用 get_weather。",
+    "确认城市后再调用 get_weather 查询天气。",
+    "使用 get_weather 之前要先确认用户所说的城市。",
+    "向用户确认城市之后才能调用 get_weather。",
+    "调用 get_weather 查询天气前，先确认城市名称。",
+    "先和用户核实城市，再调用 get_weather。",
+]
+DISTINCT_WEATHER = [
+    "Confirm the city with the user before calling get_weather.",
+    "Report temperatures in the unit the user asked for (Celsius or Fahrenheit).",
+    "Retry get_weather once on timeout before telling the user it failed.",
+    "Call get_weather with units='metric' for users in Europe.",
+    "Confirm the date range with the user before calling get_forecast.",
+    "Cache get_weather results for ten minutes instead of calling it again.",
+]
+DISTINCT_CSV = [
+    "Use encoding='utf-8-sig' when reading CSV files with read_csv.",
+    "Strip whitespace from column names after reading the CSV.",
+    "Check whether the delimiter is a semicolon before parsing European CSV files.",
+    "Convert date columns with pd.to_datetime and an explicit format.",
+    "Drop duplicate rows before computing totals.",
+    "Write the cleaned CSV with index=False.",
+    "Pass sep=';' to read_csv for semicolon-separated files.",
+    "Call read_csv with dtype=str so leading zeros in IDs are kept.",
+]
+
+
+class Book:
+    """The shell's part in a test: keeps lessons by id and saves what curation returns."""
+
+    def __init__(self) -> None:
+        self.lessons: dict[str, Lesson] = {}
+
+    def add(self, draft: LessonDraft | Lesson, *, now: datetime = NOW, **kwargs) -> Change:
+        change = curate(draft, list(self.lessons.values()), embedder=EMBEDDER, now=now, **kwargs)
+        for lesson in change.saves:
+            self.lessons[lesson.lesson_id] = lesson
+        return change
+
+    def __len__(self) -> int:
+        return len(self.lessons)
+
+    def only(self) -> Lesson:
+        assert len(self.lessons) == 1, [x.advice for x in self.lessons.values()]
+        return next(iter(self.lessons.values()))
+
+
+def draft(advice: str, task_type: str = "csv_cleaning", **kwargs) -> LessonDraft:
+    return LessonDraft(task_type=task_type, advice=advice, **kwargs)
+
+
+# -- curation: merging repeats ------------------------------------------------------------------
+
+
+def test_the_same_lesson_reworded_ten_times_is_one_lesson_with_support_10():
+    book = Book()
+    for i, text in enumerate(ENCODING_REWORDED):
+        change = book.add(draft(text, source_task_ids=[f"tsk_{i}"]), now=NOW + timedelta(hours=i))
+        assert change.action == ("add" if i == 0 else "merge")
+    lesson = book.only()
+    assert lesson.support == 10
+    assert lesson.source_task_ids == [f"tsk_{i}" for i in range(10)]
+    assert lesson.status == "active"
+    # The most specific wording is kept (the one that also says why).
+    assert lesson.advice == ENCODING_REWORDED[6]
+    assert [h["action"] for h in lesson.history] == ["create"] + ["merge"] * 9
+    # Each merge refreshed the lesson: validity counts from the last time it was learned.
+    assert lesson.updated_at == iso(NOW + timedelta(hours=9))
+    assert lesson.valid_until == iso(NOW + timedelta(hours=9, days=30))
+
+
+def test_the_same_lesson_reworded_in_chinese_merges_too():
+    book = Book()
+    for text in CITY_REWORDED_ZH:
+        book.add(draft(text, task_type="weather_query", features=Features(tools=["get_weather"])))
+    assert book.only().support == 10
+    assert book.only().language == "zh"
+
+
+def test_rewordings_merge_whatever_order_they_arrive_in():
+    import random
+
+    for seed in range(5):
+        book = Book()
+        for text in random.Random(seed).sample(ENCODING_REWORDED, len(ENCODING_REWORDED)):
+            book.add(draft(text))
+        assert book.only().support == 10
+
+
+@pytest.mark.parametrize("texts", [DISTINCT_WEATHER, DISTINCT_CSV])
+def test_distinct_lessons_of_one_task_type_stay_apart(texts):
+    book = Book()
+    for text in texts:
+        assert book.add(draft(text)).action == "add", text
+    assert len(book) == len(texts)
+    assert all(x.support == 1 and x.status == "active" for x in book.lessons.values())
+
+
+def test_scope_and_task_type_separate_lessons():
+    book = Book()
+    text = ENCODING_REWORDED[0]
+    book.add(draft(text, scope="user:alice"))
+    book.add(draft(text, scope="user:bob"))
+    book.add(draft(text, scope="project:billing"))
+    book.add(draft(text))
+    book.add(draft(text, task_type="report_export"))
+    assert len(book) == 5
+    # ... and the same scope merges.
+    assert book.add(draft(ENCODING_REWORDED[1], scope="user:alice")).action == "merge"
+    assert sorted(x.scope for x in book.lessons.values() if x.support == 2) == ["user:alice"]
+
+
+def test_a_different_error_type_or_step_is_a_different_lesson():
+    book = Book()
+    parse = Features(step="parse", error_type="UnicodeDecodeError")
+    book.add(draft(ENCODING_REWORDED[0], features=parse))
+    other_error = dataclasses.replace(parse, error_type="ParserError")
+    assert book.add(draft(ENCODING_REWORDED[1], features=other_error)).action == "add"
+    other_step = dataclasses.replace(parse, step="export")
+    assert book.add(draft(ENCODING_REWORDED[2], features=other_step)).action == "add"
+    assert book.add(draft(ENCODING_REWORDED[3], features=parse)).action == "merge"
+
+
+def test_same_structured_form_is_the_same_lesson_whatever_the_words():
+    rule = Structured(
+        when={"tool": "read_csv", "error_type": "UnicodeDecodeError"},
+        prefer={"tool": "read_csv", "args": {"encoding": "utf-8-sig"}},
+        avoid={"tool": "read_csv", "args": {"encoding": "utf-8"}},
+    )
+    book = Book()
+    book.add(draft("Open the file as utf-8-sig.", structured=rule))
+    other = dataclasses.replace(rule, avoid={**rule.avoid, "variants": [{"encoding": "ascii"}]})
+    change = book.add(draft("Excel exports need a BOM-aware codec.", structured=other))
+    assert change.action == "merge"
+    assert book.only().support == 2
+
+
+@pytest.mark.parametrize("fix_first", [False, True])
+def test_a_lesson_that_names_the_fix_wins_over_one_that_only_forbids(fix_first):
+    when = {"tool": "read_csv", "step": "parse", "error_type": "UnicodeDecodeError"}
+    utf8 = {"tool": "read_csv", "args": {"encoding": "utf-8"}}
+    forbid = draft(
+        "When read_csv (step 'parse') fails with UnicodeDecodeError, you should avoid calling "
+        "read_csv(encoding='utf-8'): each failed there; try another option first.",
+        structured=Structured(when=when, avoid={**utf8, "variants": [{"encoding": "utf-8"}]}),
+    )
+    fix = draft(
+        "When read_csv (step 'parse') fails with UnicodeDecodeError, you should call "
+        "read_csv(encoding='gbk') first instead of encoding='utf-8'.",
+        structured=Structured(when=when, prefer={"tool": "read_csv", "args": {"encoding": "gbk"}},
+                              avoid=utf8),
+    )  # fmt: skip
+    book = Book()
+    for d in [fix, forbid] if fix_first else [forbid, fix]:
+        book.add(d)
+    lesson = book.only()
+    assert lesson.support == 2
+    assert lesson.advice == fix.advice and lesson.structured == fix.structured
+
+
+def test_two_different_fixes_for_one_situation_stay_two_lessons():
+    when = {"tool": "read_csv", "error_type": "UnicodeDecodeError"}
+    book = Book()
+    book.add(
+        draft(
+            "When read_csv fails with UnicodeDecodeError, call read_csv(encoding='utf-8-sig').",
+            structured=Structured(when=when, prefer={"args": {"encoding": "utf-8-sig"}}),
+        )
+    )
+    change = book.add(
+        draft(
+            "When read_csv fails with UnicodeDecodeError, call read_csv(encoding='latin-1').",
+            structured=Structured(when=when, prefer={"args": {"encoding": "latin-1"}}),
+        )
+    )
+    assert change.action == "add"
+
+
+def test_merge_keeps_the_more_specific_text_and_unions_what_it_learned():
+    book = Book()
+    book.add(
+        draft(
+            "Use utf-8-sig to read CSV files.",
+            features=Features(tools=["read_csv"], keywords=["bom"]),
+            suggestions=["Check the first bytes."],
+        )
+    )
+    change = book.add(
+        draft(
+            "Use utf-8-sig to read CSV files: read_csv(path, encoding='utf-8-sig').",
+            features=Features(tools=["read_csv", "open"], keywords=["utf-8-sig"]),
+            suggestions=["Check the first bytes.", "Log the encoding used."],
+            general_rule="Know the encoding before parsing.",
+        )
+    )
+    lesson = change.lesson
+    assert lesson.advice == "Use utf-8-sig to read CSV files: read_csv(path, encoding='utf-8-sig')."
+    assert lesson.features.tools == ["read_csv", "open"]
+    assert lesson.features.keywords == ["bom", "utf-8-sig"]
+    assert lesson.suggestions == ["Check the first bytes.", "Log the encoding used."]
+    assert lesson.general_rule == "Know the encoding before parsing."
+    merge = lesson.history[-1]
+    assert merge["by"] == "curator" and merge["changes"]["support"] == 2
+    assert merge["changes"]["advice"]["from"] == "Use utf-8-sig to read CSV files."
+
+
+def test_merge_text_writer_is_used_and_its_failure_falls_back():
+    book = Book()
+    book.add(draft(ENCODING_REWORDED[0]))
+    change = book.add(draft(ENCODING_REWORDED[1]), merge_text=lambda a, b: "MERGED: " + a)
+    assert change.lesson.advice == "MERGED: " + ENCODING_REWORDED[0]
+
+    def broken(a: str, b: str) -> str:
+        raise RuntimeError("LLM down")
+
+    change = book.add(draft(ENCODING_REWORDED[6]), merge_text=broken)
+    assert change.action == "merge"
+    assert change.lesson.advice == ENCODING_REWORDED[6]
+
+
+def test_curate_does_not_change_the_lessons_it_is_given():
+    book = Book()
+    book.add(draft(ENCODING_REWORDED[0]))
+    before = orjson.dumps(book.only().to_dict())
+    snapshot = list(book.lessons.values())
+    curate(draft(ENCODING_REWORDED[1]), snapshot, embedder=EMBEDDER, now=NOW)
+    assert orjson.dumps(snapshot[0].to_dict()) == before
+
+
+def test_repeat_of_an_expired_lesson_revives_it_and_a_rejected_one_stays_rejected():
+    book = Book()
+    lesson = book.add(draft(ENCODING_REWORDED[0])).lesson
+    later = NOW + timedelta(days=40)
+    (expired,) = expire_due(list(book.lessons.values()), now=later)
+    book.lessons[expired.lesson_id] = expired
+    change = book.add(draft(ENCODING_REWORDED[1]), now=later)
+    assert change.action == "merge" and change.lesson.lesson_id == lesson.lesson_id
+    assert change.lesson.status == "active"
+    assert change.lesson.valid_until == iso(later + timedelta(days=30))
+
+    book.lessons[lesson.lesson_id] = reject(change.lesson, by="alice", now=later)
+    change = book.add(draft(ENCODING_REWORDED[2]), now=later)
+    assert change.action == "merge"
+    assert change.lesson.status == "rejected" and change.lesson.support == 3
+
+
+def test_a_pinned_lesson_stays_pinned_and_never_gets_a_validity_on_merge():
+    book = Book()
+    lesson = book.add(draft(ENCODING_REWORDED[0])).lesson
+    book.lessons[lesson.lesson_id] = pin(lesson, by="alice", now=NOW)
+    change = book.add(draft(ENCODING_REWORDED[1]))
+    assert change.lesson.pinned and change.lesson.valid_until is None
+
+
+def test_suspect_drafts_wait_in_review():
+    change = Book().add(draft("Use utf-8-sig."), quality="suspect")
+    assert change.lesson.status == "needs_review" and change.lesson.quality == "suspect"
+    assert review_reasons(change.lesson) == ["suspect quality"]
+
+
+# -- curation: conflicts ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("Use utf-8-sig encoding when reading CSV files.",
+         "Do not use utf-8-sig encoding when reading CSV files."),
+        ("Prefer read_csv with engine='python'.", "Avoid read_csv with engine='python'."),
+        ("Always retry get_weather on timeout.", "Never retry get_weather on timeout."),
+        ("读取CSV文件时使用utf-8-sig编码。", "读取CSV文件时不要使用utf-8-sig编码。"),
+    ],
+)  # fmt: skip
+def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
+    book = Book()
+    old = book.add(draft(first)).lesson
+    change = book.add(draft(second))
+    assert change.action == "conflict"
+    new, other = change.lesson, change.other
+    assert new.status == "needs_review" and new.conflicts == [old.lesson_id]
+    assert other is not None and other.lesson_id == old.lesson_id
+    assert other.status == "active" and other.conflicts == [new.lesson_id]
+    assert other.history[-1]["action"] == "conflict"
+    assert review_reasons(new, book.lessons) == [f"conflicts with {old.lesson_id}"]
+
+
+def test_prefer_and_avoid_swapped_is_a_conflict():
+    when = {"tool": "read_csv", "error_type": "UnicodeDecodeError"}
+    sig, latin = {"args": {"encoding": "utf-8-sig"}}, {"args": {"encoding": "latin-1"}}
+    book = Book()
+    book.add(draft("Prefer utf-8-sig.", structured=Structured(when=when, prefer=sig, avoid=latin)))
+    change = book.add(
+        draft("Prefer latin-1.", structured=Structured(when=when, prefer=latin, avoid=sig))
+    )
+    assert change.action == "conflict"
+
+
+def test_a_negated_rewording_is_a_repeat_not_a_conflict():
+    book = Book()
+    book.add(draft("Read CSV files with encoding='utf-8-sig'."))
+    change = book.add(draft("Don't read CSV files as plain utf-8; pick encoding='utf-8-sig'."))
+    assert change.action == "merge"
+
+
+def test_contradicting_a_rejected_lesson_is_no_conflict():
+    book = Book()
+    old = book.add(draft("Use utf-8-sig encoding when reading CSV files.")).lesson
+    book.lessons[old.lesson_id] = reject(old, by="alice", now=NOW)
+    change = book.add(draft("Do not use utf-8-sig encoding when reading CSV files."))
+    assert change.action == "add" and change.lesson.status == "active"
+
+
+def test_a_repeat_of_the_lesson_in_review_merges_into_it():
+    book = Book()
+    book.add(draft("Use utf-8-sig encoding when reading CSV files."))
+    flagged = book.add(draft("Do not use utf-8-sig encoding when reading CSV files.")).lesson
+    change = book.add(draft("Never use utf-8-sig encoding when you read CSV files."))
+    assert change.action == "merge" and change.lesson.lesson_id == flagged.lesson_id
+    assert change.lesson.status == "needs_review" and len(book) == 2
+
+
+# -- feedback -----------------------------------------------------------------------------------
+
+
+def test_a_lesson_injected_into_five_failed_tasks_in_a_row_drops_out_and_shows_in_review():
+    lesson = Book().add(draft(ENCODING_REWORDED[0])).lesson
+    scores = [lesson.value_score]
+    for i in range(5):
+        lesson = apply_outcome(
+            lesson, succeeded=False, now=NOW + timedelta(hours=i), task_id=f"t{i}"
+        )
+        scores.append(lesson.value_score)
+    assert lesson.harmful == 5 and lesson.helpful == 0
+    assert lesson.status == "needs_review"
+    assert not lesson.is_live(NOW + timedelta(days=1))  # recall's rule stage drops it
+    assert scores == sorted(scores, reverse=True) and scores[-1] < 0.2
+    flags = [h for h in lesson.history if h["action"] == "flag_harmful"]
+    assert (
+        len(flags) == 1 and flags[0]["by"] == "feedback" and flags[0]["changes"]["task_id"] == "t2"
+    )
+    assert review_reasons(lesson) == ["harmful: hurt 5 times, helped 0"]
+
+
+def test_a_helpful_lesson_survives_a_few_failures():
+    lesson = Book().add(draft(ENCODING_REWORDED[0])).lesson
+    for _ in range(4):
+        lesson = apply_outcome(lesson, succeeded=True, now=NOW)
+    for _ in range(3):
+        lesson = apply_outcome(lesson, succeeded=False, now=NOW)
+    assert lesson.status == "active" and not keeps_hurting(lesson)
+
+
+def test_success_extends_validity_and_failure_does_not():
+    lesson = Book().add(draft(ENCODING_REWORDED[0])).lesson
+    later = NOW + timedelta(days=20)
+    helped = apply_outcome(lesson, succeeded=True, now=later)
+    assert helped.valid_until == iso(later + timedelta(days=30))
+    hurt = apply_outcome(lesson, succeeded=False, now=later)
+    assert hurt.valid_until == lesson.valid_until
+
+
+def test_confirming_a_harmful_lesson_gives_it_a_fresh_start():
+    lesson = Book().add(draft(ENCODING_REWORDED[0])).lesson
+    for _ in range(3):
+        lesson = apply_outcome(lesson, succeeded=False, now=NOW)
+    assert lesson.status == "needs_review"
+    lesson = confirm(lesson, by="alice", now=NOW)
+    assert lesson.status == "active" and review_reasons(lesson) == []
+    assert lesson.history[-1]["counts"] == {"helpful": 0, "harmful": 3}
+    lesson = apply_outcome(lesson, succeeded=False, now=NOW)
+    assert lesson.status == "active"  # one failure since the person vouched for it
+    for _ in range(2):
+        lesson = apply_outcome(lesson, succeeded=False, now=NOW)
+    assert lesson.status == "needs_review"
+
+
+def test_value_score_combines_outcomes_support_and_recency():
+    base = Lesson(lesson_id="les_x", task_type="t", advice="a", updated_at=iso(NOW))
+    fresh = value_score(base, NOW)
+    assert 0.0 <= fresh <= 1.0
+    helped = dataclasses.replace(base, helpful=5)
+    hurt = dataclasses.replace(base, harmful=5)
+    supported = dataclasses.replace(base, support=10)
+    assert value_score(helped, NOW) > fresh > value_score(hurt, NOW)
+    assert value_score(supported, NOW) > fresh
+    assert value_score(base, NOW + timedelta(days=90)) < fresh
+    extreme = dataclasses.replace(base, helpful=10_000, support=10_000)
+    assert value_score(extreme, NOW) <= 1.0
+    assert value_score(dataclasses.replace(base, harmful=10_000), NOW + timedelta(days=3650)) >= 0
+
+
+# -- expiry -------------------------------------------------------------------------------------
+
+
+def test_expire_due_marks_only_active_unpinned_lessons_past_their_date():
+    book = Book()
+    due = book.add(draft(DISTINCT_CSV[0])).lesson
+    pinned = pin(book.add(draft(DISTINCT_CSV[1])).lesson, by="alice", now=NOW)
+    review = edit(book.add(draft(DISTINCT_CSV[2])).lesson, by="alice", status="needs_review")
+    later = book.add(draft(DISTINCT_CSV[3]), now=NOW + timedelta(days=20)).lesson
+    lessons = [due, pinned, review, later]
+    expired = expire_due(lessons, now=NOW + timedelta(days=31))
+    assert [x.lesson_id for x in expired] == [due.lesson_id]
+    assert expired[0].status == "expired"  # kept, marked, never deleted
+    assert expired[0].history[-1]["action"] == "expire" and expired[0].history[-1]["by"] == "system"
+    assert due.status == "active"  # the input is untouched
+    assert expire_due(lessons, now=NOW + timedelta(days=3650))[-1].lesson_id == later.lesson_id
+    assert pinned.lesson_id not in {
+        x.lesson_id for x in expire_due(lessons, now=datetime.max.replace(tzinfo=UTC))
+    }
+
+
+# -- people in charge ---------------------------------------------------------------------------
+
+
+def test_edit_records_who_when_and_what():
+    lesson = Book().add(draft("Use utf-8-sig.")).lesson
+    edited = edit(
+        lesson,
+        by="alice",
+        now=NOW + timedelta(hours=1),
+        advice="  Use encoding='utf-8-sig' with read_csv.  ",
+        tools=["read_csv"],
+        scope="project:billing",
+    )
+    assert edited.advice == "Use encoding='utf-8-sig' with read_csv."
+    assert edited.features.tools == ["read_csv"] and edited.scope == "project:billing"
+    entry = edited.history[-1]
+    assert entry == {
+        "at": iso(NOW + timedelta(hours=1)),
+        "by": "alice",
+        "action": "edit",
+        "changes": {
+            "advice": {"from": "Use utf-8-sig.", "to": "Use encoding='utf-8-sig' with read_csv."},
+            "tools": {"from": [], "to": ["read_csv"]},
+            "scope": {"from": "global", "to": "project:billing"},
+        },
+    }
+    assert lesson.advice == "Use utf-8-sig."  # edit returns a copy
+    assert edit(edited, by="bob", scope="project:billing").history == edited.history
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"lesson_id": "x"}, "cannot edit 'lesson_id'"),
+        ({"scope": "team:x"}, "use 'global', 'project:NAME' or 'user:NAME'"),
+        ({"status": "gone"}, "status must be one of"),
+        ({"advice": "  "}, "'advice' must be non-empty text"),
+        ({"valid_until": "next week"}, "ISO date"),
+        ({"intent": "chat"}, "intent must be one of"),
+        ({"pinned": "yes"}, "true or false"),
+    ],
+)
+def test_edit_refuses_bad_changes(changes, message):
+    lesson = Book().add(draft("Use utf-8-sig.")).lesson
+    with pytest.raises(ValueError, match=message):
+        edit(lesson, by="alice", **changes)
+
+
+def test_pin_unpin_reject_confirm():
+    lesson = Book().add(draft("Use utf-8-sig.")).lesson
+    pinned = pin(lesson, by="alice", now=NOW)
+    assert (
+        pinned.pinned
+        and pinned.valid_until is None
+        and pinned.is_live(datetime.max.replace(tzinfo=UTC))
+    )
+    unpinned = unpin(pinned, by="alice", now=NOW)
+    assert not unpinned.pinned and unpinned.valid_until == iso(NOW + timedelta(days=30))
+    rejected = reject(unpinned, by="bob", now=NOW, reason="wrong for SAP exports")
+    assert (
+        rejected.status == "rejected" and rejected.history[-1]["reason"] == "wrong for SAP exports"
+    )
+    assert review_reasons(rejected) == []
+    stale = confirm(rejected, by="carol", now=NOW + timedelta(days=60))
+    assert stale.status == "active" and stale.is_live(NOW + timedelta(days=61))
+    assert [h["action"] for h in stale.history] == ["create", "pin", "unpin", "reject", "confirm"]
+    assert [h["by"] for h in stale.history[1:]] == ["alice", "alice", "bob", "carol"]
+
+
+def test_check_scope():
+    assert check_scope("global") == "global"
+    assert check_scope("user:alice") == "user:alice"
+    assert check_scope("project:数据") == "project:数据"
+    for bad in ("", "user:", "team:x", "USER:alice", "user: alice"):
+        with pytest.raises(ValueError, match="invalid scope"):
+            check_scope(bad)
+
+
+# -- import and export --------------------------------------------------------------------------
+
+
+def test_a_hand_written_line_needs_only_task_type_and_advice():
+    lesson = parse_import_line({"task_type": "csv_cleaning", "advice": "Use utf-8-sig."}, now=NOW)
+    assert lesson.lesson_id.startswith("les_")
+    assert lesson.status == "active" and lesson.scope == "global" and lesson.support == 1
+    assert lesson.valid_until == iso(NOW + timedelta(days=30))
+    assert lesson.history[0]["action"] == "import"
+    assert lesson.is_live(NOW)
+
+
+def test_a_hand_written_line_with_every_optional_field():
+    line = {
+        "task_type": "weather_query",
+        "advice": "调用 get_weather 前先确认城市。",
+        "tools": ["get_weather"],
+        "intent": "query",
+        "scope": "user:alice",
+        "keywords": ["城市", "city"],
+        "valid_until": "2025-06-30",
+        "status": "needs_review",
+        "pinned": False,
+    }
+    lesson = parse_import_line(line, now=NOW)
+    assert lesson.features.tools == ["get_weather"] and lesson.features.intent == "query"
+    assert lesson.features.keywords == ["城市", "city"] and lesson.scope == "user:alice"
+    assert lesson.valid_until == "2025-06-30T00:00:00.000Z" and lesson.status == "needs_review"
+    assert lesson.language == "zh"
+    pinned = parse_import_line({**line, "pinned": True, "status": "active"}, now=NOW)
+    assert pinned.pinned and pinned.valid_until is None
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        (["advice"], "expected a JSON object, got list"),
+        ({"task_type": "t"}, "missing 'advice'"),
+        ({"advice": "x"}, "missing 'task_type'"),
+        ({"task_type": "t", "advice": "  "}, "missing 'advice'"),
+        ({"task_type": "t", "advice": "x", "tool": ["a"]}, "unknown field 'tool' \\(did you mean 'tools'\\?\\)"),
+        ({"task_type": "t", "advice": "x", "scope": "team:a"}, "invalid scope 'team:a'"),
+        ({"task_type": "t", "advice": "x", "status": "live"}, "status must be one of"),
+        ({"task_type": "t", "advice": "x", "pinned": "yes"}, "'pinned' must be true or false"),
+        ({"task_type": "t", "advice": "x", "valid_until": "soon"}, "'valid_until' must be an ISO date"),
+        ({"task_type": "t", "advice": "x", "tools": [1]}, "'tools' must be a list of strings"),
+        ({"task_type": "t", "advice": "x", "intent": "chat"}, "intent must be one of"),
+        ({"lesson_id": "les_1", "task_type": "t", "advice": "x", "status": "??"}, "status must be"),
+    ],
+)  # fmt: skip
+def test_import_lines_with_problems_say_what_is_wrong(obj, message):
+    with pytest.raises(ValueError, match=message):
+        parse_import_line(obj)
+
+
+def test_export_jsonl_round_trips_through_import():
+    book = Book()
+    for text in DISTINCT_CSV[:3]:
+        book.add(draft(text, features=Features(tools=["read_csv"]), source_task_ids=["tsk_1"]))
+    lessons = list(book.lessons.values())
+    lessons[0] = pin(apply_outcome(lessons[0], succeeded=True, now=NOW), by="alice", now=NOW)
+    lessons[1] = dataclasses.replace(
+        lessons[1], structured=Structured(when={"tool": "read_csv"}, avoid={"args": {"sep": ","}})
+    )
+    text = export_jsonl(lessons)
+    assert text.count("\n") == 3 and '"score"' not in text
+    back = [parse_import_line(orjson.loads(line)) for line in text.splitlines()]
+    assert [x.to_dict() for x in back] == [x.to_dict() for x in lessons]
+
+
+def test_export_markdown_is_a_readable_knowledge_base():
+    book = Book()
+    book.add(draft("Use encoding='utf-8-sig' with read_csv.", root_cause="Excel writes a BOM."))
+    book.add(draft("调用 get_weather 前先确认城市。", task_type="weather_query"))
+    text = export_markdown(list(book.lessons.values()))
+    assert text.startswith("# Lessons\n")
+    assert "## csv_cleaning" in text and "## weather_query" in text
+    assert "### Use encoding='utf-8-sig' with read_csv." in text
+    assert "**Root cause.** Excel writes a BOM." in text
+    assert "### 调用 get_weather 前先确认城市。" in text
+    for lesson in book.lessons.values():
+        assert f"`{lesson.lesson_id}`" in text
+    assert "_No lessons._" in export_markdown([])
+
+
+def test_import_of_a_hand_written_lesson_curates_like_any_other():
+    book = Book()
+    book.add(draft(ENCODING_REWORDED[0]))
+    line = parse_import_line({"task_type": "csv_cleaning", "advice": ENCODING_REWORDED[1]})
+    assert book.add(line).action == "merge"
+    line = parse_import_line(
+        {"task_type": "csv_cleaning", "advice": DISTINCT_CSV[1], "pinned": True}
+    )
+    change = book.add(line)
+    assert change.action == "add" and change.lesson.lesson_id == line.lesson_id
+    assert change.lesson.pinned and change.lesson.valid_until is None
+
+
+def test_draft_to_lesson():
+    d = draft("Use utf-8-sig.", scope="user:alice", source_task_ids=["tsk_1"], kind="full_review")
+    lesson = draft_to_lesson(d, now=NOW, validity=timedelta(days=7))
+    assert lesson.lesson_id.startswith("les_") and lesson.kind == "full_review"
+    assert lesson.created_at == lesson.updated_at == iso(NOW)
+    assert parse_ts(lesson.valid_until) == NOW + timedelta(days=7)
+    assert lesson.history == [
+        {
+            "at": iso(NOW),
+            "by": "curator",
+            "action": "create",
+            "changes": {"source_task_ids": ["tsk_1"]},
+        }
+    ]
+    with pytest.raises(ValueError, match="invalid scope"):
+        draft_to_lesson(draft("x", scope="everyone"))
