@@ -157,3 +157,23 @@ def test_user_scoped_lessons_do_not_leak(hs: Hindsight) -> None:
     assert hs.recall(task_type="travel", tools=["book"], query="book seats", scope="user:bob") == []
     found = hs.recall(task_type="travel", tools=["book"], query="book seats", scope="user:alice")
     assert len(found) == 1
+
+
+def test_lessons_recalled_mid_run_are_credited_with_the_outcome(hs: Hindsight) -> None:
+    _failing_then_recovering_task(hs)
+    hs.drain()
+    [lesson] = hs.store.list_lessons()
+    with hs.task("csv_cleaning", goal="unrelated words", tools=["validate"], recall=False) as task:
+        found = task.advice_for("read_csv", error_type="UnicodeDecodeError", query="erp_cn gbk")
+        assert [x.lesson_id for x in found] == [lesson.lesson_id]
+        assert [x.lesson_id for x in task.lessons] == [lesson.lesson_id]
+    hs.drain()
+    assert hs.store.get_task(task.task_id).injected_lesson_ids == [lesson.lesson_id]
+    assert hs.store.get_lesson(lesson.lesson_id).helpful == 1
+
+
+def test_invalid_scope_is_refused_before_the_task_runs(hs: Hindsight) -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="user:NAME"):
+        hs.task("t", scope="alice")

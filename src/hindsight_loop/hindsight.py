@@ -545,6 +545,22 @@ class Hindsight:
                 log.exception("hindsight: could not count hits")
         return found
 
+    def credit_lessons(self, task_id: str, lesson_ids: Sequence[str]) -> None:
+        """Count lessons as injected into a task that already started (recalled mid-run, or by
+        an MCP client): the task's outcome will move their helpful / harmful counts."""
+        if not lesson_ids:
+            return
+        self.flush()
+        with self.store.transaction():
+            task = self.store.get_task(task_id)
+            if task is None:
+                warn(f"credit_lessons: no task {task_id!r}; start it first")
+                return
+            fresh = [x for x in lesson_ids if x not in task.injected_lesson_ids]
+            if fresh:
+                task.injected_lesson_ids = [*task.injected_lesson_ids, *fresh]
+                self.store.upsert_task(task)
+
     def inject(self, messages: list[dict[str, Any]], lessons: Sequence[Lesson]) -> list[dict[str, Any]]:
         """Place the lessons' advice after the system/tool text and before the last user message."""
         from hindsight_loop.recall import inject
@@ -886,13 +902,19 @@ class TaskRun:
     def advice_for(self, tool: str, *, error_type: str | None = None, query: str = "") -> LessonSet:
         """Recall during the run, e.g. right after a tool failed, to change course in time."""
         try:
-            return self.hs.recall(
+            found = self.hs.recall(
                 task_type=self.task_type,
                 tools=[tool],
                 query=query or f"{tool} {error_type or ''}",
                 scope=self.scope,
                 error_type=error_type,
             )
+            fresh = [x for x in found if x.lesson_id not in {y.lesson_id for y in self.lessons}]
+            if fresh:
+                # They were handed to the agent: the task's outcome counts for them too.
+                self.lessons.extend(fresh)
+                self.hs.credit_lessons(self.task_id, [x.lesson_id for x in fresh])
+            return found
         except Exception:  # noqa: BLE001
             log.exception("hindsight: in-run recall failed")
             return _empty_lessons()

@@ -1,0 +1,198 @@
+"""How much latency the recording gateway adds to an MCP tool call.
+
+Measured against a direct connection to the same published server (``mcp-server-time`` from its
+own venv, see ``scripts/setup-mcp-time.sh``), in the same run, with the calls interleaved
+(direct, gateway, direct, … in alternating order) so drift in machine load hits both alike.
+Reports medians and the added time per call; never fails on a number.
+
+Paths measured, each against its own direct baseline:
+
+- ``stdio``: client → ``hindsight mcp proxy`` (a subprocess, as an MCP client launches it) →
+  server. What a user gets; includes the extra process hop and JSON framing.
+- ``in-process``: client → ``Gateway`` in this process → server. The gateway's own work
+  (routing, recording, result summary) without the extra hop.
+- ``in-process, recording off``: the same gateway with a facade that records nothing, so the
+  difference to ``in-process`` is what recording costs a call.
+- ``record``: the cost of one ``Hindsight.record`` call on the caller's thread (the only
+  recording work on the call path).
+
+    python bench/mcp_latency.py [--calls 1000] [--mode auto|legacy] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+from mcp import Client, StdioServerParameters
+
+from hindsight_loop import Hindsight
+from hindsight_loop.mcp import Gateway
+from hindsight_loop.mcp.config import parse_config
+
+REPO = Path(__file__).resolve().parents[1]
+ARGS = {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}
+CLI = "from hindsight_loop.cli import main; main()"
+
+
+def _time_server() -> str:
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "setup-mcp-time.sh")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return proc.stdout.strip().splitlines()[-1]
+
+
+async def _interleave(
+    fns: list[Callable[[], Awaitable[Any]]], calls: int, warmup: int = 30
+) -> list[list[float]]:
+    """Call each of ``fns`` in turn, rotating which goes first; per-call ms of each."""
+    for _ in range(warmup):
+        for fn in fns:
+            await fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for i in range(calls):
+        k = i % len(fns)
+        for j in [*range(k, len(fns)), *range(k)]:
+            started = time.perf_counter()
+            await fns[j]()
+            times[j].append((time.perf_counter() - started) * 1000)
+    return times
+
+
+class _NoRecording:
+    """A facade that records nothing: isolates what recording costs the call path."""
+
+    def record(self, event: dict[str, Any]) -> bool:
+        return True
+
+    def recall(self, **_: Any) -> list[Any]:
+        return []
+
+
+def _stats(direct: list[float], gateway: list[float]) -> dict[str, float]:
+    md, mg = statistics.median(direct), statistics.median(gateway)
+    q = lambda xs: statistics.quantiles(xs, n=10)[-1]  # noqa: E731 - p90
+    return {
+        "direct_median_ms": round(md, 3),
+        "gateway_median_ms": round(mg, 3),
+        "added_median_ms": round(mg - md, 3),
+        "ratio": round(mg / md, 3),
+        "direct_p90_ms": round(q(direct), 3),
+        "gateway_p90_ms": round(q(gateway), 3),
+    }
+
+
+async def _bench(exe: str, calls: int, mode: str, workdir: Path) -> dict[str, Any]:
+    args = ["--local-timezone", "UTC"]
+    config_path = workdir / "servers.json"
+    config_path.write_bytes(orjson.dumps({"mcpServers": {"time": {"command": exe, "args": args}}}))
+    results: dict[str, Any] = {}
+
+    direct = Client(StdioServerParameters(command=exe, args=args), mode=mode)
+    proxied = Client(
+        StdioServerParameters(
+            command=sys.executable,
+            args=[
+                "-c",
+                CLI,
+                "mcp",
+                "proxy",
+                "--config",
+                str(config_path),
+                "--db",
+                str(workdir / "stdio.db"),
+            ],
+        ),
+        mode=mode,
+    )
+    async with direct as d, proxied as g:
+        ta, tb = await _interleave(
+            [lambda: d.call_tool("convert_time", ARGS), lambda: g.call_tool("convert_time", ARGS)],
+            calls,
+        )
+        results["stdio"] = _stats(ta, tb)
+
+    with Hindsight(workdir / "inproc.db") as hs:
+        config = parse_config({"mcpServers": {"time": {"command": exe, "args": args}}})
+        async with (
+            Gateway(hs, config) as gateway,
+            Gateway(_NoRecording(), config) as silent,  # type: ignore[arg-type]
+            Client(StdioServerParameters(command=exe, args=args), mode=mode) as d,
+            Client(gateway.server, mode=mode) as g,
+            Client(silent.server, mode=mode) as s,
+        ):
+            ta, tb, tc = await _interleave(
+                [
+                    lambda: d.call_tool("convert_time", ARGS),
+                    lambda: g.call_tool("convert_time", ARGS),
+                    lambda: s.call_tool("convert_time", ARGS),
+                ],
+                calls,
+            )
+            results["in-process"] = _stats(ta, tb)
+            results["in-process, recording off"] = _stats(ta, tc)
+
+        hs.record({"type": "task_start", "task_id": "tsk_bench", "task_type": "bench"})
+        event = {
+            "type": "action_executed",
+            "task_id": "tsk_bench",
+            "input": {"tool": "convert_time", "args": ARGS, "server": "time"},
+            "result": {"status": "succeeded", "output": "x" * 200, "latency_ms": 1.0},
+        }
+        n = 20_000
+        started = time.perf_counter()
+        for _ in range(n):
+            hs.record(event)
+        results["record_us_per_event"] = round((time.perf_counter() - started) / n * 1e6, 2)
+    results["calls"] = calls
+    results["mode"] = mode
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=1000, help="measured calls per path")
+    parser.add_argument(
+        "--mode",
+        choices=["auto", "legacy"],
+        default="auto",
+        help="client protocol era: auto (2026-07-28) or legacy (2025 handshake)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    opts = parser.parse_args()
+    exe = _time_server()
+    with tempfile.TemporaryDirectory() as tmp:
+        results = anyio.run(_bench, exe, opts.calls, opts.mode, Path(tmp))
+    if opts.json:
+        print(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())
+        return
+    print(
+        f"mcp-server-time convert_time, {opts.calls} interleaved calls per path, client mode {opts.mode}"
+    )
+    print(
+        f"{'path':<27}{'direct ms':>11}{'gateway ms':>12}{'added ms':>10}{'ratio':>8}{'p90 d/g ms':>16}"
+    )
+    for path in ("stdio", "in-process", "in-process, recording off"):
+        r = results[path]
+        print(
+            f"{path:<27}{r['direct_median_ms']:>11.3f}{r['gateway_median_ms']:>12.3f}"
+            f"{r['added_median_ms']:>10.3f}{r['ratio']:>8.2f}"
+            f"{r['direct_p90_ms']:>8.2f}/{r['gateway_p90_ms']:.2f}"
+        )
+    print(f"Hindsight.record on the call path: {results['record_us_per_event']} µs per event")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""``hindsight mcp``: the recording gateway (``proxy``) and Hindsight as an MCP server (``serve``).
+
+The MCP SDK is an extra, so nothing here imports it until a command runs: ``hindsight --help``
+stays fast and works without ``hindsight-loop[mcp]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Annotated, Any
+
+import typer
+
+from hindsight_loop.cli.common import DbOption, fail
+
+mcp_app = typer.Typer(
+    help="MCP: record every tool call of any MCP client, or offer Hindsight to MCP clients.",
+    no_args_is_help=True,
+)
+
+
+class Transport(enum.StrEnum):
+    stdio = "stdio"
+    http = "http"
+
+
+TransportOption = Annotated[
+    Transport,
+    typer.Option(
+        "--transport",
+        help="stdio: the MCP client launches this command; http: streamable HTTP on 127.0.0.1.",
+    ),
+]
+
+
+def _sdk() -> None:
+    """Fail with the install command when the MCP SDK is missing."""
+    try:
+        import hindsight_loop.mcp  # noqa: F401
+    except ImportError as exc:
+        raise fail(str(exc)) from None
+
+
+def _quiet_logging() -> None:
+    # stdout is the protocol on stdio: anything we log goes to stderr, and only what matters.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="hindsight: %(message)s")
+
+
+@mcp_app.command("proxy")
+def proxy(
+    config: Annotated[
+        str,
+        typer.Option(
+            "--config",
+            "-c",
+            help='The {"mcpServers": {...}} JSON file of the servers to put behind the gateway '
+            "(the file your MCP client already uses works).",
+        ),
+    ],
+    transport: TransportOption = Transport.stdio,
+    port: Annotated[int, typer.Option(help="Port for --transport http (on 127.0.0.1).")] = 8766,
+    advise: Annotated[
+        bool | None,
+        typer.Option(
+            "--advise/--no-advise",
+            help="Append recalled lessons to failed tool results, marked [Hindsight advice] "
+            "(default: the config's hindsight.advise, else off).",
+            show_default=False,
+        ),
+    ] = None,
+    task_type: Annotated[
+        str | None,
+        typer.Option(
+            "--task-type",
+            help="Task type of the recorded sessions (default: the config's hindsight.taskType, "
+            "else the client's name).",
+        ),
+    ] = None,
+    db: DbOption = "hindsight.db",
+) -> None:
+    """Run the recording gateway in front of the MCP servers of a config file.
+
+    Every tools/call passing through becomes one action_executed event, in one Hindsight task per client session. Results reach the client unchanged (except advice with --advise).
+    """
+    _sdk()
+    from hindsight_loop.mcp.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+    _quiet_logging()
+    for note in cfg.skipped:
+        logging.getLogger("hindsight_loop.mcp").warning("skipped server %s", note)
+    _run(_gateway_main(cfg, db, transport, port, advise, task_type))
+
+
+@mcp_app.command("serve")
+def serve(
+    transport: TransportOption = Transport.stdio,
+    port: Annotated[int, typer.Option(help="Port for --transport http (on 127.0.0.1).")] = 8765,
+    db: DbOption = "hindsight.db",
+) -> None:
+    """Offer Hindsight to MCP clients: recall_lessons, record_event, report_outcome, reflect_task."""
+    _sdk()
+    _quiet_logging()
+    _run(_serve_main(db, transport, port))
+
+
+def _run(main: Any) -> None:
+    import anyio
+
+    with contextlib.suppress(KeyboardInterrupt):
+        anyio.run(main)
+
+
+def _gateway_main(
+    cfg: Any, db: str, transport: Transport, port: int, advise: bool | None, task_type: str | None
+) -> Any:
+    async def main() -> None:
+        from hindsight_loop.hindsight import Hindsight
+        from hindsight_loop.mcp.proxy import Gateway
+
+        hs = Hindsight(db)
+        try:
+            async with Gateway(hs, cfg, task_type=task_type, advise=advise) as gateway:
+                if transport is Transport.stdio:
+                    await _until_signal(gateway.serve_stdio)
+                else:
+                    await _serve_http(gateway.http_app(), port, "gateway")
+        finally:
+            hs.close()  # the sessions' task_end events are flushed before the process exits
+
+    return main
+
+
+def _serve_main(db: str, transport: Transport, port: int) -> Any:
+    async def main() -> None:
+        from hindsight_loop.hindsight import Hindsight
+        from hindsight_loop.mcp.server import build_server
+
+        hs = Hindsight(db)
+        try:
+            server = build_server(hs)
+            if transport is Transport.stdio:
+                await _until_signal(server.run_stdio_async)
+            else:
+                await _serve_http(server.streamable_http_app(), port, "server")
+        finally:
+            hs.close()
+
+    return main
+
+
+async def _until_signal(
+    main: Callable[[], Awaitable[None]], on_signal: Callable[[], None] | None = None
+) -> None:
+    """Run ``main`` until it returns or SIGTERM/SIGINT arrives.
+
+    A client stops a stdio server with SIGTERM when it does not exit on EOF; without this the
+    process would die before the sessions' last events are written. ``on_signal`` asks ``main``
+    to stop by itself (a second signal cancels it).
+    """
+    import anyio
+
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            asked = False
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    if on_signal is not None and not asked:
+                        asked = True
+                        on_signal()
+                    else:
+                        tg.cancel_scope.cancel()
+                        return
+
+        if sys.platform != "win32":
+            tg.start_soon(watch)
+        await main()
+        tg.cancel_scope.cancel()
+
+
+async def _serve_http(app: Any, port: int, what: str) -> None:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # Signals are ours (see _until_signal): uvicorn would re-raise SIGTERM after a
+            # graceful stop and kill the process before the store is flushed.
+            yield
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = Server(config)
+    typer.echo(f"Hindsight MCP {what} on http://127.0.0.1:{port}/mcp", err=True)
+    await _until_signal(server.serve, on_signal=lambda: setattr(server, "should_exit", True))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(mcp_app, name="mcp")

@@ -1,0 +1,681 @@
+"""The recording gateway: an MCP server that stands in front of a client's MCP servers.
+
+Most agents reach their tools over MCP, so recording at that boundary captures every tool call of
+any agent, in any language or framework, without touching its code. The client launches (stdio)
+or connects to (streamable HTTP) the gateway in place of its servers; the gateway connects to each
+upstream, offers their tools side by side, forwards every call untouched and records it as one
+``action_executed`` event in a Hindsight task per client session.
+
+What the client sees does not change: tool listings and results are passed through as the
+upstream sent them, JSON-RPC errors keep their code, message and data. The one exception is
+opt-in: with ``advise=True`` a failed call gets the most relevant recalled lessons appended as a
+text block marked ``[Hindsight advice]``.
+
+Recording stays off the hot path: ``Hindsight.record`` only enqueues (a writer thread does the
+I/O), and the only extra work per call is building one dict. Recall for advice runs in a worker
+thread and only after a call has failed.
+
+Tool names: in ``auto`` naming a tool keeps its upstream name unless two upstreams offer the same
+name; then each clashing tool is offered as ``<server>__<tool>``. ``prefixed`` naming always uses
+``<server>__<tool>`` so names stay stable when servers are added.
+
+Both protocol eras are handled on both sides: upstreams are reached with the SDK's ``auto`` mode
+(``server/discover`` at 2026-07-28, falling back to the 2025 ``initialize`` handshake), and the
+gateway serves 2025-era and 2026-era clients from the same server.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import mcp_types as types
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+from mcp_types import (
+    CLIENT_INFO_META_KEY,
+    HEADER_MISMATCH,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    REQUEST_TIMEOUT,
+    SERVER_INFO_META_KEY,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter
+
+from hindsight_loop.mcp.config import PREFIX_SEPARATOR, GatewayConfig, UpstreamConfig
+from hindsight_loop.mcp.events import (
+    ErrorType,
+    action_event,
+    advice_text,
+    classify_jsonrpc_error,
+    classify_result_error,
+    summarize_content,
+)
+from hindsight_loop.models import new_id
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from hindsight_loop.hindsight import Hindsight
+
+logger = logging.getLogger("hindsight_loop.mcp.proxy")
+
+GATEWAY_NAME = "hindsight-gateway"
+#: Sessions without a transport session id (2026-era HTTP clients are sessionless) end after
+#: this long without a call; so do abandoned 2025-era HTTP sessions.
+DEFAULT_SESSION_IDLE = 600.0
+_RECALL_BUDGET_S = 2.0
+
+
+@dataclass(kw_only=True, slots=True)
+class Route:
+    """Where a tool name the client uses leads."""
+
+    exposed: str
+    """The name the client sees."""
+    upstream: str
+    """The upstream server's name in the config."""
+    tool: types.Tool
+    """The upstream's own definition (with its own name)."""
+    validator: Any = None
+    """Compiled input-schema validator, built on the first failed call."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Upstream:
+    """One configured server and its live connection."""
+
+    config: UpstreamConfig
+    client: Client | None = None
+    tools: list[types.Tool] = field(default_factory=list)
+    instructions: str | None = None
+    error: str | None = None
+    """Why it is not connected, when it is not."""
+    ready: anyio.Event | None = None
+    """Set once the connection attempt is over (made when the gateway starts: events need a loop)."""
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+@dataclass(kw_only=True, slots=True)
+class SessionTask:
+    """The Hindsight task recording one client session."""
+
+    key: str
+    task_id: str
+    task_type: str
+    client: str
+    last_seen: float
+    http: bool
+    calls: int = 0
+    failed_calls: int = 0
+    last_failed: bool = False
+
+
+class Gateway:
+    """A recording MCP gateway in front of the servers of one config.
+
+    Use as an async context manager (it connects the upstreams and, on exit, ends the recorded
+    sessions and closes the upstreams), then serve ``gateway.server`` over any transport:
+    ``await gateway.serve_stdio()``, ``gateway.http_app()``, or in tests ``Client(gateway.server)``.
+
+    Args:
+        hs: The Hindsight facade events are recorded through.
+        config: Upstreams and options (see ``hindsight_loop.mcp.config``).
+        task_type: Overrides the config's task type; ``None`` and none in the config uses the
+            client's name (``clientInfo.name``).
+        advise: Overrides the config's ``advise``.
+        max_output: Bound of the result summary kept in each event.
+        session_idle: Seconds without a call after which an HTTP session's task ends.
+    """
+
+    def __init__(
+        self,
+        hs: Hindsight,
+        config: GatewayConfig,
+        *,
+        task_type: str | None = None,
+        advise: bool | None = None,
+        max_output: int = 500,
+        session_idle: float = DEFAULT_SESSION_IDLE,
+    ) -> None:
+        self.hs = hs
+        self.config = config
+        self.task_type = task_type or config.task_type
+        self.advise = config.advise if advise is None else advise
+        self.max_output = max_output
+        self.session_idle = session_idle
+        self.upstreams: dict[str, Upstream] = {
+            up.name: Upstream(config=up) for up in config.upstreams
+        }
+        self.routes: dict[str, Route] = {}
+        self.sessions: dict[str, SessionTask] = {}
+        self._closing: anyio.Event | None = None
+        self._stack: AsyncExitStack | None = None
+        self.server: Server[Any] = Server(
+            GATEWAY_NAME,
+            version=_version(),
+            on_list_tools=self._on_list_tools,
+            on_call_tool=self._on_call_tool,
+            get_tool_input_schema=self._input_schema,
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Gateway:
+        closing = self._closing = anyio.Event()
+        async with AsyncExitStack() as stack:
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(closing.set)  # runs before the task group waits for the holders
+            for up in self.upstreams.values():
+                up.ready = anyio.Event()
+                tg.start_soon(self._hold, up, closing, up.ready)
+            for up in self.upstreams.values():
+                assert up.ready is not None
+                await up.ready.wait()
+            self._rebuild_routes()
+            self.server.instructions = _join_instructions(self.upstreams.values())
+            tg.start_soon(self._sweep_idle, closing)
+            self._stack = stack.pop_all()
+        for up in self.upstreams.values():
+            if up.error:
+                logger.warning("upstream %r is unavailable: %s", up.name, up.error)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.end_sessions("gateway stopped")
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            await stack.__aexit__(exc_type, exc, tb)
+
+    async def _hold(self, up: Upstream, closing: anyio.Event, ready: anyio.Event) -> None:
+        """Own one upstream connection for the gateway's lifetime.
+
+        Each connection is entered and left in its own task (the SDK's transports are bound to
+        the task that opened them), which also lets the upstreams start concurrently.
+        """
+        try:
+            async with AsyncExitStack() as stack:
+                client = await stack.enter_async_context(await _open_client(up.config, stack))
+                up.tools = await _list_all_tools(client)
+                up.instructions = client.instructions
+                up.client = client
+                ready.set()
+                await closing.wait()
+                up.client = None
+        except Exception as exc:  # a server that fails to start must not take the others down
+            up.client = None
+            up.error = _describe(exc)
+        finally:
+            ready.set()
+
+    async def _sweep_idle(self, closing: anyio.Event) -> None:
+        while not closing.is_set():
+            with anyio.move_on_after(min(30.0, max(self.session_idle / 4, 0.05))):
+                await closing.wait()
+            now = time.monotonic()
+            for key, session in list(self.sessions.items()):
+                if session.http and now - session.last_seen > self.session_idle:
+                    self.end_session(key, "idle")
+
+    # -- serving ---------------------------------------------------------------------------
+
+    async def serve_stdio(self) -> None:
+        """Serve one client over this process's stdin/stdout until it disconnects."""
+        from mcp.server.stdio import stdio_server
+
+        async with stdio_server() as (read_stream, write_stream):
+            await self.server.run(
+                read_stream, write_stream, self.server.create_initialization_options()
+            )
+
+    def http_app(self, *, host: str = "127.0.0.1") -> ASGIApp:
+        """A Starlette app serving streamable HTTP at ``/mcp`` (both protocol eras).
+
+        Binds the SDK's DNS-rebinding protection to ``host``; a 2025-era client's ``DELETE``
+        of its session ends that session's task.
+        """
+        app = self.server.streamable_http_app(host=host)
+        return _SessionEndWatcher(app, self)
+
+    # -- sessions --------------------------------------------------------------------------
+
+    def session_for(self, ctx: ServerRequestContext[Any, Any]) -> SessionTask:
+        """The task of the client session this request belongs to (started on first use)."""
+        request = ctx.request
+        headers = getattr(request, "headers", None)
+        client_name = _client_name(ctx)
+        if headers is not None:
+            sid = headers.get("mcp-session-id")
+            peer = getattr(getattr(request, "client", None), "host", None) or "?"
+            key = f"http:{sid}" if sid else f"http-client:{client_name}@{peer}"
+        else:
+            # stdio (and in-process): one gateway process serves exactly one client.
+            key = "local"
+        session = self.sessions.get(key)
+        now = time.monotonic()
+        if session is None:
+            session = SessionTask(
+                key=key,
+                task_id=new_id("tsk"),
+                task_type=self.task_type or _task_type_from(client_name),
+                client=client_name,
+                last_seen=now,
+                http=headers is not None,
+            )
+            self.sessions[key] = session
+            self.hs.record(
+                {
+                    "type": "task_start",
+                    "task_id": session.task_id,
+                    "timestamp": time.time_ns(),
+                    "task_type": session.task_type,
+                    "goal": f"MCP session of {client_name} through the Hindsight gateway",
+                    "tools": sorted(self.routes),
+                    "scope": "global",
+                    "source": {
+                        "kind": "mcp_gateway",
+                        "client": client_name,
+                        "protocol_version": ctx.protocol_version,
+                        "upstreams": sorted(self.upstreams),
+                    },
+                }
+            )
+        session.last_seen = now
+        return session
+
+    def end_session(self, key: str, reason: str = "session closed") -> None:
+        """Record the end of one session's task (no-op for an unknown key)."""
+        session = self.sessions.pop(key, None)
+        if session is None:
+            return
+        # The gateway cannot see whether the user's goal was met; a session whose last call
+        # failed ended on an error the agent did not recover from, which is the best signal here.
+        self.hs.record(
+            {
+                "type": "task_end",
+                "task_id": session.task_id,
+                "timestamp": time.time_ns(),
+                "result": {
+                    "status": "failed" if session.last_failed else "succeeded",
+                    "reason": reason,
+                    "calls": session.calls,
+                    "failed_calls": session.failed_calls,
+                },
+            }
+        )
+
+    def end_sessions(self, reason: str = "gateway stopped") -> None:
+        """End every open session's task (the gateway is shutting down)."""
+        for key in list(self.sessions):
+            self.end_session(key, reason)
+
+    # -- tools -----------------------------------------------------------------------------
+
+    def _rebuild_routes(self) -> None:
+        owners: dict[str, int] = {}
+        for up in self.upstreams.values():
+            for tool in up.tools:
+                owners[tool.name] = owners.get(tool.name, 0) + 1
+        routes: dict[str, Route] = {}
+        for up in self.upstreams.values():
+            for tool in up.tools:
+                prefixed = self.config.tool_naming == "prefixed" or owners[tool.name] > 1
+                exposed = f"{up.name}{PREFIX_SEPARATOR}{tool.name}" if prefixed else tool.name
+                old = self.routes.get(exposed)
+                keep = old is not None and old.upstream == up.name and old.tool == tool
+                routes[exposed] = (
+                    old
+                    if keep and old is not None
+                    else Route(exposed=exposed, upstream=up.name, tool=tool)
+                )
+        self.routes = routes
+
+    async def refresh_tools(self) -> None:
+        """Re-list every connected upstream's tools (tools can change at run time)."""
+
+        async def one(up: Upstream) -> None:
+            if up.client is None:
+                return
+            try:
+                up.tools = await _list_all_tools(up.client)
+            except Exception as exc:  # keep the last listing; the call path reports the outage
+                logger.warning("listing tools of %r failed: %s", up.name, _describe(exc))
+
+        async with anyio.create_task_group() as tg:
+            for up in self.upstreams.values():
+                tg.start_soon(one, up)
+        self._rebuild_routes()
+
+    def _input_schema(self, name: str) -> dict[str, Any] | None:
+        route = self.routes.get(name)
+        return route.tool.input_schema if route is not None else None
+
+    async def _on_list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        await self.refresh_tools()
+        tools = [
+            r.tool if r.exposed == r.tool.name else r.tool.model_copy(update={"name": r.exposed})
+            for r in self.routes.values()
+        ]
+        return types.ListToolsResult(tools=tools)
+
+    async def _on_call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        session = self.session_for(ctx)
+        name = params.name
+        route = self.routes.get(name)
+        if route is None and len(self.upstreams) > 1:
+            await self.refresh_tools()  # a tool may have appeared since the last listing
+            route = self.routes.get(name)
+        call = _Call(
+            session=session, tool=name, arguments=params.arguments, known=route is not None
+        )
+        if route is not None:
+            up, call.upstream_tool = self.upstreams[route.upstream], route.tool.name
+        elif len(self.upstreams) == 1:
+            # With one upstream the client gets exactly the answer that server gives to an
+            # unknown name (its own error, in its own era's shape).
+            up, call.upstream_tool = next(iter(self.upstreams.values())), name
+        else:
+            raise await self._fail(call, "unknown_tool", f"Unknown tool: {name}", INVALID_PARAMS)
+        call.server = up.name
+        if up.client is None:
+            message = f"MCP server '{up.name}' is unavailable: {up.error or 'not connected'}"
+            raise await self._fail(call, "upstream_unavailable", message, INTERNAL_ERROR)
+
+        try:
+            with anyio.fail_after(self.config.call_timeout):
+                result = await _forward(up.client, call.upstream_tool, params)
+        except MCPError as exc:
+            etype = classify_jsonrpc_error(exc.code, exc.message, known_tool=call.known)
+            raise await self._fail(call, etype, exc.message, exc.code, original=exc) from None
+        except TimeoutError:
+            message = f"Tool '{name}' did not answer within {self.config.call_timeout:g}s"
+            raise await self._fail(call, "timeout", message, REQUEST_TIMEOUT) from None
+        except Exception as exc:  # transport failures: the server died or is unreachable
+            message = f"MCP server '{up.name}' is unavailable: {_describe(exc)}"
+            raise await self._fail(call, "upstream_unavailable", message, INTERNAL_ERROR) from exc
+        call.done()
+        if isinstance(result, types.InputRequiredResult):
+            # A 2026-era multi-round-trip call: the client answers and calls again with the
+            # request_state, which is forwarded like any call. This round is recorded as such.
+            self._record(call, output=f"[input required: {', '.join(result.input_requests or {})}]")
+            return result
+        result = _for_client_era(result, ctx.protocol_version)
+        output = summarize_content(result, self.max_output)
+        if not result.is_error:
+            self._record(call, output=output)
+            return result
+
+        etype = classify_result_error(
+            result, known_tool=call.known, arguments_fit=_arguments_fit(route, call.arguments)
+        )
+        self._record(call, output=output, is_error=True, error_type=etype, message=output)
+        if self.advise:
+            lessons = await self._recall(session, name, output)
+            if lessons:
+                block = types.TextContent(type="text", text=advice_text(lessons))
+                result = result.model_copy(update={"content": [*result.content, block]})
+        return result
+
+    def _record(
+        self,
+        call: _Call,
+        *,
+        output: str | None = None,
+        is_error: bool = False,
+        error_type: ErrorType | None = None,
+        message: str | None = None,
+        code: int | None = None,
+    ) -> None:
+        """One ``action_executed`` event for the call (non-blocking: the recorder only enqueues)."""
+        session = call.session
+        session.calls += 1
+        session.last_failed = error_type is not None
+        session.failed_calls += error_type is not None
+        self.hs.record(
+            action_event(
+                task_id=session.task_id,
+                tool=call.tool,
+                arguments=call.arguments,
+                server=call.server,
+                timestamp=call.timestamp,
+                latency_ms=call.latency_ms,
+                output=output,
+                is_error=is_error,
+                error_type=error_type,
+                error_message=message[: self.max_output] if message is not None else None,
+                error_code=code,
+                upstream_tool=call.upstream_tool,
+            )
+        )
+
+    async def _fail(
+        self,
+        call: _Call,
+        error_type: ErrorType,
+        message: str,
+        code: int,
+        *,
+        original: MCPError | None = None,
+    ) -> MCPError:
+        """Record a call that ended in a JSON-RPC error, and build the error the client gets.
+
+        The client gets the upstream's own error untouched; only with ``advise`` are lessons
+        added to the message (the one text an error carries).
+        """
+        call.done()
+        self._record(call, error_type=error_type, message=message, code=code)
+        suffix = ""
+        if self.advise:
+            lessons = await self._recall(call.session, call.tool, message)
+            suffix = "\n\n" + advice_text(lessons) if lessons else ""
+        if original is not None and not suffix:
+            return original
+        return MCPError(code, message + suffix, original.data if original is not None else None)
+
+    async def _recall(self, session: SessionTask, tool: str, error: str) -> list[Any]:
+        """Lessons for a failed call (at most 3); never raises, never waits long."""
+
+        def recall() -> list[Any]:
+            return self.hs.recall(task_type=session.task_type, tools=[tool], query=error, limit=3)
+
+        try:
+            with anyio.move_on_after(_RECALL_BUDGET_S):
+                return list_or_set(await anyio.to_thread.run_sync(recall, abandon_on_cancel=True))
+        except Exception:  # advice is a bonus; a broken recall must not break the tool call
+            logger.exception("recall for advice failed")
+        return []
+
+
+@dataclass(kw_only=True, slots=True)
+class _Call:
+    """One tools/call on its way through the gateway."""
+
+    session: SessionTask
+    tool: str
+    arguments: dict[str, Any] | None
+    known: bool
+    """Whether an upstream listed the tool."""
+    server: str | None = None
+    upstream_tool: str | None = None
+    timestamp: int = field(default_factory=time.time_ns)
+    started: float = field(default_factory=time.perf_counter)
+    latency_ms: float = 0.0
+
+    def done(self) -> None:
+        self.latency_ms = (time.perf_counter() - self.started) * 1000
+
+
+def list_or_set(value: Any) -> list[Any]:
+    """Keep a ``LessonSet`` as is (it renders itself), turn anything else into a list."""
+    return value if isinstance(value, list) else list(value or [])
+
+
+class _SessionEndWatcher:
+    """ASGI wrapper: a 2025-era client's ``DELETE /mcp`` ends its session's task."""
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+        if scope["type"] == "http" and scope.get("method") == "DELETE":
+            for name, value in scope.get("headers", []):
+                if name == b"mcp-session-id":
+                    self.gateway.end_session(f"http:{value.decode('latin-1')}", "session closed")
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+async def _open_client(config: UpstreamConfig, stack: AsyncExitStack) -> Client:
+    info = types.Implementation(name=GATEWAY_NAME, version=_version())
+    if config.transport == "stdio":
+        assert config.command is not None
+        params = StdioServerParameters(
+            command=config.command, args=config.args, env=config.env or None, cwd=config.cwd
+        )
+        return Client(params, client_info=info)
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    assert config.url is not None
+    http = await stack.enter_async_context(
+        httpx2.AsyncClient(headers=config.headers, timeout=httpx2.Timeout(30.0, read=300.0))
+    )
+    return Client(streamable_http_client(config.url, http_client=http), client_info=info)
+
+
+_CALL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
+    types.CallToolResult | types.InputRequiredResult
+)
+
+
+async def _forward(
+    client: Client, name: str, params: types.CallToolRequestParams
+) -> types.CallToolResult | types.InputRequiredResult:
+    """Send one tools/call upstream and return its result as the server sent it.
+
+    ``Client.call_tool`` would also check structured content against the tool's output schema
+    and resolve input requests itself; a gateway must do neither. The client behind it does its
+    own checking (and answers its own input requests), so a result that the client would reject
+    from the server directly is rejected by it here too, and the check is not paid twice.
+    """
+    request = types.CallToolRequest(
+        params=types.CallToolRequestParams(
+            name=name,
+            arguments=params.arguments,
+            input_responses=params.input_responses,
+            request_state=params.request_state,
+        )
+    )
+    try:
+        return await client.session.send_request(request, _CALL_RESULT)
+    except MCPError as exc:
+        if exc.code != HEADER_MISMATCH:
+            raise
+        # 2026-07-28: the upstream's schema changed since we listed it; re-list, resend once.
+        await client.list_tools(cache_mode="refresh")
+        return await client.session.send_request(request, _CALL_RESULT)
+
+
+async def _list_all_tools(client: Client) -> list[types.Tool]:
+    tools: list[types.Tool] = []
+    cursor: str | None = None
+    for _ in range(100):  # a paginator that never ends must not hang startup
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return tools
+
+
+def _for_client_era(result: types.CallToolResult, version: str) -> types.CallToolResult:
+    """Drop the upstream's 2026-era ``serverInfo`` stamp when the client speaks the 2025 era.
+
+    The stamp is part of a 2026 response envelope; a 2025 client talking to the server directly
+    would never see it. A 2026 client keeps it, exactly as the upstream sent it.
+    """
+    meta = result.meta
+    if not meta or SERVER_INFO_META_KEY not in meta or version in MODERN_PROTOCOL_VERSIONS:
+        return result
+    rest = {k: v for k, v in meta.items() if k != SERVER_INFO_META_KEY}
+    return result.model_copy(update={"meta": rest or None})
+
+
+def _arguments_fit(route: Route | None, arguments: dict[str, Any] | None) -> bool | None:
+    """Whether the arguments validate against the tool's input schema (``None``: can't tell)."""
+    if route is None or not route.tool.input_schema:
+        return None
+    try:
+        if route.validator is None:
+            import jsonschema
+
+            cls = jsonschema.validators.validator_for(route.tool.input_schema)
+            route.validator = cls(route.tool.input_schema)
+        return bool(route.validator.is_valid(arguments or {}))
+    except Exception:  # a schema the validator cannot read says nothing about the call
+        return None
+
+
+def _client_name(ctx: ServerRequestContext[Any, Any]) -> str:
+    params = ctx.session.client_params
+    if params is not None and params.client_info.name:
+        return params.client_info.name
+    info = (ctx.meta or {}).get(CLIENT_INFO_META_KEY) if isinstance(ctx.meta, dict) else None
+    if isinstance(info, dict) and isinstance(info.get("name"), str) and info["name"]:
+        return info["name"]
+    return "mcp-client"
+
+
+def _task_type_from(client_name: str) -> str:
+    slug = "".join(ch if ch.isalnum() else "_" for ch in client_name.strip().lower()).strip("_")
+    return f"mcp:{slug or 'client'}"
+
+
+def _join_instructions(upstreams: Iterable[Upstream]) -> str | None:
+    """The upstreams' instructions; each labelled with its server when there are several."""
+    given = [up for up in upstreams if up.instructions]
+    if len(given) == 1:
+        return given[0].instructions
+    return "\n\n".join(f"[{up.name}] {up.instructions}" for up in given) or None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return _describe(exc.exceptions[0])
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("hindsight-loop")
+    except Exception:
+        return "0"
+
+
+__all__ = ["DEFAULT_SESSION_IDLE", "GATEWAY_NAME", "Gateway", "Route", "SessionTask"]

@@ -1,0 +1,516 @@
+"""The recording gateway end to end: real MCP servers, real clients, a real store.
+
+The upstream is the published ``mcp-server-time`` from PyPI, installed by
+``scripts/setup-mcp-time.sh`` into venvs of its own (so its SDK pin cannot clash with ours): the
+2026-era release (SDK 2.x, both protocol eras) and a 2025-era release (SDK 1.x, handshake only).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import orjson
+import pytest
+from mcp import Client, MCPError, StdioServerParameters
+from mcp_types import INVALID_PARAMS, REQUEST_TIMEOUT
+
+from hindsight_loop import Hindsight
+from hindsight_loop.mcp import Gateway
+from hindsight_loop.mcp.config import parse_config
+from hindsight_loop.mcp.events import ADVICE_MARKER
+from hindsight_loop.models import Event
+
+REPO = Path(__file__).resolve().parents[1]
+SETUP = REPO / "scripts" / "setup-mcp-time.sh"
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _install(*args: str) -> str:
+    """Run the setup script; skip only when the package registry cannot be reached (never in CI)."""
+    proc = subprocess.run(
+        ["bash", str(SETUP), *args], capture_output=True, text=True, timeout=600, check=False
+    )
+    if proc.returncode == 0:
+        return proc.stdout.strip().splitlines()[-1]
+    probe = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "mcp-server-time"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if probe.returncode != 0 and not os.environ.get("CI"):
+        pytest.skip(
+            f"the package registry is unreachable, so mcp-server-time cannot be installed: "
+            f"{probe.stderr.strip()[-300:]}"
+        )
+    pytest.fail(f"scripts/setup-mcp-time.sh {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def time_server() -> str:
+    """``mcp-server-time`` 2026.10.19 (SDK 2.x): serves both protocol eras."""
+    return _install()
+
+
+@pytest.fixture(scope="session")
+def legacy_time_server() -> str:
+    """``mcp-server-time`` 2025.9.25 on SDK 1.x: the 2025 ``initialize`` handshake only."""
+    return _install("--legacy")
+
+
+TIME_ARGS = ["--local-timezone", "UTC"]
+
+# The calls every comparison makes: a success, bad arguments (wrong type, missing), a tool error,
+# and an unknown tool.
+CALLS: list[tuple[str, dict[str, Any]]] = [
+    ("convert_time", {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}),
+    ("get_current_time", {"timezone": 5}),
+    ("get_current_time", {}),
+    ("get_current_time", {"timezone": "Mars/Base"}),
+    ("no_such_tool", {"x": 1}),
+]
+
+
+async def _drive(client: Client) -> dict[str, Any]:
+    """List the tools and make CALLS; errors are part of what the client sees."""
+    seen: dict[str, Any] = {"tools": (await client.list_tools()).tools, "calls": []}
+    for name, args in CALLS:
+        try:
+            seen["calls"].append(await client.call_tool(name, args))
+        except MCPError as exc:
+            seen["calls"].append(("error", exc.code, exc.message, exc.data))
+    return seen
+
+
+def _dump(seen: dict[str, Any], *, keep_meta: bool = True) -> dict[str, Any]:
+    def one(x: Any) -> Any:
+        if isinstance(x, tuple):
+            return x
+        data = x.model_dump(by_alias=True, exclude_none=True)
+        if not keep_meta:
+            data.pop("_meta", None)
+        return data
+
+    return {
+        "tools": [t.model_dump(by_alias=True, exclude_none=True) for t in seen["tools"]],
+        "calls": [one(c) for c in seen["calls"]],
+    }
+
+
+def _gateway_cmd(config: Path, db: Path, *extra: str) -> tuple[str, list[str]]:
+    code = "from hindsight_loop.cli import main; main()"
+    return sys.executable, [
+        "-c",
+        code,
+        "mcp",
+        "proxy",
+        "--config",
+        str(config),
+        "--db",
+        str(db),
+        *extra,
+    ]
+
+
+def _write_config(path: Path, servers: dict[str, Any], **options: Any) -> Path:
+    data: dict[str, Any] = {"mcpServers": servers}
+    if options:
+        data["hindsight"] = options
+    path.write_bytes(orjson.dumps(data))
+    return path
+
+
+def _events(db: Path) -> list[tuple[Any, list[Event]]]:
+    with Hindsight(db, background=False) as hs:
+        tasks = sorted(hs.store.list_tasks(), key=lambda t: t.started_at)
+        return [(t, hs.store.events(t.task_id)) for t in tasks]
+
+
+def _actions(events: list[Event]) -> list[Event]:
+    return [e for e in events if e.type == "action_executed"]
+
+
+def _check_recorded_calls(actions: list[Event], server: str, error_types: list[str | None]) -> None:
+    """One event per call, in order, with its arguments, result summary and error type."""
+    assert [(e.input or {}).get("tool") for e in actions] == [name for name, _ in CALLS]
+    assert [(e.input or {}).get("args") for e in actions] == [args for _, args in CALLS]
+    assert all((e.input or {}).get("server") == server for e in actions)
+    assert [(e.result or {}).get("error_type") for e in actions] == error_types
+    for e, expected in zip(actions, error_types, strict=True):
+        result = e.result or {}
+        assert result["status"] == ("succeeded" if expected is None else "failed")
+        assert result["latency_ms"] >= 0
+        if expected not in (None, "unknown_tool"):
+            assert result["is_error"] is True and result["error_message"]
+    assert "+9.0h" in actions[0].result["output"]  # type: ignore[index]
+    assert "Mars/Base" in actions[3].result["error_message"]  # type: ignore[index]
+
+
+# -- the judged end-to-end test: published server, gateway as a subprocess over stdio -------------
+
+
+async def test_gateway_over_stdio_is_transparent_and_records_every_call(
+    time_server: str, tmp_path: Path
+) -> None:
+    direct = StdioServerParameters(command=time_server, args=TIME_ARGS)
+    async with Client(direct) as client:
+        assert client.protocol_version == "2026-07-28"
+        expected = _dump(await _drive(client))
+
+    config = _write_config(
+        tmp_path / "servers.json", {"time": {"command": time_server, "args": TIME_ARGS}}
+    )
+    db = tmp_path / "gateway.db"
+    command, args = _gateway_cmd(config, db, "--task-type", "time_questions")
+    async with Client(StdioServerParameters(command=command, args=args)) as client:
+        assert client.server_info is not None and client.server_info.name == "hindsight-gateway"
+        through = _dump(await _drive(client))
+
+    # The client sees exactly what the server itself answers, errors included.
+    assert through["tools"] == expected["tools"]
+    assert through["calls"] == expected["calls"]
+    assert through["calls"][-1] == ("error", INVALID_PARAMS, "Unknown tool: no_such_tool", None)
+
+    [(task, events)] = _events(db)
+    assert task.task_type == "time_questions" and task.status == "failed"
+    assert task.tools == ["convert_time", "get_current_time"]
+    assert [e.type for e in events] == ["task_start", *["action_executed"] * len(CALLS), "task_end"]
+    _check_recorded_calls(
+        _actions(events),
+        "time",
+        [None, "invalid_arguments", "invalid_arguments", "tool_error", "unknown_tool"],
+    )
+    assert _actions(events)[-1].result["error_code"] == INVALID_PARAMS  # type: ignore[index]
+
+
+# -- in process: both client eras, a 2025-era upstream ---------------------------------------------
+
+
+@asynccontextmanager
+async def _gateway(hs: Hindsight, servers: dict[str, Any], **kwargs: Any) -> AsyncIterator[Gateway]:
+    options = {k: kwargs.pop(k) for k in ("toolNames", "timeout") if k in kwargs}
+    config = parse_config({"mcpServers": servers, "hindsight": options})
+    async with Gateway(hs, config, **kwargs) as gateway:
+        yield gateway
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_gateway_serves_both_client_eras(time_server: str, hs: Hindsight, mode: str) -> None:
+    async with Client(StdioServerParameters(command=time_server, args=TIME_ARGS), mode=mode) as c:
+        expected = _dump(await _drive(c))
+    async with (
+        _gateway(hs, {"time": {"command": time_server, "args": TIME_ARGS}}) as gateway,
+        Client(gateway.server, mode=mode) as client,
+    ):
+        assert client.protocol_version == ("2025-11-25" if mode == "legacy" else "2026-07-28")
+        through = _dump(await _drive(client))
+    assert through == expected
+    hs.flush()
+    [task] = hs.store.list_tasks()
+    assert task.task_type == "mcp:mcp"  # no task type given: the client's name ("mcp")
+    _check_recorded_calls(
+        _actions(hs.store.events(task.task_id)),
+        "time",
+        [None, "invalid_arguments", "invalid_arguments", "tool_error", "unknown_tool"],
+    )
+
+
+async def test_gateway_in_front_of_a_2025_era_server(
+    legacy_time_server: str, hs: Hindsight
+) -> None:
+    params = StdioServerParameters(command=legacy_time_server, args=TIME_ARGS)
+    async with Client(params) as client:
+        assert client.protocol_version == "2025-11-25"  # discover refused: fell back to initialize
+        expected = _dump(await _drive(client), keep_meta=False)
+    async with (
+        _gateway(hs, {"time": {"command": legacy_time_server, "args": TIME_ARGS}}) as gateway,
+        Client(gateway.server) as client,
+    ):
+        assert client.protocol_version == "2026-07-28"
+        through = _dump(await _drive(client), keep_meta=False)
+    assert through == expected
+    hs.flush()
+    [task] = hs.store.list_tasks()
+    actions = _actions(hs.store.events(task.task_id))
+    # This server reports every failure, unknown tools included, as an isError result.
+    assert [(e.result or {}).get("is_error") for e in actions] == [False, True, True, True, True]
+    assert [(e.result or {}).get("error_type") for e in actions] == [
+        None,
+        "invalid_arguments",
+        "invalid_arguments",
+        "tool_error",
+        "unknown_tool",
+    ]
+
+
+# -- streamable HTTP ---------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def http_process() -> Iterator[Any]:
+    """Start a CLI command serving HTTP; stopped with SIGTERM (what a service manager sends)."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(command: str, args: list[str], port: int) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([command, *args], stderr=subprocess.PIPE)
+        procs.append(proc)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(proc.stderr.read().decode() if proc.stderr else "exited")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                return proc
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError(f"nothing listening on port {port}")
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stderr:
+            proc.stderr.close()
+
+
+async def test_gateway_over_http_one_task_per_client_session(
+    time_server: str, tmp_path: Path, http_process: Any
+) -> None:
+    config = _write_config(
+        tmp_path / "servers.json", {"time": {"command": time_server, "args": TIME_ARGS}}
+    )
+    db, port = tmp_path / "gateway.db", _free_port()
+    command, args = _gateway_cmd(config, db, "--transport", "http", "--port", str(port))
+    proc = http_process(command, args, port)
+    url = f"http://127.0.0.1:{port}/mcp"
+    for mode in ("legacy", "auto"):
+        async with Client(
+            url, mode=mode, client_info=types.Implementation(name=f"agent-{mode}", version="1")
+        ) as c:
+            result = await c.call_tool(*CALLS[0])
+            assert result.structured_content["time_difference"] == "+9.0h"
+            with pytest.raises(MCPError, match="Unknown tool"):
+                await c.call_tool(*CALLS[-1])
+        if mode == "legacy":
+            # Leaving a 2025-era session sends DELETE: its task ends now, not at shutdown.
+            with anyio.fail_after(20):
+                while not any(t.status != "running" for t, _ in _events(db)):
+                    await anyio.sleep(0.05)
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+
+    recorded = {t.task_type: (t, events) for t, events in _events(db)}
+    assert sorted(recorded) == ["mcp:agent_auto", "mcp:agent_legacy"]
+    assert recorded["mcp:agent_legacy"][0].outcome["reason"] == "session closed"  # type: ignore[index]
+    # A 2026-era client has no session to close: its task ends when the gateway stops.
+    assert recorded["mcp:agent_auto"][0].outcome["reason"] == "gateway stopped"  # type: ignore[index]
+    for task, events in recorded.values():
+        assert [e.type for e in events] == [
+            "task_start",
+            "action_executed",
+            "action_executed",
+            "task_end",
+        ]
+        assert task.status == "failed"  # the session ended on the failed call
+
+
+# -- several upstreams, timeouts, outages ------------------------------------------------------
+
+FAKE_SERVER = textwrap.dedent(
+    '''
+    """A second MCP server: one tool name clashes with mcp-server-time, one tool is slow."""
+    import anyio
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("fake")
+
+    @server.tool()
+    def get_current_time(timezone: str) -> str:
+        """Pretend time."""
+        return f"teatime in {timezone}"
+
+    @server.tool()
+    async def sleep(seconds: float) -> str:
+        """Sleep a while."""
+        await anyio.sleep(seconds)
+        return "awake"
+
+    anyio.run(server.run_stdio_async)
+    '''
+)
+
+
+async def test_several_upstreams_side_by_side(
+    time_server: str, hs: Hindsight, tmp_path: Path
+) -> None:
+    fake = tmp_path / "fake_server.py"
+    fake.write_text(FAKE_SERVER)
+    servers = {
+        "time": {"command": time_server, "args": TIME_ARGS},
+        "fake": {"command": sys.executable, "args": [str(fake)]},
+    }
+    async with (
+        _gateway(hs, servers, timeout=1.0, task_type="multi") as gateway,
+        Client(gateway.server) as client,
+    ):
+        names = sorted(t.name for t in (await client.list_tools()).tools)
+        # Only the clashing name is prefixed; unique names stay as the servers call them.
+        assert names == [
+            "convert_time",
+            "fake__get_current_time",
+            "sleep",
+            "time__get_current_time",
+        ]
+        real = await client.call_tool("time__get_current_time", {"timezone": "UTC"})
+        assert real.structured_content["timezone"] == "UTC"
+        pretend = await client.call_tool("fake__get_current_time", {"timezone": "UTC"})
+        assert pretend.content[0].text == "teatime in UTC"  # type: ignore[union-attr]
+        with pytest.raises(MCPError) as timed_out:
+            await client.call_tool("sleep", {"seconds": 30})
+        assert timed_out.value.code == REQUEST_TIMEOUT
+        with pytest.raises(MCPError) as unknown:
+            await client.call_tool("get_current_time", {"timezone": "UTC"})  # ambiguous name
+        assert (unknown.value.code, unknown.value.message) == (
+            INVALID_PARAMS,
+            "Unknown tool: get_current_time",
+        )
+    hs.flush()
+    [task] = hs.store.list_tasks()
+    actions = _actions(hs.store.events(task.task_id))
+    assert [
+        (e.input["tool"], e.input["server"], e.input.get("upstream_tool")) for e in actions
+    ] == [  # type: ignore[index]
+        ("time__get_current_time", "time", "get_current_time"),
+        ("fake__get_current_time", "fake", "get_current_time"),
+        ("sleep", "fake", None),
+        ("get_current_time", None, None),
+    ]
+    assert [e.result["error_type"] if e.failed else None for e in actions] == [  # type: ignore[index]
+        None,
+        None,
+        "timeout",
+        "unknown_tool",
+    ]
+    assert 900 <= actions[2].result["latency_ms"] < 10_000  # type: ignore[index]
+
+
+async def test_prefixed_names_and_a_server_that_does_not_start(
+    time_server: str, hs: Hindsight
+) -> None:
+    servers = {
+        "time": {"command": time_server, "args": TIME_ARGS},
+        "broken": {"command": "/nonexistent/mcp-server"},
+    }
+    async with _gateway(hs, servers, toolNames="prefixed") as gateway:
+        assert gateway.upstreams["broken"].error
+        async with Client(gateway.server) as client:
+            names = sorted(t.name for t in (await client.list_tools()).tools)
+            assert names == ["time__convert_time", "time__get_current_time"]
+            result = await client.call_tool("time__convert_time", CALLS[0][1])
+            assert not result.is_error
+
+
+async def test_an_upstream_that_goes_away_is_recorded_as_unavailable(
+    hs: Hindsight, tmp_path: Path, http_process: Any
+) -> None:
+    # The upstream is Hindsight's own MCP server over streamable HTTP, in another process.
+    port = _free_port()
+    code = "from hindsight_loop.cli import main; main()"
+    args = [
+        "-c",
+        code,
+        "mcp",
+        "serve",
+        "--transport",
+        "http",
+        "--port",
+        str(port),
+        "--db",
+        str(tmp_path / "upstream.db"),
+    ]
+    upstream = http_process(sys.executable, args, port)
+    async with (
+        _gateway(hs, {"memory": {"url": f"http://127.0.0.1:{port}/mcp"}}) as gateway,
+        Client(gateway.server) as client,
+    ):
+        ok = await client.call_tool("recall_lessons", {"task_type": "x"})
+        assert not ok.is_error
+        upstream.terminate()
+        upstream.wait(timeout=30)
+        with pytest.raises(MCPError, match="unavailable|closed|Connect"):
+            await client.call_tool("recall_lessons", {"task_type": "x"})
+    hs.flush()
+    [task] = hs.store.list_tasks()
+    actions = _actions(hs.store.events(task.task_id))
+    assert [(e.input or {}).get("server") for e in actions] == ["memory", "memory"]
+    assert actions[1].result["error_type"] == "upstream_unavailable"  # type: ignore[index]
+
+
+# -- advice at the boundary --------------------------------------------------------------------
+
+
+async def test_advise_appends_recalled_lessons_only_to_failed_calls(
+    time_server: str, hs: Hindsight
+) -> None:
+    servers = {"time": {"command": time_server, "args": TIME_ARGS}}
+    bad = {"source_timezone": "UTC", "time": "25:99", "target_timezone": "Asia/Tokyo"}
+    good = {**bad, "time": "12:00"}
+    # A first session fails, recovers, and is reviewed into a lesson.
+    async with (
+        _gateway(hs, servers, task_type="time_questions") as gateway,
+        Client(gateway.server) as client,
+    ):
+        plain_failure = await client.call_tool("convert_time", bad)
+        assert plain_failure.is_error
+        assert not (await client.call_tool("convert_time", good)).is_error
+    [task] = hs.store.list_tasks()
+    reflection = hs.reflect(task.task_id)
+    assert reflection.lesson_ids, reflection
+
+    async with (
+        _gateway(hs, servers, task_type="time_questions", advise=True) as gateway,
+        Client(gateway.server) as client,
+    ):
+        advised = await client.call_tool("convert_time", bad)
+        untouched = await client.call_tool("convert_time", good)
+    assert advised.is_error
+    # The tool's own answer is unchanged; one text block marked as Hindsight advice follows it.
+    assert advised.content[:-1] == plain_failure.content
+    advice = advised.content[-1]
+    assert isinstance(advice, types.TextContent) and advice.text.startswith(ADVICE_MARKER)
+    assert "convert_time" in advice.text
+    assert not untouched.is_error and all(
+        ADVICE_MARKER not in getattr(block, "text", "") for block in untouched.content
+    )
+
+
+async def test_cli_rejects_a_bad_config_with_the_fix(tmp_path: Path) -> None:
+    command, args = _gateway_cmd(tmp_path / "missing.json", tmp_path / "x.db")
+    proc = await anyio.run_process([command, *args], check=False)
+    assert proc.returncode == 1
+    assert b"--config" in proc.stderr and b"mcpServers" in proc.stderr
