@@ -49,8 +49,13 @@ OUTPUT = {"rows": 1200, "columns": ["date", "store", "amount"], "preview": "y" *
 
 def failed_task(hs: Hindsight, n: int) -> None:
     with hs.task("csv_cleaning", goal=f"clean export {n}", tools=["read_csv"], recall=False) as t:
-        t.record_action("read_csv", {"encoding": "utf-8"}, status="failed",
-                        error_type="UnicodeDecodeError", error_message="bad byte")
+        t.record_action(
+            "read_csv",
+            {"encoding": "utf-8"},
+            status="failed",
+            error_type="UnicodeDecodeError",
+            error_message="bad byte",
+        )
         t.fail("could not read")
 
 
@@ -124,7 +129,9 @@ def main() -> None:
         json.dump(summary, sys.stdout, indent=2)
         print()
         return
-    print(f"record_action cost on the agent's thread, {opts.blocks} interleaved blocks of {opts.calls} calls")
+    print(
+        f"record_action cost on the agent's thread, {opts.blocks} interleaved blocks of {opts.calls} calls"
+    )
     print(f"{'condition':<11} {'p50 ns':>8} {'p99 ns':>8} {'p50 x idle':>11} {'p99 x idle':>11}")
     for name, s in summary.items():
         r50 = s.get("p50_ratio_vs_idle", 1.0)

@@ -76,13 +76,26 @@ def test_env_var_chooses_the_store(db_path: Path) -> None:
 
 def test_import_and_worker(db_path: Path, tmp_path: Path) -> None:
     events = [
-        {"type": "task_start", "task_id": "tsk_i", "task_type": "weather", "tools": ["get_weather"],
-         "timestamp": "2024-11-20T14:32:00Z"},
-        {"type": "action_executed", "task_id": "tsk_i", "timestamp": "2024-11-20T14:32:01Z",
-         "input": {"tool": "get_weather", "args": {"city": ""}},
-         "result": {"status": "failed", "error_type": "MissingArgument"}},
-        {"type": "task_end", "task_id": "tsk_i", "timestamp": "2024-11-20T14:32:02Z",
-         "result": {"status": "failed"}},
+        {
+            "type": "task_start",
+            "task_id": "tsk_i",
+            "task_type": "weather",
+            "tools": ["get_weather"],
+            "timestamp": "2024-11-20T14:32:00Z",
+        },
+        {
+            "type": "action_executed",
+            "task_id": "tsk_i",
+            "timestamp": "2024-11-20T14:32:01Z",
+            "input": {"tool": "get_weather", "args": {"city": ""}},
+            "result": {"status": "failed", "error_type": "MissingArgument"},
+        },
+        {
+            "type": "task_end",
+            "task_id": "tsk_i",
+            "timestamp": "2024-11-20T14:32:02Z",
+            "result": {"status": "failed"},
+        },
     ]
     path = tmp_path / "run.jsonl"
     path.write_bytes(b"\n".join(orjson.dumps(e) for e in events))

@@ -8,17 +8,31 @@ from hindsight_loop import Hindsight, LessonDraft, Reflection
 from hindsight_loop.models import Chronicle, Features
 
 
-def _failing_then_recovering_task(hs: Hindsight, *, source: str = "erp_cn", scope: str = "global") -> str:
-    with hs.task("csv_cleaning", goal=f"clean the nightly export from {source}",
-                 tools=["read_csv", "validate"], scope=scope) as task:
+def _failing_then_recovering_task(
+    hs: Hindsight, *, source: str = "erp_cn", scope: str = "global"
+) -> str:
+    with hs.task(
+        "csv_cleaning",
+        goal=f"clean the nightly export from {source}",
+        tools=["read_csv", "validate"],
+        scope=scope,
+    ) as task:
         try:
-            with task.action("read_csv", {"path": "a.csv", "encoding": "utf-8"}, step="parse",
-                             context={"source": source}):
+            with task.action(
+                "read_csv",
+                {"path": "a.csv", "encoding": "utf-8"},
+                step="parse",
+                context={"source": source},
+            ):
                 raise UnicodeDecodeError("utf-8", b"\xd6", 0, 1, "invalid continuation byte")
         except UnicodeDecodeError:
             pass
-        with task.action("read_csv", {"path": "a.csv", "encoding": "gbk"}, step="parse",
-                         context={"source": source}) as call:
+        with task.action(
+            "read_csv",
+            {"path": "a.csv", "encoding": "gbk"},
+            step="parse",
+            context={"source": source},
+        ) as call:
             call.result({"rows": 12})
         for _ in range(8):
             task.state(current_step="clean")
@@ -38,13 +52,16 @@ def test_a_recovery_becomes_a_lesson_that_the_next_task_recalls(hs: Hindsight) -
     assert lesson.structured is not None
     assert lesson.structured.prefer["args"]["encoding"] == "gbk"
 
-    with hs.task("csv_cleaning", goal="clean the nightly export from erp_cn",
-                 tools=["read_csv", "validate"]) as task:
+    with hs.task(
+        "csv_cleaning", goal="clean the nightly export from erp_cn", tools=["read_csv", "validate"]
+    ) as task:
         assert [x.lesson_id for x in task.lessons] == [lesson.lesson_id]
         assert "gbk" in task.advice
         messages = hs.inject(
-            [{"role": "system", "content": "You clean CSV files."},
-             {"role": "user", "content": "clean a.csv"}],
+            [
+                {"role": "system", "content": "You clean CSV files."},
+                {"role": "user", "content": "clean a.csv"},
+            ],
             task.lessons,
         )
         assert messages[-1] == {"role": "user", "content": "clean a.csv"}
@@ -99,12 +116,18 @@ def test_run_task_with_feedback(hs: Hindsight) -> None:
 
     def runner(task_input, emit):
         seen["messages"] = task_input["messages"]
-        emit({"type": "action_executed", "input": {"tool": "read_csv", "args": {"encoding": "gbk"}},
-              "result": {"status": "succeeded"}})
+        emit(
+            {
+                "type": "action_executed",
+                "input": {"tool": "read_csv", "args": {"encoding": "gbk"}},
+                "result": {"status": "succeeded"},
+            }
+        )
         return {"status": "succeeded", "rows": 3}
 
     out = hs.run_task_with_feedback(
-        "csv_cleaning", runner,
+        "csv_cleaning",
+        runner,
         {"messages": [{"role": "user", "content": "clean the nightly export from erp_cn"}]},
         tools=["read_csv"],
     )
@@ -117,11 +140,17 @@ def test_run_task_with_feedback(hs: Hindsight) -> None:
 
 def test_run_task_with_feedback_survives_a_broken_reflector(db_path: Path) -> None:
     with Hindsight(db_path, background=False, reflector=_BrokenReflector()) as hs:
+
         def runner(task_input, emit):
-            emit({"type": "action_executed", "input": {"tool": "x"}, "result": {"status": "failed"}})
+            emit(
+                {"type": "action_executed", "input": {"tool": "x"}, "result": {"status": "failed"}}
+            )
             return {"status": "failed", "error": "gave up"}
 
-        assert hs.run_task_with_feedback("t", runner, "do it") == {"status": "failed", "error": "gave up"}
+        assert hs.run_task_with_feedback("t", runner, "do it") == {
+            "status": "failed",
+            "error": "gave up",
+        }
         [task] = hs.store.list_tasks()
         assert task.status == "failed"
         assert hs.store.reflections(task.task_id)[0].status == "failed"
@@ -130,30 +159,58 @@ def test_run_task_with_feedback_survives_a_broken_reflector(db_path: Path) -> No
 def test_two_failures_in_a_row_queue_a_local_review(hs: Hindsight) -> None:
     with hs.task("api", tools=["fetch"]) as task:
         for _ in range(2):
-            task.record_action("fetch", {"url": "http://x"}, status="failed", error_type="Timeout",
-                               error_message="timed out")
+            task.record_action(
+                "fetch",
+                {"url": "http://x"},
+                status="failed",
+                error_type="Timeout",
+                error_message="timed out",
+            )
         task.fail("gave up")
     hs.flush()
     jobs = hs.store.review_jobs()
-    assert {(j["kind"], j["trigger"]) for j in jobs} >= {("local", "consecutive_failures"), ("full", "task_end")}
+    assert {(j["kind"], j["trigger"]) for j in jobs} >= {
+        ("local", "consecutive_failures"),
+        ("full", "task_end"),
+    }
 
 
 def test_lesson_injected_into_five_failed_tasks_drops_out(hs: Hindsight) -> None:
-    lesson = hs.add_lesson(LessonDraft(task_type="weather", advice="You should ask for the city first.",
-                                      features=Features(tools=["get_weather"])))
+    lesson = hs.add_lesson(
+        LessonDraft(
+            task_type="weather",
+            advice="You should ask for the city first.",
+            features=Features(tools=["get_weather"]),
+        )
+    )
     for _ in range(5):
-        with hs.task("weather", goal="what is the weather in the city tomorrow", tools=["get_weather"]) as task:
+        with hs.task(
+            "weather", goal="what is the weather in the city tomorrow", tools=["get_weather"]
+        ) as task:
             task.fail("user unhappy")
         hs.drain()
     after = hs.store.get_lesson(lesson.lesson_id)
     assert after.harmful >= 3
     assert after.status == "needs_review"
-    assert hs.recall(task_type="weather", tools=["get_weather"], query="what is the weather in the city tomorrow") == []
+    assert (
+        hs.recall(
+            task_type="weather",
+            tools=["get_weather"],
+            query="what is the weather in the city tomorrow",
+        )
+        == []
+    )
 
 
 def test_user_scoped_lessons_do_not_leak(hs: Hindsight) -> None:
-    hs.add_lesson(LessonDraft(task_type="travel", advice="You should book aisle seats for Alice.",
-                              scope="user:alice", features=Features(tools=["book"])))
+    hs.add_lesson(
+        LessonDraft(
+            task_type="travel",
+            advice="You should book aisle seats for Alice.",
+            scope="user:alice",
+            features=Features(tools=["book"]),
+        )
+    )
     assert hs.recall(task_type="travel", tools=["book"], query="book seats", scope="user:bob") == []
     found = hs.recall(task_type="travel", tools=["book"], query="book seats", scope="user:alice")
     assert len(found) == 1

@@ -53,8 +53,12 @@ def test_lessons_roundtrip_and_book_version(db_path: Path) -> None:
     store = SQLiteStore(db_path)
     try:
         v0 = store.book_version()
-        lesson = Lesson(lesson_id="les_1", task_type="csv", advice="You should read GBK files as gbk.",
-                        valid_until=iso(utcnow()))
+        lesson = Lesson(
+            lesson_id="les_1",
+            task_type="csv",
+            advice="You should read GBK files as gbk.",
+            valid_until=iso(utcnow()),
+        )
         store.save_lesson(lesson, embedding=b"\x00" * 8, embed_model="hash")
         assert store.book_version() == v0 + 1
         assert store.get_lesson("les_1") == lesson
@@ -70,7 +74,9 @@ def test_review_queue_claims_each_job_once(db_path: Path) -> None:
     a, b = SQLiteStore(db_path), SQLiteStore(db_path)
     try:
         a.upsert_task(Task(task_id="tsk_1", task_type="t"))
-        ids = [a.enqueue_review("tsk_1", kind="local", trigger="loop", window=[2, 5]) for _ in range(3)]
+        ids = [
+            a.enqueue_review("tsk_1", kind="local", trigger="loop", window=[2, 5]) for _ in range(3)
+        ]
         claimed = [a.claim_review(), b.claim_review(), a.claim_review(), b.claim_review()]
         assert sorted(j.job_id for j in claimed if j) == ids
         assert claimed[-1] is None
@@ -87,8 +93,17 @@ def test_review_queue_claims_each_job_once(db_path: Path) -> None:
 def test_reflections_roundtrip(db_path: Path) -> None:
     store = SQLiteStore(db_path)
     try:
-        r = Reflection(reflection_id="ref_1", task_id="tsk_1", status="suspect", raw_text="not json",
-                       model="m", latency_ms=12.5, tokens_in=10, tokens_out=3, created_at=iso(utcnow()))
+        r = Reflection(
+            reflection_id="ref_1",
+            task_id="tsk_1",
+            status="suspect",
+            raw_text="not json",
+            model="m",
+            latency_ms=12.5,
+            tokens_in=10,
+            tokens_out=3,
+            created_at=iso(utcnow()),
+        )
         store.save_reflection(r)
         assert store.reflections("tsk_1") == [r]
     finally:

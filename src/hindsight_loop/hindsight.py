@@ -132,8 +132,14 @@ class Hindsight:
             self._worker.start()
         # Flush at exit so a script that forgets close() loses nothing it recorded.
         ref = weakref.ref(self)
-        self._atexit = lambda: (h := ref()) is not None and h.close()
-        atexit.register(self._atexit)
+
+        def at_exit() -> None:
+            h = ref()
+            if h is not None:
+                h.close()
+
+        self._atexit = at_exit
+        atexit.register(at_exit)
 
     # -- configuration -----------------------------------------------------------------------
     @property
@@ -152,7 +158,7 @@ class Hindsight:
             try:
                 from hindsight_loop.llm import reflector_from_env
 
-                reflector = reflector_from_env()
+                reflector = reflector_from_env()  # type: ignore[assignment,operator]
             except (ImportError, ValueError) as exc:
                 # A missing client package or an unusable HINDSIGHT_LLM_* setting: say so and
                 # keep learning offline rather than failing every review.
@@ -351,7 +357,13 @@ class Hindsight:
         return queued
 
     def _watch(
-        self, task_id: str, etype: str, body: bytes, event_id: str, seq: int, ts: str,
+        self,
+        task_id: str,
+        etype: str,
+        body: bytes,
+        event_id: str,
+        seq: int,
+        ts: str,
         position: int,
     ) -> bool:
         from hindsight_loop.models import Event
@@ -396,7 +408,9 @@ class Hindsight:
 
         task = self.store.get_task(task_id)
         if task is None:
-            raise KeyError(f"no task {task_id!r} in {self.store.url}; list them with 'hindsight tasks'")
+            raise KeyError(
+                f"no task {task_id!r} in {self.store.url}; list them with 'hindsight tasks'"
+            )
         return replay(task, self.store.events(task_id), max_steps=max_steps)
 
     def reflect(
@@ -495,7 +509,8 @@ class Hindsight:
                     for lesson, vec in zip(stale, fresh, strict=True):
                         vectors[lesson.lesson_id] = vec.astype(np.float32)
                         self.store.save_lesson(
-                            lesson, embedding=vec.astype(np.float32).tobytes(),
+                            lesson,
+                            embedding=vec.astype(np.float32).tobytes(),
                             embed_model=self.embedder.name,
                         )
                     version = self.store.book_version()
@@ -561,7 +576,9 @@ class Hindsight:
                 task.injected_lesson_ids = [*task.injected_lesson_ids, *fresh]
                 self.store.upsert_task(task)
 
-    def inject(self, messages: list[dict[str, Any]], lessons: Sequence[Lesson]) -> list[dict[str, Any]]:
+    def inject(
+        self, messages: list[dict[str, Any]], lessons: Sequence[Lesson]
+    ) -> list[dict[str, Any]]:
         """Place the lessons' advice after the system/tool text and before the last user message."""
         from hindsight_loop.recall import inject
 
@@ -589,7 +606,10 @@ class Hindsight:
         text_goal = goal if goal is not None else _goal_text(task_input)
         with self.task(task_type, goal=text_goal, tools=tools, scope=scope, intent=intent) as task:
             if isinstance(task_input, dict) and isinstance(task_input.get("messages"), list):
-                task_input = {**task_input, "messages": self.inject(task_input["messages"], task.lessons)}
+                task_input = {
+                    **task_input,
+                    "messages": self.inject(task_input["messages"], task.lessons),
+                }
 
             def event_callback(event: dict[str, Any]) -> None:
                 if isinstance(event, dict):
@@ -721,6 +741,7 @@ class Hindsight:
 
 # -- the task context ---------------------------------------------------------------------------
 
+
 class TaskRun:
     """One task being recorded; created by ``Hindsight.task``."""
 
@@ -836,14 +857,18 @@ class TaskRun:
             payload["agent_state"] = {"current_step": step}
         self._emit("llm_decision", payload, timestamp=timestamp)
 
-    def state(self, *, timestamp: Any = None, context: dict[str, Any] | None = None, **agent_state: Any) -> None:
+    def state(
+        self, *, timestamp: Any = None, context: dict[str, Any] | None = None, **agent_state: Any
+    ) -> None:
         """The agent's state changed (``current_step=…``, ``context_count=…``)."""
         payload: dict[str, Any] = {"agent_state": agent_state}
         if context:
             payload["context"] = context
         self._emit("state_change", payload, timestamp=timestamp)
 
-    def feedback(self, text: str = "", *, score: float | None = None, timestamp: Any = None) -> None:
+    def feedback(
+        self, text: str = "", *, score: float | None = None, timestamp: Any = None
+    ) -> None:
         """The user's satisfaction: a negative score or words of complaint mark dissatisfaction."""
         self._emit("feedback", {"input": {"text": text, "score": score}}, timestamp=timestamp)
 
@@ -959,6 +984,7 @@ class ActionCall:
         if self._name in self._task.hs.skip_tools:
             return
         latency = round((time.perf_counter() - self._started) * 1000, 3)
+        result: dict[str, Any]
         if exc is not None:
             result = {
                 "status": "failed",
@@ -970,7 +996,10 @@ class ActionCall:
         else:
             result = self._result or {"status": "succeeded"}
         result["latency_ms"] = latency
-        payload: dict[str, Any] = {"input": {"tool": self._name, "args": self.input}, "result": result}
+        payload: dict[str, Any] = {
+            "input": {"tool": self._name, "args": self.input},
+            "result": result,
+        }
         if self._step is not None:
             payload["agent_state"] = {"current_step": self._step}
         if self._context:
@@ -979,6 +1008,7 @@ class ActionCall:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+
 
 def _empty_lessons() -> LessonSet:
     from hindsight_loop.recall import LessonSet
@@ -996,7 +1026,11 @@ def _goal_text(task_input: Any) -> str:
         msgs = task_input.get("messages")
         if isinstance(msgs, list):
             for m in reversed(msgs):
-                if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str):
+                if (
+                    isinstance(m, dict)
+                    and m.get("role") == "user"
+                    and isinstance(m.get("content"), str)
+                ):
                     return m["content"][:500]
     return repr(task_input)[:500]
 

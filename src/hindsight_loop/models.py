@@ -42,6 +42,7 @@ DEFAULT_VALIDITY = timedelta(days=30)
 
 # -- time and ids ---------------------------------------------------------------------------
 
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -85,6 +86,7 @@ def new_id(kind: str) -> str:
 
 
 # -- events and tasks -------------------------------------------------------------------------
+
 
 @dataclass(kw_only=True, slots=True)
 class Event:
@@ -176,7 +178,9 @@ class Event:
         return cls(
             event_id=str(data.get("event_id") or new_id("evt")),
             task_id=task_id,
-            seq=int(seq) if isinstance(seq, int | float | str) and str(seq).lstrip("-").isdigit() else 0,
+            seq=int(seq)
+            if isinstance(seq, int | float | str) and str(seq).lstrip("-").isdigit()
+            else 0,
             timestamp=iso(parse_ts(data.get("timestamp"))),
             type=etype,
             extra=extra,
@@ -304,6 +308,7 @@ class Chronicle:
 
 # -- lessons ----------------------------------------------------------------------------------
 
+
 @dataclass(kw_only=True, slots=True)
 class Structured:
     """A lesson in a form a plain program can apply: when the scenario matches, prefer/avoid."""
@@ -385,7 +390,9 @@ class Lesson:
         kwargs = {k: v for k, v in data.items() if k in names}
         feats = kwargs.get("features")
         if isinstance(feats, dict):
-            kwargs["features"] = Features(**{k: v for k, v in feats.items() if k in Features.__dataclass_fields__})
+            kwargs["features"] = Features(
+                **{k: v for k, v in feats.items() if k in Features.__dataclass_fields__}
+            )
         elif feats is None:
             kwargs.pop("features", None)
         st = kwargs.get("structured")
@@ -405,6 +412,7 @@ class Lesson:
 
 
 # -- reflection -------------------------------------------------------------------------------
+
 
 @dataclass(kw_only=True, slots=True)
 class LessonDraft:

@@ -35,7 +35,11 @@ def open_hs(db: str, **kwargs: Any):  # noqa: ANN201 - avoids importing the faca
 
 def print_json(obj: Any) -> None:
     """Write JSON to stdout (pretty, UTF-8, non-ASCII kept so Chinese stays readable)."""
-    typer.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str).decode())
+    typer.echo(
+        orjson.dumps(
+            obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str
+        ).decode()
+    )
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

@@ -20,7 +20,9 @@ def tasks(
     db: DbOption = "hindsight.db",
     json: JsonOption = False,
     limit: Annotated[int, typer.Option(help="How many tasks, newest first.")] = 20,
-    task_type: Annotated[str | None, typer.Option("--task-type", help="Only this task type.")] = None,
+    task_type: Annotated[
+        str | None, typer.Option("--task-type", help="Only this task type.")
+    ] = None,
     status: Annotated[str | None, typer.Option(help="running, succeeded or failed.")] = None,
 ) -> None:
     """List recorded tasks, newest first."""
@@ -32,7 +34,9 @@ def tasks(
     table = Table("type", "status", "events", "started", "goal")
     table.columns.insert(0, Column("task id", no_wrap=True))
     for t in found:
-        table.add_row(t.task_id, t.task_type, t.status, str(t.event_count), t.started_at, t.goal[:60])
+        table.add_row(
+            t.task_id, t.task_type, t.status, str(t.event_count), t.started_at, t.goal[:60]
+        )
     console.print(table)
 
 
@@ -47,7 +51,9 @@ def replay(
         try:
             chronicle = hs.replay(task_id)
         except KeyError:
-            raise fail(f"no task {task_id!r} in {db}; list them with 'hindsight tasks --db {db}'") from None
+            raise fail(
+                f"no task {task_id!r} in {db}; list them with 'hindsight tasks --db {db}'"
+            ) from None
     if json:
         print_json(chronicle.to_dict())
         return
@@ -55,7 +61,7 @@ def replay(
     console.print(f"[bold]{t.task_id}[/] {t.task_type} \\[{t.status}] {escape(t.goal)}")
     suffix = " (compressed)" if chronicle.compressed else ""
     console.print(f"{chronicle.event_count} events{suffix}")
-    marks = {}
+    marks: dict[int, list[str]] = {}
     for node in chronicle.key_nodes:
         marks.setdefault(node.index, []).append(node.kind)
     if steps:
@@ -88,7 +94,9 @@ def reflect(
             raise fail(f"no task {task_id!r} in {db}; list them with 'hindsight tasks --db {db}'")
         reflector = hs.reflector if llm else hs.offline_reflector
         if llm and reflector is hs.offline_reflector and not json:
-            console.print("no model configured (HINDSIGHT_LLM_PROVIDER / HINDSIGHT_LLM_MODEL): using the offline reflector")
+            console.print(
+                "no model configured (HINDSIGHT_LLM_PROVIDER / HINDSIGHT_LLM_MODEL): using the offline reflector"
+            )
         reflection = hs.reflect(task_id, reflector=reflector, kind=kind)
         lessons = [hs.store.get_lesson(i) for i in reflection.lesson_ids]
     if json:
@@ -100,7 +108,11 @@ def reflect(
     console.print(
         f"reflection {reflection.reflection_id} [{colour}]{reflection.status}[/] "
         f"by {reflection.reflector}"
-        + (f" ({reflection.model}, {reflection.latency_ms:.0f} ms)" if reflection.model and reflection.latency_ms else "")
+        + (
+            f" ({reflection.model}, {reflection.latency_ms:.0f} ms)"
+            if reflection.model and reflection.latency_ms
+            else ""
+        )
     )
     if reflection.error:
         console.print(f"[red]error:[/] {reflection.error}", highlight=False)
@@ -108,7 +120,9 @@ def reflect(
         console.print(f"raw answer: {reflection.raw_text[:300]}", highlight=False)
     for lesson in lessons:
         if lesson is not None:
-            console.print(f"  {lesson.lesson_id} \\[{lesson.status}] {escape(lesson.advice)}", highlight=False)
+            console.print(
+                f"  {lesson.lesson_id} \\[{lesson.status}] {escape(lesson.advice)}", highlight=False
+            )
     if reflection.status == "ok" and not lessons:
         console.print("  no lesson in this run")
 
@@ -125,18 +139,36 @@ def reflections(
     if json:
         print_json([r.to_dict() for r in found])
         return
-    table = Table(Column("reflection", no_wrap=True), Column("task", no_wrap=True), "kind", "status", "by", "ms", "tokens", "error")
+    table = Table(
+        Column("reflection", no_wrap=True),
+        Column("task", no_wrap=True),
+        "kind",
+        "status",
+        "by",
+        "ms",
+        "tokens",
+        "error",
+    )
     for r in found:
         tokens = f"{r.tokens_in or 0}/{r.tokens_out or 0}" if r.tokens_in is not None else ""
         table.add_row(
-            r.reflection_id, r.task_id, r.kind, r.status, r.reflector,
-            f"{r.latency_ms:.0f}" if r.latency_ms is not None else "", tokens, (r.error or "")[:60],
+            r.reflection_id,
+            r.task_id,
+            r.kind,
+            r.status,
+            r.reflector,
+            f"{r.latency_ms:.0f}" if r.latency_ms is not None else "",
+            tokens,
+            (r.error or "")[:60],
         )
     console.print(table)
 
 
 def import_(
-    file: Annotated[Path, typer.Argument(help="A JSONL file of wire-format events.", exists=True, dir_okay=False)],
+    file: Annotated[
+        Path,
+        typer.Argument(help="A JSONL file of wire-format events.", exists=True, dir_okay=False),
+    ],
     db: DbOption = "hindsight.db",
     json: JsonOption = False,
 ) -> None:
@@ -147,7 +179,9 @@ def import_(
     if json:
         print_json({"accepted": accepted, "problems": problems, "reviews_queued": pending})
     else:
-        console.print(f"imported {accepted} events into {db}; {pending} reviews queued (run 'hindsight worker --once')")
+        console.print(
+            f"imported {accepted} events into {db}; {pending} reviews queued (run 'hindsight worker --once')"
+        )
         for p in problems[:50]:
             console.print(f"[yellow]skipped[/] {p}", highlight=False)
     if problems and not accepted:

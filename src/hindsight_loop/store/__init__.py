@@ -65,13 +65,15 @@ class Store(Protocol):
     def transaction(self) -> AbstractContextManager[None]:
         """A write transaction for this thread: reads and writes inside it are one unit."""
 
-    def save_lesson(self, lesson: Lesson, *, embedding: bytes | None = None,
-                    embed_model: str | None = None) -> None: ...
+    def save_lesson(
+        self, lesson: Lesson, *, embedding: bytes | None = None, embed_model: str | None = None
+    ) -> None: ...
 
     def get_lesson(self, lesson_id: str) -> Lesson | None: ...
 
-    def list_lessons(self, *, status: str | None = None,
-                     task_type: str | None = None) -> list[Lesson]: ...
+    def list_lessons(
+        self, *, status: str | None = None, task_type: str | None = None
+    ) -> list[Lesson]: ...
 
     def lesson_embeddings(self) -> dict[str, tuple[str, bytes]]:
         """``lesson_id -> (embed_model, vector bytes)`` for every lesson that has one."""
@@ -86,8 +88,15 @@ class Store(Protocol):
 
     def reflections(self, task_id: str | None = None, *, limit: int = 100) -> list[Reflection]: ...
 
-    def enqueue_review(self, task_id: str, *, kind: str = "full", trigger: str = "task_end",
-                       window: list[int] | None = None, use_llm: bool = True) -> int: ...
+    def enqueue_review(
+        self,
+        task_id: str,
+        *,
+        kind: str = "full",
+        trigger: str = "task_end",
+        window: list[int] | None = None,
+        use_llm: bool = True,
+    ) -> int: ...
 
     def claim_review(self) -> ReviewJob | None:
         """Take the oldest pending job (atomically, so two workers never take the same one)."""

@@ -96,10 +96,8 @@ class SQLiteStore:
             self._closed = True
             conns, self._conns = self._conns, []
         for db in conns:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 db.close()
-            except sqlite3.Error:
-                pass
         self._local = threading.local()
 
     @contextlib.contextmanager
@@ -121,7 +119,9 @@ class SQLiteStore:
     def write_event_batch(self, rows: Sequence[tuple[str, str, int, str, str, bytes]]) -> list[str]:
         if not rows:
             return []
-        payload = orjson.dumps([[r[0], r[1], r[2], r[3], r[4], orjson.Fragment(r[5])] for r in rows])
+        payload = orjson.dumps(
+            [[r[0], r[1], r[2], r[3], r[4], orjson.Fragment(r[5])] for r in rows]
+        )
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -192,9 +192,7 @@ class SQLiteStore:
                 )
 
     def insert_events(self, events: Iterable[Event]) -> int:
-        rows = [
-            (e.event_id, e.task_id, e.seq, e.timestamp, e.type, _body_of(e)) for e in events
-        ]
+        rows = [(e.event_id, e.task_id, e.seq, e.timestamp, e.type, _body_of(e)) for e in events]
         self.write_event_batch(rows)
         return len(rows)
 
@@ -303,7 +301,8 @@ class SQLiteStore:
     def list_tasks(
         self, *, limit: int = 50, task_type: str | None = None, status: str | None = None
     ) -> list[Task]:
-        where, args = [], []
+        where: list[str] = []
+        args: list[Any] = []
         if task_type:
             where.append("t.task_type=?")
             args.append(task_type)
@@ -349,7 +348,9 @@ class SQLiteStore:
             )
 
     def get_lesson(self, lesson_id: str) -> Lesson | None:
-        row = self._db.execute("SELECT body FROM lessons WHERE lesson_id=?", (lesson_id,)).fetchone()
+        row = self._db.execute(
+            "SELECT body FROM lessons WHERE lesson_id=?", (lesson_id,)
+        ).fetchone()
         return Lesson.from_dict(orjson.loads(row[0])) if row else None
 
     def list_lessons(
@@ -410,8 +411,8 @@ class SQLiteStore:
         )
 
     def reflections(self, task_id: str | None = None, *, limit: int = 100) -> list[Reflection]:
-        from hindsight_loop.models import LessonDraft, Reflection as R
-        from hindsight_loop.models import Features, Structured
+        from hindsight_loop.models import Features, LessonDraft, Structured
+        from hindsight_loop.models import Reflection as R
 
         if task_id:
             rows = self._db.execute(
@@ -448,8 +449,14 @@ class SQLiteStore:
         cur = self._db.execute(
             """INSERT INTO review_jobs(task_id, kind, trigger, window, use_llm, created_at)
                VALUES (?, ?, ?, ?, ?, ?)""",
-            (task_id, kind, trigger, _dumps(window) if window else None, int(use_llm),
-             iso(utcnow())),
+            (
+                task_id,
+                kind,
+                trigger,
+                _dumps(window) if window else None,
+                int(use_llm),
+                iso(utcnow()),
+            ),
         )
         return int(cur.lastrowid or 0)
 
