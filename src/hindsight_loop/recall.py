@@ -16,7 +16,8 @@ So recall is rules first, ranking second (DESIGN.md):
 ``LessonIndex`` is built once per version of the lesson book and queried many times: it keeps
 the lessons sorted by task type so a query only touches its own task type's slice (plus the
 lessons for any task type), and holds every rule-stage field as a numpy array, the vectors as one
-matrix and BM25 as a column-compressed term matrix (built by ``bm25s``).
+matrix and the BM25 weights (computed by ``bm25s``) both term-major and lesson-major, so scoring
+a few hundred survivors never walks the whole book.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,7 +34,7 @@ from typing import Any, Literal
 import bm25s
 import numpy as np
 
-from hindsight_loop.embed import Embedder, lesson_text
+from hindsight_loop.embed import Embedder, lesson_text, matvec
 from hindsight_loop.models import Intent, Lesson, parse_ts
 from hindsight_loop.text import detect_language, tokenize
 
@@ -88,10 +90,15 @@ class Ranking:
     """The score is relevance x (value_floor + value_span x value_score): a lesson's track
     record moves its rank, but cannot carry a lesson that does not match."""
     value_span: float = 0.6
+    """See ``value_floor``: a value score of 0.5 leaves the relevance as it is."""
     min_score: float = 0.3
     """Below this, a lesson is a poor match and is not returned."""
     relative: float = 0.75
     """A lesson scoring below this fraction of the best one is left out too."""
+
+    def __post_init__(self) -> None:
+        if self.vector < 0 or self.bm25 < 0 or self.vector + self.bm25 <= 0:
+            raise ValueError("Ranking needs non-negative vector and bm25 weights, not both 0")
 
 
 # -- results and injection ----------------------------------------------------------------
@@ -187,39 +194,48 @@ def inject(
 
 # -- intent ---------------------------------------------------------------------------------
 
+
+def _split(text: str, sep: str | None = None) -> tuple[str, ...]:
+    return tuple(w.strip() for w in text.split(sep) if w.strip())
+
+
+# English words (matched whole, lowercased) and phrases or Chinese words (matched as substrings)
+# that point to each intent.
 _INTENT_WORDS: dict[str, frozenset[str]] = {
     "analysis": frozenset(
-        """analyze analyse analysis analyzing analysing compare comparison contrast trend why
-        explain evaluate evaluation assess assessment summarize summarise summary insight
+        _split("""analyze analyse analysis analyzing analysing compare comparison contrast trend
+        why explain evaluate evaluation assess assessment summarize summarise summary insight
         correlation correlate statistic breakdown diagnose investigate reason cause impact
-        distribution growth forecast predict pattern""".split()
+        distribution growth forecast predict pattern""")
     ),
     "operation": frozenset(
-        """create make add insert delete remove drop update change modify edit set send email
-        book reserve cancel schedule install deploy run execute write save upload download
+        _split("""create make add insert delete remove drop update change modify edit set send
+        email book reserve cancel schedule install deploy run execute write save upload download
         convert move rename fix repair clean import export order buy purchase pay transfer post
         submit generate build apply merge commit push restart stop start enable disable
-        configure translate publish reply""".split()
+        configure translate publish reply""")
     ),
     "query": frozenset(
-        """what which who whom when where whether show list find look search get check tell
-        lookup fetch retrieve count price weather status""".split()
+        _split("""what which who whom when where whether show list find look search get check
+        tell lookup fetch retrieve count price weather status""")
     ),
 }
 _INTENT_PHRASES: dict[str, tuple[str, ...]] = {
-    "analysis": (
-        "root cause", "how come", "分析", "比较", "对比", "趋势", "为什么", "原因", "评估", "总结",
-        "统计", "报告", "洞察", "归因", "占比", "同比", "环比", "预测", "影响", "怎么回事",
+    "analysis": _split(
+        "root cause|how come|分析|比较|对比|趋势|为什么|原因|评估|总结|统计|报告|洞察|归因|占比|"
+        "同比|环比|预测|影响|怎么回事",
+        "|",
     ),
-    "operation": (
-        "创建", "新建", "添加", "删除", "修改", "更新", "设置", "发送", "发邮件", "预订", "预定",
-        "订一", "订个", "取消", "安排", "安装", "部署", "运行", "执行", "保存", "上传", "下载",
-        "转换", "移动", "重命名", "修复", "清洗", "清理", "导入", "导出", "购买", "支付", "转账",
-        "提交", "生成", "翻译", "写一", "帮我写", "回复",
+    "operation": _split(
+        "创建|新建|添加|删除|修改|更新|设置|发送|发邮件|预订|预定|订一|订个|取消|安排|安装|部署|"
+        "运行|执行|保存|上传|下载|转换|移动|重命名|修复|清洗|清理|导入|导出|购买|支付|转账|提交|"
+        "生成|翻译|写一|帮我写|回复",
+        "|",
     ),
-    "query": (
-        "how much", "how many", "is there", "are there", "什么", "哪", "谁", "几点", "多少", "吗",
-        "查询", "查一下", "查查", "看看", "搜索", "找一下", "告诉我", "是否", "怎么样", "天气",
+    "query": _split(
+        "how much|how many|is there|are there|什么|哪|谁|几点|多少|吗|查询|查一下|查查|看看|搜索|"
+        "找一下|告诉我|是否|怎么样|天气",
+        "|",
     ),
 }
 # Analysis words are the most specific, then operation verbs; question words alone say least.
@@ -337,9 +353,13 @@ class LessonIndex:
         self._error = np.fromiter(
             (self._errors.id(_norm(les.features.error_type)) for les in self.lessons), np.int32, n
         )
-        self._value = np.fromiter(
-            (min(max(float(les.value_score), 0.0), 1.0) for les in self.lessons), np.float32, n
-        )
+        self._value = np.clip(
+            np.nan_to_num(
+                np.fromiter((les.value_score for les in self.lessons), np.float64, n), nan=0.5
+            ),
+            0.0,
+            1.0,
+        ).astype(np.float32)
         self._specific = np.fromiter(
             (key not in _ANY_TASK_TYPES for key, _ in keyed), np.float32, n
         )
@@ -404,6 +424,7 @@ class LessonIndex:
         if not size:
             self._bm25 = None
             return
+        self._scratch = threading.local()
         bm25 = bm25s.BM25(method="lucene", k1=self._k1)
         # bm25s computes the per-(lesson, term) BM25 weights as a term-major (CSC) matrix;
         # scoring happens here rather than in bm25s.get_scores, which would score the whole
@@ -423,8 +444,12 @@ class LessonIndex:
         row_ptr = np.zeros(len(docs) + 1, np.int64)
         np.cumsum(np.bincount(rows, minlength=len(docs)), out=row_ptr[1:])
         self._bm25 = _Bm25(
-            col_ptr=col_ptr, col_rows=rows, col_data=data,
-            row_ptr=row_ptr, row_terms=cols[order], row_data=data[order],
+            col_ptr=col_ptr,
+            col_rows=rows,
+            col_data=data,
+            row_ptr=row_ptr,
+            row_terms=cols[order],
+            row_data=data[order],
         )
 
     def __len__(self) -> int:
@@ -442,14 +467,18 @@ class LessonIndex:
 
     # -- searching ------------------------------------------------------------------------
 
-    def _ranges(self, task_type: str | None) -> list[tuple[int, int]]:
-        if task_type is None:
+    def _ranges(self, task_key: str | None) -> list[tuple[int, int]]:
+        if task_key is None:
             return [(0, len(self.lessons))]
-        key = self._task_key(task_type)
-        return [self._slices[k] for k in dict.fromkeys((key, "")) if k in self._slices]
+        return [self._slices[k] for k in (task_key, "") if k in self._slices]
 
     def _rule_stage(
-        self, start: int, end: int, now: float, scope_ids: list[int], intent_id: int | None,
+        self,
+        start: int,
+        end: int,
+        now: float,
+        scope_ids: list[int],
+        intent_id: int | None,
         tool_ids: list[int] | None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Positions in ``[start, end)`` that pass the rules, and how many query tools each
@@ -489,10 +518,17 @@ class LessonIndex:
         if by_rows == 0 or by_cols == 0:
             return np.zeros(idx.size, np.float32)
         if by_rows <= by_cols:
-            wanted = np.zeros(len(self._vocab), np.float32)
+            # A 0/1 weight per vocabulary term, kept per thread and reset after use: zeroing
+            # a vocabulary-sized array on every call would cost more than the scoring.
+            wanted = getattr(self._scratch, "wanted", None)
+            if wanted is None:
+                wanted = self._scratch.wanted = np.zeros(len(self._vocab), np.float32)
             wanted[terms] = 1.0
             at = _ranges_flat(row_start, row_len, by_rows)
-            weights = bm.row_data[at] * wanted[bm.row_terms[at]]
+            try:
+                weights = bm.row_data[at] * wanted[bm.row_terms[at]]
+            finally:
+                wanted[terms] = 0.0
             # Sum each survivor's segment; reduceat needs in-range offsets, hence the pad,
             # and returns the next element for an empty segment, hence the mask.
             offsets = np.cumsum(row_len) - row_len
@@ -501,6 +537,18 @@ class LessonIndex:
         at = _ranges_flat(col_start, col_len, by_cols)
         full = np.bincount(bm.col_rows[at], weights=bm.col_data[at], minlength=len(self.lessons))
         return full[idx]
+
+    def _cosine(
+        self, ranges: list[tuple[int, int]], found: list[tuple[np.ndarray, Any]], qvec: np.ndarray
+    ) -> np.ndarray:
+        parts = []
+        for (start, end), (pos, _) in zip(ranges, found, strict=True):
+            if pos.size * 3 > end - start:
+                # Many survivors: one pass over the contiguous slice beats gathering rows.
+                parts.append(matvec(self._vectors[start:end], qvec)[pos - start])
+            elif pos.size:
+                parts.append(matvec(self._vectors[pos], qvec))
+        return np.concatenate(parts)
 
     def search(
         self,
@@ -533,9 +581,12 @@ class LessonIndex:
         tool_ids = [self._tool_ids[t] for t in query_tools if t in self._tool_ids]
 
         # 1. Rules.
+        # "", "*" and "any" name no task type in particular: like None, they do not filter.
+        task_type = self._task_key(q.task_type) or None
+        ranges = self._ranges(task_type)
         found = [
             self._rule_stage(s, e, at, scope_ids, intent_id, tool_ids if query_tools else None)
-            for s, e in self._ranges(q.task_type)
+            for s, e in ranges
         ]
         idx = np.concatenate([f[0] for f in found]) if found else np.zeros(0, np.int64)
         if not idx.size:
@@ -543,13 +594,12 @@ class LessonIndex:
 
         # 2. Rank. Scenario match: a lesson written for this very task type, and the share of
         # its tools the task has, say it was learned in the same situation.
-        specific = self._specific[idx] if q.task_type is not None else 1.0
+        specific = self._specific[idx] if task_type is not None else 1.0
+        tool_fit: np.ndarray | float = 0.5  # tools unknown, or a lesson without tools
         if query_tools:
             shared = np.concatenate([f[1] for f in found])  # type: ignore[misc]
             count = self._tool_count[idx]
             tool_fit = np.where(count > 0, shared / np.maximum(count, 1), 0.5)
-        else:
-            tool_fit = 0.5
         scenario = 0.5 * specific + 0.5 * tool_fit
 
         text = q.query.strip()
@@ -557,12 +607,8 @@ class LessonIndex:
             terms = list(dict.fromkeys(tokenize(text)))
             term_ids = [self._vocab[t] for t in terms if t in self._vocab]
             qvec = self.embedder.embed([text])[0]
-            if idx.size * 4 > len(self.lessons):  # most of the book: no point gathering rows
-                cosine = (self._vectors @ qvec)[idx]
-            else:
-                cosine = self._vectors[idx] @ qvec
-            cosine = np.maximum(cosine, 0.0)
-            bm25 = 0.0
+            cosine = np.maximum(self._cosine(ranges, found, qvec), 0.0)
+            bm25: np.ndarray | float = 0.0
             if term_ids:
                 # Normalized by what a lesson of average length holding every query term once
                 # would score (Lucene BM25 gives idf / (1 + k1) per term there). Terms no lesson

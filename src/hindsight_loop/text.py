@@ -9,6 +9,7 @@ error names (``read_csv``, ``EncodingError``) also yield their parts so "csv" fi
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from typing import Literal
@@ -29,14 +30,16 @@ _SPLIT_RE = re.compile(r"[_.\-]")
 #: Words too common to say anything about what a lesson is for (English, and single Chinese
 #: characters that are grammatical particles). Chinese bigrams are kept: they carry meaning.
 STOPWORDS: frozenset[str] = frozenset(
-    """a an the and or but if then else of to in on at by for from with without into onto over
+    str.split(
+        """a an the and or but if then else of to in on at by for from with without into onto over
     under about as is are was were be been being do does did done doing have has had having it
     its this that these those there here i me my we our you your he she they them their his her
     what which who whom whose when where why how not no nor so too very can could should would
     will shall may might must just also than only own same such both each any all some more most
     other few again once up down out off s t don let get got please use using used
     的 了 是 在 和 与 或 及 就 都 而 也 还 又 把 被 让 给 对 向 从 到 着 过 吗 呢 吧 啊 呀 嘛 个 这 那
-    你 我 他 她 它 们 之 其 请 要 会 能 可 以 将 于 为 等 时 后 前 先 再 中 上 下 里 去 来""".split()
+    你 我 他 她 它 们 之 其 请 要 会 能 可 以 将 于 为 等 时 后 前 先 再 中 上 下 里 去 来"""
+    )
 )
 
 
@@ -59,12 +62,13 @@ def _stem(word: str) -> str:
     return word
 
 
-def _latin_tokens(raw: str, out: list[str], drop_stopwords: bool) -> None:
+@functools.lru_cache(maxsize=1 << 16)
+def _latin_tokens(raw: str, drop_stopwords: bool) -> tuple[str, ...]:
+    # Cached: words recur (Zipf), and indexing a large lesson book tokenizes each one again.
     word = raw.lower()
-    if not (drop_stopwords and word in STOPWORDS):
-        out.append(_stem(word))
+    out = [] if drop_stopwords and word in STOPWORDS else [_stem(word)]
     if raw.isalpha() and (raw.islower() or raw[1:].islower()):
-        return  # a plain word ("files", "Paris"): no parts to add
+        return tuple(out)  # a plain word ("files", "Paris"): no parts to add
     # Compound identifiers also index their parts: snake_case, dotted and camelCase names.
     parts = [p for chunk in _SPLIT_RE.split(raw) for p in _CAMEL_RE.findall(chunk) or [chunk]]
     if len(parts) > 1:
@@ -72,6 +76,7 @@ def _latin_tokens(raw: str, out: list[str], drop_stopwords: bool) -> None:
             low = part.lower()
             if low and not (drop_stopwords and low in STOPWORDS):
                 out.append(_stem(low))
+    return tuple(out)
 
 
 def tokenize(text: str, *, drop_stopwords: bool = True) -> list[str]:
@@ -95,7 +100,7 @@ def tokenize(text: str, *, drop_stopwords: bool = True) -> list[str]:
     out: list[str] = []
     for cjk, latin in _TOKEN_RE.findall(text):
         if latin:
-            _latin_tokens(latin, out, drop_stopwords)
+            out += _latin_tokens(latin, drop_stopwords)
             continue
         for i, char in enumerate(cjk):
             if not (drop_stopwords and char in STOPWORDS):

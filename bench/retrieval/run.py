@@ -1,0 +1,287 @@
+"""Retrieval benchmark: does recall return the right lessons, and keep the wrong ones out?
+
+A labelled book of lessons (English and Chinese, with near-miss distractors such as "confirm the
+city before get_weather" vs "confirm the departure airport before search_flights", plus expired,
+rejected and other users' lessons) and labelled queries, each with the lessons that should come
+back (``relevant``) and those that would do no harm (``acceptable``: the same advice in the other
+language, or a generally useful lesson). Pipelines compared on the same data and embedder:
+
+- ``vector``: pure vector search, top 3 by cosine similarity. It is given the same housekeeping
+  filters as recall (active, unexpired, in scope) so the comparison isolates retrieval, and the
+  task type and tools as text on both sides so it sees everything recall sees.
+- ``vector+threshold``: the same with the minimum similarity that works best on this very set
+  (tuned in hindsight, a generous baseline).
+- ``hybrid, no scenario rules``: recall given only the query text and scope (no task type,
+  tools, intent, step or error type), to show what the scenario rules add.
+- ``hybrid``: recall as shipped (``LessonIndex.search`` with the default ``Ranking``).
+
+Metrics (micro-averaged over queries):
+- precision@3: of the lessons returned (at most 3), the share that are relevant or acceptable.
+- recall@3: of the relevant lessons, the share returned.
+- wrong-injection rate: the share of queries where at least one returned lesson is neither.
+
+Run: ``python bench/retrieval/run.py`` (``--embedder concept|hash|st:MODEL|openai:MODEL``,
+``--verbose`` lists every miss, ``--sweep`` shows how the hybrid numbers move with its
+cut-offs, ``--json`` prints machine-readable results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+if str(SRC) not in sys.path:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(SRC))
+
+from hindsight_loop.embed import (  # noqa: E402
+    Embedder,
+    HashEmbedder,
+    OpenAIEmbedder,
+    SentenceTransformerEmbedder,
+    lesson_text,
+)
+from hindsight_loop.models import Lesson  # noqa: E402
+from hindsight_loop.recall import LessonIndex, Ranking, RecallQuery  # noqa: E402
+from hindsight_loop.testing.embed import ConceptEmbedder  # noqa: E402
+
+HERE = Path(__file__).parent
+NOW = datetime(2025, 1, 15, tzinfo=UTC)  # the dataset's validity dates are relative to this
+LIMIT = 3
+
+
+@dataclass(kw_only=True)
+class Case:
+    id: str
+    query: RecallQuery
+    relevant: set[str]
+    acceptable: set[str]
+
+
+def load() -> tuple[list[Lesson], list[Case]]:
+    lessons = []
+    for line in (HERE / "lessons.jsonl").read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            data = json.loads(line)
+            data.setdefault("valid_until", "2025-06-01T00:00:00.000Z")
+            lessons.append(Lesson.from_dict(data))
+    cases = []
+    for line in (HERE / "queries.jsonl").read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        d = json.loads(line)
+        q = RecallQuery(
+            task_type=d["task_type"],
+            tools=d.get("tools", []),
+            query=d["query"],
+            intent=d.get("intent"),
+            scope=d.get("scope"),
+            step=d.get("step"),
+            error_type=d.get("error_type"),
+        )
+        cases.append(
+            Case(id=d["id"], query=q, relevant=set(d["relevant"]), acceptable=set(d["acceptable"]))
+        )
+    return lessons, cases
+
+
+def visible(lesson: Lesson, scope: str | None) -> bool:
+    """The housekeeping filters every pipeline gets: live and in the caller's scope."""
+    return lesson.is_live(NOW) and lesson.scope in ("global", scope)
+
+
+class VectorSearch:
+    """Pure vector search, the baseline most agent memories use."""
+
+    def __init__(self, lessons: list[Lesson], embedder: Embedder) -> None:
+        self.lessons = lessons
+        self.embedder = embedder
+        texts = [
+            f"{les.task_type} {' '.join(les.features.tools)} {lesson_text(les)}" for les in lessons
+        ]
+        self.matrix = embedder.embed(texts)
+
+    def search(self, q: RecallQuery, threshold: float = -1.0) -> list[tuple[str, float]]:
+        text = f"{q.task_type} {' '.join(q.tools)} {q.query}"
+        sims = self.matrix @ self.embedder.embed([text])[0]
+        scope = q.scope if isinstance(q.scope, str) else None
+        order = [i for i in np.argsort(-sims) if visible(self.lessons[i], scope)]
+        return [
+            (self.lessons[i].lesson_id, float(sims[i]))
+            for i in order[:LIMIT]
+            if sims[i] >= threshold
+        ]
+
+
+def evaluate(
+    cases: Sequence[Case], run: Callable[[Case], list[str]], book: dict[str, Lesson]
+) -> dict:
+    returned = correct = relevant = found = wrong_queries = forbidden = 0
+    misses = []
+    for case in cases:
+        got = run(case)
+        scope = case.query.scope if isinstance(case.query.scope, str) else None
+        forbidden += sum(not visible(book[g], scope) for g in got)
+        good = case.relevant | case.acceptable
+        returned += len(got)
+        correct += sum(g in good for g in got)
+        relevant += len(case.relevant)
+        found += len(case.relevant & set(got))
+        wrong = [g for g in got if g not in good]
+        wrong_queries += bool(wrong)
+        lost = sorted(case.relevant - set(got))
+        if wrong or lost:
+            misses.append(
+                {
+                    "id": case.id,
+                    "query": case.query.query,
+                    "got": got,
+                    "wrong": wrong,
+                    "missed": lost,
+                }
+            )
+    return {
+        "precision@3": correct / returned if returned else 1.0,
+        "recall@3": found / relevant if relevant else 1.0,
+        "wrong_injection_rate": wrong_queries / len(cases),
+        "returned_per_query": returned / len(cases),
+        "forbidden_returned": forbidden,
+        "misses": misses,
+    }
+
+
+def make_embedder(spec: str) -> Embedder:
+    kind, _, arg = spec.partition(":")
+    if kind == "hash":
+        return HashEmbedder(int(arg)) if arg else HashEmbedder()
+    if kind == "concept":
+        return ConceptEmbedder()
+    if kind == "st":
+        return SentenceTransformerEmbedder(arg) if arg else SentenceTransformerEmbedder()
+    if kind == "openai":
+        return OpenAIEmbedder(arg) if arg else OpenAIEmbedder()
+    raise SystemExit(
+        f"unknown --embedder {spec!r}: use hash, hash:DIM, concept, st:MODEL, openai:MODEL"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--embedder", default="hash", help="hash (default), concept, st:MODEL, openai:MODEL"
+    )
+    parser.add_argument("--verbose", action="store_true", help="list every query with a miss")
+    parser.add_argument("--json", action="store_true", help="print results as JSON")
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also show the hybrid pipeline over a grid of cut-offs (how sensitive it is)",
+    )
+    args = parser.parse_args(argv)
+
+    lessons, cases = load()
+    book = {les.lesson_id: les for les in lessons}
+    embedder = make_embedder(args.embedder)
+    vector = VectorSearch(lessons, embedder)
+    index = LessonIndex(lessons, embedder=embedder)
+
+    results: dict[str, dict] = {}
+    results["vector"] = evaluate(cases, lambda c: [i for i, _ in vector.search(c.query)], book)
+    # The baseline's best threshold on this very set: the best F1 of precision@3 and
+    # recall@3, ties going to fewer wrong injections.
+    best: tuple[tuple[float, float], float, dict] | None = None
+    for t in np.arange(0.0, 0.9, 0.01):
+
+        def thresholded(c: Case, t: float = float(t)) -> list[str]:
+            return [i for i, _ in vector.search(c.query, t)]
+
+        r = evaluate(cases, thresholded, book)
+        p, rc = r["precision@3"], r["recall@3"]
+        f1 = 2 * p * rc / (p + rc) if p + rc else 0.0
+        key = (f1, -r["wrong_injection_rate"])
+        if best is None or key > best[0]:
+            best = (key, float(t), r)
+    assert best is not None
+    results[f"vector+threshold ({best[1]:.2f})"] = best[2]
+
+    def hybrid_no_rules(c: Case) -> list[str]:
+        q = RecallQuery(query=c.query.query, scope=c.query.scope)
+        return [les.lesson_id for les in index.search(q, limit=LIMIT, now=NOW)]
+
+    results["hybrid, no scenario rules"] = evaluate(cases, hybrid_no_rules, book)
+
+    def hybrid(c: Case) -> list[str]:
+        return [les.lesson_id for les in index.search(c.query, limit=LIMIT, now=NOW)]
+
+    results["hybrid"] = evaluate(cases, hybrid, book)
+
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "embedder": embedder.name,
+                    "lessons": len(lessons),
+                    "queries": len(cases),
+                    "results": results,
+                },
+                ensure_ascii=False,
+                indent=2,
+            )
+        )
+        return 0
+    zh = sum(any("\u4e00" <= ch <= "\u9fff" for ch in c.query.query) for c in cases)
+    negatives = sum(not c.relevant for c in cases)
+    print(
+        f"Retrieval benchmark: {len(lessons)} lessons, {len(cases)} queries "
+        f"({zh} Chinese, {negatives} with no relevant lesson), embedder {embedder.name}\n"
+    )
+    print(
+        "| pipeline | precision@3 | recall@3 | wrong-injection rate | lessons/query "
+        "| expired/rejected/other scope returned |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, r in results.items():
+        print(
+            f"| {name} | {r['precision@3']:.3f} | {r['recall@3']:.3f} | "
+            f"{r['wrong_injection_rate']:.3f} | {r['returned_per_query']:.2f} | "
+            f"{r['forbidden_returned']} |"
+        )
+    if args.sweep:
+        print(
+            "\nHybrid over a grid of cut-offs (min_score x relative), "
+            "as precision@3 / recall@3 / wrong-injection rate:\n"
+        )
+        relatives = (0.0, 0.5, 0.6, 0.75, 0.9)
+        print("| min_score | " + " | ".join(f"relative {r}" for r in relatives) + " |")
+        print("|---:|" + "---|" * len(relatives))
+        for min_score in (0.2, 0.25, 0.3, 0.35, 0.4):
+            cells = []
+            for rel in relatives:
+                index.ranking = dataclasses.replace(Ranking(), min_score=min_score, relative=rel)
+                r = evaluate(cases, hybrid, book)
+                cells.append(
+                    f"{r['precision@3']:.2f} / {r['recall@3']:.2f} / "
+                    f"{r['wrong_injection_rate']:.2f}"
+                )
+            print(f"| {min_score} | " + " | ".join(cells) + " |")
+        index.ranking = Ranking()
+    if args.verbose:
+        for name, r in results.items():
+            print(f"\n## {name}: queries with a wrong or missed lesson")
+            for m in r["misses"]:
+                print(
+                    f"  {m['id']} {m['query'][:60]!r} got={m['got']} wrong={m['wrong']} missed={m['missed']}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,531 @@
+"""Recall: the rule stage, the rank stage, rendering and injection, intent, the CLI."""
+
+from __future__ import annotations
+
+import copy
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from hindsight_loop import Hindsight
+from hindsight_loop.cli import app
+from hindsight_loop.embed import HashEmbedder, lesson_text
+from hindsight_loop.models import Features, Lesson, iso
+from hindsight_loop.recall import (
+    LessonIndex,
+    LessonSet,
+    Ranking,
+    RecallQuery,
+    classify_intent,
+    inject,
+)
+from hindsight_loop.testing.embed import ConceptEmbedder
+
+NOW = datetime(2025, 1, 15, tzinfo=UTC)
+runner = CliRunner()
+
+
+def lesson(
+    lesson_id: str,
+    advice: str,
+    *,
+    task_type: str = "weather_query",
+    tools: tuple[str, ...] = ("get_weather",),
+    **kwargs: Any,
+) -> Lesson:
+    feats = {k: kwargs.pop(k) for k in ("intent", "step", "error_type", "keywords") if k in kwargs}
+    kwargs.setdefault("valid_until", iso(NOW + timedelta(days=30)))
+    return Lesson(
+        lesson_id=lesson_id,
+        task_type=task_type,
+        advice=advice,
+        features=Features(tools=list(tools), **feats),
+        **kwargs,
+    )
+
+
+CITY = lesson(
+    "city",
+    "Confirm which city the user means before calling get_weather.",
+    keywords=["city", "ambiguous"],
+)
+AIRPORT = lesson(
+    "airport",
+    "Confirm the departure airport before calling search_flights.",
+    task_type="flight_search",
+    tools=("search_flights",),
+    keywords=["airport", "departure"],
+)
+WEATHER_Q = RecallQuery(
+    task_type="weather_query",
+    tools=["get_weather"],
+    query="What is the weather in Springfield? which city",
+)
+
+
+#: Ranking with no cut-off: every lesson that passes the rules comes back.
+ALL = Ranking(min_score=0.0, relative=0.0)
+
+
+def search(
+    lessons: list[Lesson], q: RecallQuery, *, ranking: Ranking | None = None, **kwargs: Any
+) -> list[str]:
+    index = LessonIndex(lessons, embedder=kwargs.pop("embedder", HashEmbedder()), ranking=ranking)
+    return index.search(q, now=kwargs.pop("now", NOW), **kwargs).ids
+
+
+# -- the rule stage ---------------------------------------------------------------------------
+
+
+def test_only_active_unexpired_lessons_come_back() -> None:
+    book = [
+        CITY,
+        lesson("review", CITY.advice, status="needs_review"),
+        lesson("rejected", CITY.advice, status="rejected"),
+        lesson("expired", CITY.advice, status="expired"),
+        lesson("past_due", CITY.advice, valid_until=iso(NOW - timedelta(seconds=1))),
+        lesson("pinned", CITY.advice, pinned=True, valid_until=iso(NOW - timedelta(days=99))),
+    ]
+    assert set(search(book, WEATHER_Q)) == {"city", "pinned"}
+    # The same book a month later: only the pinned lesson is still valid.
+    assert search(book, WEATHER_Q, now=NOW + timedelta(days=31)) == ["pinned"]
+
+
+def test_a_user_scoped_lesson_never_reaches_another_user() -> None:
+    alice = lesson(
+        "alice", "Alice wants Fahrenheit: pass units=imperial to get_weather.", scope="user:alice"
+    )
+    web = lesson(
+        "web",
+        "For the web project, cache get_weather answers for ten minutes.",
+        scope="project:web",
+    )
+    book = [CITY, alice, web]
+    q = "weather in Springfield in fahrenheit, which city, cache for the web project"
+
+    def ids(scope: Any) -> set[str]:
+        return set(
+            search(
+                book,
+                RecallQuery(task_type="weather_query", tools=["get_weather"], query=q, scope=scope),
+                ranking=ALL,
+            )
+        )
+
+    assert ids("user:alice") == {"city", "alice"}
+    assert ids("user:bob") == {"city"}
+    assert ids(None) == ids("global") == {"city"}
+    assert ids("project:web") == {"city", "web"}
+    assert ids(["project:web", "user:alice"]) == {"city", "alice", "web"}
+    assert ids("User:Alice ") == {"city", "alice"}  # scopes compare case-insensitively
+
+
+def test_task_type_must_match_unless_the_lesson_fits_any() -> None:
+    anywhere = lesson(
+        "any",
+        "When a tool fails twice with the same error, change the arguments.",
+        task_type="*",
+        tools=(),
+    )
+    book = [CITY, AIRPORT, anywhere]
+    q = RecallQuery(
+        task_type="flight_search",
+        tools=["search_flights"],
+        query="confirm the city before calling the tool; it failed twice",
+    )
+    assert set(search(book, q, ranking=ALL)) == {"airport", "any"}
+    q.task_type = None  # unknown task type: every task type is considered, tools still filter
+    assert set(search(book, q, ranking=ALL, limit=5)) == {"airport", "any"}
+    q.tools = []
+    assert set(search(book, q, ranking=ALL, limit=5)) == {"airport", "any", "city"}
+    q.task_type = "*"  # names no task type in particular: same as None
+    assert set(search(book, q, ranking=ALL, limit=5)) == {"airport", "any", "city"}
+
+
+def test_weather_and_flight_lessons_do_not_cross_even_when_phrased_alike() -> None:
+    q = RecallQuery(
+        task_type="flight_search",
+        tools=["search_flights"],
+        query="Confirm which city before calling search flights from London",
+    )
+    assert search([CITY, AIRPORT], q) == ["airport"]
+    # Pure vector similarity would have put the weather lesson close to this query.
+    e = HashEmbedder()
+    vq, vc, va = e.embed([q.query, lesson_text(CITY), lesson_text(AIRPORT)])
+    assert vq @ vc > 0.2
+
+
+def test_a_lesson_must_share_a_tool_with_the_task() -> None:
+    toolless = lesson("toolless", "Confirm which city the user means first.", tools=())
+    forecast = lesson(
+        "forecast", "Confirm which city before calling get_forecast.", tools=("get_forecast",)
+    )
+    book = [CITY, toolless, forecast]
+    q = RecallQuery(task_type="weather_query", tools=["get_forecast"], query="which city")
+    assert set(search(book, q, ranking=ALL)) == {"toolless", "forecast"}
+    q.tools = ["GET_WEATHER"]  # tool names compare case-insensitively
+    assert set(search(book, q, ranking=ALL)) == {"toolless", "city"}
+    q.tools = ["send_email"]
+    assert search(book, q, ranking=ALL) == ["toolless"]
+    q.tools = []  # tools unknown: not a filter
+    assert set(search(book, q, ranking=ALL)) == {"toolless", "city", "forecast"}
+
+
+def test_intent_filters_only_when_both_sides_know_it() -> None:
+    select = lesson(
+        "select",
+        "Add LIMIT to exploratory SELECT queries in run_sql.",
+        task_type="sql",
+        tools=("run_sql",),
+        intent="query",
+    )
+    delete = lesson(
+        "delete",
+        "Back up the table before a DELETE in run_sql.",
+        task_type="sql",
+        tools=("run_sql",),
+        intent="operation",
+    )
+    plain = lesson(
+        "plain", "Quote identifiers in run_sql queries.", task_type="sql", tools=("run_sql",)
+    )
+    book = [select, delete, plain]
+    q = RecallQuery(
+        task_type="sql", tools=["run_sql"], query="run_sql select delete quote", intent="operation"
+    )
+    assert set(search(book, q, ranking=ALL)) == {"delete", "plain"}
+    q.intent = None
+    assert set(search(book, q, ranking=ALL)) == {"select", "delete", "plain"}
+    q.intent = "chitchat"  # an intent no lesson has: only lessons without one fit
+    assert search(book, q, ranking=ALL) == ["plain"]
+
+
+# -- the rank stage ---------------------------------------------------------------------------
+
+
+def test_poor_matches_are_not_returned() -> None:
+    book = [CITY, lesson("units", "Report temperatures in the units the user asked for.")]
+    q = RecallQuery(
+        task_type="weather_query",
+        tools=["get_weather"],
+        query="Translate this birthday card into French",
+    )
+    assert search(book, q) == []
+    assert search(book, WEATHER_Q) == ["city"]  # the units lesson is not good enough here
+    assert len(search(book, q, ranking=ALL)) == 2
+
+
+def test_at_most_limit_lessons_best_first_with_scores() -> None:
+    book = [lesson(f"l{i}", f"Confirm which city the user means, variant {i}.") for i in range(6)]
+    index = LessonIndex(book, embedder=HashEmbedder())
+    found = index.search(WEATHER_Q, now=NOW)
+    assert isinstance(found, LessonSet) and len(found) == 3
+    scores = [x.score or 0.0 for x in found]
+    assert all(isinstance(s, float) and s > 0 for s in scores)
+    assert scores == sorted(scores, reverse=True)
+    assert all(x.score is None for x in index.lessons)  # the index's own lessons are untouched
+    assert len(index.search(WEATHER_Q, now=NOW, limit=1)) == 1
+    assert index.search(WEATHER_Q, now=NOW, limit=0) == []
+
+
+def test_value_score_breaks_ties_and_error_type_ranks_higher() -> None:
+    good = lesson("good", "Confirm which city the user means.", value_score=0.9)
+    poor = lesson("poor", "Confirm which city the user means.", value_score=0.1)
+    assert search([poor, good], WEATHER_Q, ranking=ALL) == ["good", "poor"]
+    specific = lesson(
+        "404", "Confirm which city the user means.", error_type="HTTP404", step="fetch"
+    )
+    q = copy.copy(WEATHER_Q)
+    q.error_type, q.step = "http404", "FETCH"
+    assert search([good, specific], q, ranking=ALL)[0] == "404"
+
+
+def test_two_conflicting_lessons_are_never_returned_together() -> None:
+    bom = lesson(
+        "bom",
+        "Read CSV exports with encoding utf-8-sig.",
+        task_type="csv",
+        tools=("read_csv",),
+        conflicts=["latin"],
+    )
+    latin = lesson(
+        "latin",
+        "Read CSV exports with encoding latin-1.",
+        task_type="csv",
+        tools=("read_csv",),
+        value_score=0.3,
+    )  # the conflict is recorded on one side
+    other = lesson(
+        "dedupe", "Deduplicate CSV exports on key columns.", task_type="csv", tools=("read_csv",)
+    )
+    q = RecallQuery(task_type="csv", tools=["read_csv"], query="read CSV exports encoding")
+    found = search([bom, latin, other], q, ranking=ALL, limit=3)
+    assert "bom" in found and "latin" not in found and len(found) == 2
+    # Without the conflict both would be returned.
+    bom.conflicts = []
+    assert {"bom", "latin"} <= set(search([bom, latin, other], q, ranking=ALL))
+
+
+def test_chinese_queries_find_chinese_lessons() -> None:
+    zh_city = lesson("zh_city", "查询天气前先确认用户说的是哪个城市，很多地名重名。", language="zh")
+    zh_rain = lesson("zh_rain", "用户问下雨时提醒带伞。", language="zh")
+    q = RecallQuery(
+        task_type="weather_query", tools=["get_weather"], query="朝阳是哪个城市的？今天天气怎么样"
+    )
+    assert search([CITY, zh_city, zh_rain], q)[0] == "zh_city"
+
+
+def test_stored_vectors_are_used_and_wrong_sized_ones_recomputed() -> None:
+    e = ConceptEmbedder()
+    vectors = {"city": e.embed([lesson_text(CITY)])[0], "airport": np.ones(3, np.float32)}
+    e.calls.clear()
+    index = LessonIndex([CITY, AIRPORT], embedder=e, vectors=vectors)
+    assert e.calls == [[lesson_text(AIRPORT)]]  # only the wrong-sized one was embedded
+    assert index.search(WEATHER_Q, now=NOW).ids == ["city"]
+
+
+def test_a_query_without_text_ranks_by_the_scenario() -> None:
+    generic = lesson("generic", "Confirm the city.", task_type="*", tools=())
+    found = search(
+        [generic, CITY], RecallQuery(task_type="weather_query", tools=["get_weather"]), ranking=ALL
+    )
+    assert found[0] == "city"  # written for this task type and its tool
+
+
+def test_empty_books_and_empty_texts() -> None:
+    assert search([], WEATHER_Q) == []
+    blank = lesson("blank", "")
+    assert search([blank], WEATHER_Q) == []
+    assert search([blank], WEATHER_Q, ranking=ALL) == ["blank"]
+
+
+def test_search_is_safe_from_many_threads() -> None:
+    book = [
+        lesson(f"l{i}", f"Confirm which city {i} the user means before get_weather.")
+        for i in range(300)
+    ]
+    book += [lesson(f"f{i}", f"Use get_forecast for day {i} after today.") for i in range(300)]
+    index = LessonIndex(book, embedder=HashEmbedder())
+    queries = [
+        RecallQuery(
+            task_type="weather_query",
+            tools=["get_weather"],
+            query=f"which city {i}" if i % 2 else f"forecast for day {i}",
+        )
+        for i in range(40)
+    ]
+    expected = [index.search(q, now=NOW).ids for q in queries]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            assert list(pool.map(lambda q: index.search(q, now=NOW).ids, queries)) == expected
+
+
+def test_ranking_weights_can_be_changed() -> None:
+    index = LessonIndex([CITY], embedder=HashEmbedder(), ranking=Ranking(min_score=0.99))
+    assert index.search(WEATHER_Q, now=NOW) == []
+    assert index.search(WEATHER_Q, now=NOW, min_score=0.1).ids == ["city"]
+    with pytest.raises(ValueError, match="weights"):
+        Ranking(vector=0, bm25=0)
+
+
+def test_a_broken_value_score_does_not_break_recall() -> None:
+    odd = lesson("odd", CITY.advice, value_score=float("nan"))
+    assert search([odd], WEATHER_Q) == ["odd"]
+
+
+# -- rendering and injection ------------------------------------------------------------------
+
+
+def test_as_prompt_renders_tool_usage_advice() -> None:
+    found = LessonSet([CITY, lesson("plain", "Answer in the user's language.", tools=())])
+    prompt = found.as_prompt()
+    lines = prompt.splitlines()
+    assert lines[0].startswith("Advice from earlier runs")
+    assert (
+        lines[1] == "- [get_weather] Confirm which city the user means before calling get_weather."
+    )
+    assert lines[2] == "- Answer in the user's language."
+    assert "follow the actual situation" in lines[-1]
+    assert LessonSet().as_prompt() == ""
+
+
+def test_as_prompt_speaks_chinese_for_chinese_lessons() -> None:
+    found = LessonSet([lesson("zh", "查询天气前先确认城市。"), lesson("zh2", "提醒用户带伞。")])
+    prompt = found.as_prompt()
+    assert prompt.startswith("以往类似任务") and prompt.endswith("请以实际情况为准。")
+    assert "- [get_weather] 查询天气前先确认城市。" in prompt
+
+
+MESSAGES = [
+    {"role": "system", "content": "You are a travel agent. Tools: get_weather(city)."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "Weather in Springfield?"},
+]
+
+
+def test_inject_inserts_a_system_message_before_the_last_user_message() -> None:
+    original = copy.deepcopy(MESSAGES)
+    out = inject(MESSAGES, [CITY])
+    assert original == MESSAGES  # the input is not modified
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "system", "user"]
+    assert "Confirm which city" in out[3]["content"]
+    assert out[0] == MESSAGES[0] and out[4] == MESSAGES[3]
+    out[0]["content"] = "changed"
+    assert MESSAGES[0]["content"] != "changed"  # messages are copies too
+
+
+def test_inject_append_mode_extends_the_system_message() -> None:
+    out = inject(MESSAGES, [CITY], mode="append")
+    assert len(out) == len(MESSAGES) and MESSAGES[0]["content"].endswith("get_weather(city).")
+    assert out[0]["content"].startswith(MESSAGES[0]["content"] + "\n\n")
+    assert "Confirm which city" in out[0]["content"]
+    parts = [{"role": "system", "content": [{"type": "text", "text": "sys"}]}]
+    assert inject(parts, [CITY], mode="append")[0]["content"][-1]["type"] == "text"
+    assert inject([{"role": "user", "content": "x"}], [CITY], mode="append")[0]["role"] == "system"
+    with pytest.raises(ValueError, match="insert"):
+        inject(MESSAGES, [CITY], mode="middle")  # type: ignore[arg-type]
+
+
+def test_inject_with_no_lessons_or_no_user_message() -> None:
+    assert inject(MESSAGES, []) == MESSAGES
+    assert inject(MESSAGES, []) is not MESSAGES
+    only_system = [{"role": "system", "content": "sys"}]
+    assert inject(only_system, [CITY])[-1]["content"].startswith("Advice")
+
+
+# -- intent -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "intent"),
+    [
+        ("What's the weather in Paris?", "query"),
+        ("Find flights from London to Rome", "query"),
+        ("Book the 9am flight to Paris for John", "operation"),
+        ("Delete all test accounts from the users table", "operation"),
+        ("Why did sales drop in February compared to January?", "analysis"),
+        ("明天北京天气怎么样？", "query"),
+        ("帮我预订明天去上海的机票", "operation"),
+        ("删除重复的行", "operation"),
+        ("分析今年销售额的同比增长", "analysis"),
+        ("为什么这个月的转化率下降了", "analysis"),
+        ("", "query"),
+    ],
+)
+def test_classify_intent(text: str, intent: str) -> None:
+    assert classify_intent(text) == intent
+
+
+def test_classify_intent_can_ask_a_model_and_falls_back() -> None:
+    assert classify_intent("anything", model=lambda t: "Analysis.") == "analysis"
+    assert classify_intent("Delete the file", model=lambda t: "no idea") == "operation"
+
+    def broken(text: str) -> str:
+        raise TimeoutError("model down")
+
+    assert classify_intent("Delete the file", model=broken) == "operation"
+
+
+# -- through the facade and the CLI, on a real SQLite file -----------------------------------------
+
+
+def _seed(db: Path) -> None:
+    with Hindsight(db, background=False) as hs:
+        hs.store.save_lesson(lesson("city", CITY.advice, valid_until=None, pinned=True))
+        hs.store.save_lesson(
+            lesson(
+                "alice",
+                "Alice wants the weather in Fahrenheit: pass units=imperial to get_weather.",
+                scope="user:alice",
+                valid_until=None,
+                pinned=True,
+            )
+        )
+        hs.store.save_lesson(
+            lesson(
+                "airport",
+                AIRPORT.advice,
+                task_type="flight_search",
+                tools=("search_flights",),
+                valid_until=None,
+                pinned=True,
+            )
+        )
+
+
+def test_facade_recall_keeps_users_apart(db_path: Path) -> None:
+    _seed(db_path)
+    with Hindsight(db_path, background=False) as hs:
+        q: dict[str, Any] = {
+            "task_type": "weather_query",
+            "tools": ["get_weather"],
+            "query": "weather in Springfield in Fahrenheit, which city?",
+        }
+        assert set(hs.recall(**q, scope="user:alice").ids) == {"city", "alice"}
+        assert hs.recall(**q, scope="user:bob").ids == ["city"]
+        messages = hs.inject([{"role": "user", "content": "weather?"}], hs.recall(**q))
+        assert messages[0]["role"] == "system" and "Confirm which city" in messages[0]["content"]
+
+
+def test_cli_recall_prints_ids_advice_and_scores(db_path: Path) -> None:
+    _seed(db_path)
+    args = [
+        "recall",
+        "--db",
+        str(db_path),
+        "--task-type",
+        "weather_query",
+        "--tool",
+        "get_weather",
+        "--tool",
+        "get_forecast",
+        "--scope",
+        "user:alice",
+        "What's the weather in Springfield in Fahrenheit? which city",
+    ]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    found = orjson.loads(result.output)
+    assert {x["lesson_id"] for x in found} == {"city", "alice"}
+    assert all(x["advice"] and x["score"] > 0 for x in found)
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0 and "city" in table.output and "score" in table.output
+    prompt = runner.invoke(app, [*args, "--prompt"])
+    assert prompt.output.startswith("Advice from earlier runs")
+
+
+def test_cli_recall_prints_an_empty_list_when_nothing_fits(db_path: Path) -> None:
+    _seed(db_path)
+    result = runner.invoke(
+        app,
+        [
+            "recall",
+            "--db",
+            str(db_path),
+            "--task-type",
+            "flight_search",
+            "--tool",
+            "book_hotel",
+            "reserve a room",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.output) == []
+    text = runner.invoke(app, ["recall", "--db", str(db_path), "--task-type", "nothing", "x"])
+    assert text.exit_code == 0 and "No lesson fits" in text.output
+
+
+def test_cli_recall_rejects_a_bad_intent_or_scope_with_the_fix(db_path: Path) -> None:
+    result = runner.invoke(app, ["recall", "--db", str(db_path), "--intent", "chat", "x"])
+    assert result.exit_code == 1 and "query, operation, analysis" in result.output
+    result = runner.invoke(app, ["recall", "--db", str(db_path), "--scope", "alice", "x"])
+    assert result.exit_code == 1 and "user:NAME" in result.output
+    assert runner.invoke(app, ["recall", "--help"]).exit_code == 0
