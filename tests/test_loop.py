@@ -234,3 +234,33 @@ def test_invalid_scope_is_refused_before_the_task_runs(hs: Hindsight) -> None:
 
     with pytest.raises(ValueError, match="user:NAME"):
         hs.task("t", scope="alice")
+
+
+def test_a_large_book_is_reindexed_in_the_background_and_never_serves_a_rejected_lesson(
+    hs: Hindsight, monkeypatch
+) -> None:
+    import time
+
+    import hindsight_loop.hindsight as facade
+    from hindsight_loop.lessons import reject
+
+    monkeypatch.setattr(facade, "SYNC_REBUILD_MAX", 0)
+    first = hs.add_lesson(
+        LessonDraft(
+            task_type="weather",
+            advice="You should ask for the city before calling get_weather.",
+            features=Features(tools=["get_weather"]),
+        )
+    )
+    query = dict(
+        task_type="weather", tools=["get_weather"], query="ask the city before get_weather"
+    )
+    assert hs.recall(**query).ids == [first.lesson_id]
+    hs.store.save_lesson(reject(hs.store.get_lesson(first.lesson_id), by="test"))
+    # The index is behind the book now: the rejected lesson is filtered out all the same.
+    assert hs.recall(**query) == []
+    deadline = time.monotonic() + 10
+    while hs._index_version != hs.store.book_version() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert hs._index_version == hs.store.book_version()
+    assert hs.recall(**query) == []

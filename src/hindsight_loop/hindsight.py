@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 import orjson
@@ -48,6 +48,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 _current_task: contextvars.ContextVar[TaskRun | None] = contextvars.ContextVar(
     "hindsight_current_task", default=None
 )
+
+#: Books smaller than this are re-indexed on the spot when they change (about 0.1 s); larger
+#: ones in the background while the previous index keeps serving recall.
+SYNC_REBUILD_MAX = 2_000
 
 #: Most local reviews one task may ask for: a run that keeps failing needs one look, not fifty.
 MAX_LOCAL_REVIEWS = 3
@@ -485,38 +489,68 @@ class Hindsight:
         self.store.save_lesson(lesson, embedding=vec.tobytes(), embed_model=self.embedder.name)
 
     # -- recall ------------------------------------------------------------------------------
-    def _lesson_index(self) -> LessonIndex:
+    def _lesson_index(self) -> tuple[LessonIndex, bool]:
+        """The recall index and whether it may be behind the book.
+
+        A small book is re-indexed at once when it changes. A large one (building takes about
+        0.6 s at 10k lessons) is re-indexed in a background thread while recall keeps serving
+        the previous index, so no recall on the agent's path pays for a rebuild.
+        """
+        version = self.store.book_version()
+        index = self._index
+        if index is not None and version == self._index_version:
+            return index, False
+        if index is None or len(index) < SYNC_REBUILD_MAX:
+            with self._index_lock:
+                if self._index is None or self._index_version != self.store.book_version():
+                    self._rebuild_index()
+                assert self._index is not None
+                return self._index, False
+        if not self._index_lock.locked():
+            threading.Thread(target=self._rebuild_in_background, daemon=True).start()
+        return index, True
+
+    def _rebuild_in_background(self) -> None:
+        if not self._index_lock.acquire(blocking=False):
+            return  # another rebuild is under way
+        try:
+            if self.store.book_version() != self._index_version and not self._closed:
+                self._rebuild_index()
+        except Exception:  # noqa: BLE001 - the old index keeps serving
+            log.exception("hindsight: rebuilding the recall index failed")
+        finally:
+            self._index_lock.release()
+
+    def _rebuild_index(self) -> None:
+        """Build the index from the store (call with ``_index_lock`` held)."""
         from hindsight_loop.recall import LessonIndex
 
         version = self.store.book_version()
-        with self._index_lock:
-            if self._index is None or version != self._index_version:
-                lessons = self._expire_due(self.store.list_lessons())
-                vectors: dict[str, np.ndarray] = {}
-                stale: list[Lesson] = []
-                stored = self.store.lesson_embeddings()
-                by_id = {lesson.lesson_id: lesson for lesson in lessons}
-                for lid, lesson in by_id.items():
-                    model, blob = stored.get(lid, (None, None))
-                    if model == self.embedder.name and blob is not None:
-                        vectors[lid] = np.frombuffer(blob, dtype=np.float32)
-                    else:
-                        stale.append(lesson)
-                if stale:
-                    # The embedding model changed (or a lesson was imported without one):
-                    # re-embed and store, so the next process does not have to.
-                    fresh = self.embedder.embed([lesson_text(x) for x in stale])
-                    for lesson, vec in zip(stale, fresh, strict=True):
-                        vectors[lesson.lesson_id] = vec.astype(np.float32)
-                        self.store.save_lesson(
-                            lesson,
-                            embedding=vec.astype(np.float32).tobytes(),
-                            embed_model=self.embedder.name,
-                        )
-                    version = self.store.book_version()
-                self._index = LessonIndex(lessons, embedder=self.embedder, vectors=vectors)
-                self._index_version = version
-            return self._index
+        lessons = self._expire_due(self.store.list_lessons())
+        vectors: dict[str, np.ndarray] = {}
+        stale: list[Lesson] = []
+        stored = self.store.lesson_embeddings()
+        for lesson in lessons:
+            model, blob = stored.get(lesson.lesson_id, (None, None))
+            if model == self.embedder.name and blob is not None:
+                vectors[lesson.lesson_id] = np.frombuffer(blob, dtype=np.float32)
+            else:
+                stale.append(lesson)
+        if stale:
+            # The embedding model changed (or a lesson was imported without one): re-embed
+            # and store, so the next process does not have to.
+            fresh = self.embedder.embed([lesson_text(x) for x in stale])
+            with self.store.transaction():
+                for lesson, vec in zip(stale, fresh, strict=True):
+                    vectors[lesson.lesson_id] = vec.astype(np.float32)
+                    self.store.save_lesson(
+                        lesson,
+                        embedding=vec.astype(np.float32).tobytes(),
+                        embed_model=self.embedder.name,
+                    )
+            version = self.store.book_version()
+        self._index = LessonIndex(lessons, embedder=self.embedder, vectors=vectors)
+        self._index_version = version
 
     def _expire_due(self, lessons: list[Lesson]) -> list[Lesson]:
         """Mark lessons past ``valid_until`` expired in the store (kept, never deleted)."""
@@ -541,7 +575,7 @@ class Hindsight:
         count_hits: bool = True,
     ) -> LessonSet:
         """The best lessons (at most ``limit``, at most 3 by default) for a task, rules first."""
-        from hindsight_loop.recall import RecallQuery
+        from hindsight_loop.recall import LessonSet, RecallQuery
 
         q = RecallQuery(
             task_type=task_type,
@@ -552,7 +586,17 @@ class Hindsight:
             step=step,
             error_type=error_type,
         )
-        found = self._lesson_index().search(q, limit=min(limit, 3))
+        index, behind = self._lesson_index()
+        found = index.search(q, limit=min(limit, 3))
+        if behind and found:
+            # The index may predate a reject, an expiry or a conflict: check the few lessons
+            # returned against the book itself.
+            live = {
+                x.lesson_id
+                for x in (self.store.get_lesson(i) for i in found.ids)
+                if x is not None and x.is_live()
+            }
+            found = LessonSet(x for x in found if x.lesson_id in live)
         if count_hits and found:
             try:
                 self.store.bump_hits([x.lesson_id for x in found])
@@ -577,12 +621,21 @@ class Hindsight:
                 self.store.upsert_task(task)
 
     def inject(
-        self, messages: list[dict[str, Any]], lessons: Sequence[Lesson]
+        self,
+        messages: list[dict[str, Any]],
+        lessons: Sequence[Lesson],
+        *,
+        mode: Literal["insert", "append"] = "insert",
     ) -> list[dict[str, Any]]:
-        """Place the lessons' advice after the system/tool text and before the last user message."""
+        """Place the lessons' advice after the system/tool text and before the last user message.
+
+        ``insert`` (default) adds one system message just before the last user message, so the
+        system prompt stays byte-identical and provider prompt caches keep hitting; ``append``
+        adds the advice to the first system message, for templates that allow only one.
+        """
         from hindsight_loop.recall import inject
 
-        return inject(messages, lessons)
+        return inject(messages, lessons, mode=mode)
 
     # -- the whole loop in one call ----------------------------------------------------------
     def run_task_with_feedback(

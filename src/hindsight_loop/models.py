@@ -386,8 +386,7 @@ class Lesson:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Lesson:
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in names}
+        kwargs = {k: v for k, v in data.items() if k in _LESSON_FIELDS}
         feats = kwargs.get("features")
         if isinstance(feats, dict):
             kwargs["features"] = Features(
@@ -409,6 +408,9 @@ class Lesson:
         if self.pinned or not self.valid_until:
             return True
         return parse_ts(self.valid_until) > (now or utcnow())
+
+
+_LESSON_FIELDS = frozenset(f.name for f in dataclasses.fields(Lesson))
 
 
 # -- reflection -------------------------------------------------------------------------------
