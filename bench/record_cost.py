@@ -1,0 +1,208 @@
+"""Caller-side cost of recording one tool call, against an OpenTelemetry span, interleaved.
+
+Recording sits on the agent's hot path, so what counts is the time the agent's own thread spends
+in the call. Subjects, each an ``action_executed`` with ~1 KB of input and result (1,000
+distinct payloads, cycled):
+
+- ``record_action``: ``TaskRun.record_action(tool, args, output=..., step=...)``, the cheapest
+  per-event call of the facade;
+- ``hs.record``: the wire-format path, ``hs.record({...})``, building the event dict included.
+
+Baseline: an OpenTelemetry SDK span with 5 attributes (tool name, arguments and result as JSON
+strings, status, step; the strings prepared beforehand, which favours OpenTelemetry) through a
+``BatchSpanProcessor`` with an exporter that drops everything, the attributes dict built in the
+timed region as for the subjects. Hindsight's writer thread (sanitizing, redacting and writing
+to SQLite) and OpenTelemetry's export thread both run during the measurement.
+
+Each run times every call with ``perf_counter_ns`` (its own ~50-100 ns included, reported as
+"timer") in blocks of 1,000 calls, the subjects and the baseline taking turns block by block, in
+a rotating order. The garbage collector is left on, as in an agent: its pauses are part of p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import orjson  # noqa: E402
+from _common import action_payload, cli, percentile, spread, timer_floor_ns  # noqa: E402
+
+BLOCK = 1000
+
+
+def _otel_tracer() -> Any:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class DropExporter(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            pass
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(DropExporter()))
+    return provider, provider.get_tracer("hindsight-bench")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from hindsight_loop import Hindsight
+
+    runs = 3 if args.quick else max(5, args.runs)
+    blocks = 8 if args.quick else args.blocks
+    rng = random.Random(6)
+    pool = [action_payload(rng) for _ in range(1000)]
+    body_bytes = [
+        len(
+            orjson.dumps(
+                {"input": {"tool": t, "args": a}, "result": {"status": "succeeded", "output": o}}
+            )
+        )
+        for t, a, o, _s in pool
+    ]
+    strings = [(orjson.dumps(a).decode(), orjson.dumps(o).decode()) for _t, a, o, _s in pool]
+
+    tmp = Path(tempfile.mkdtemp(prefix="hs-bench-"))
+    hs = Hindsight(tmp / "bench.db", background=False, triggers=False)
+    provider, tracer = _otel_tracer()
+    task = hs.task(
+        "bench", goal="measure recording", tools=list({p[0] for p in pool}), recall=False
+    ).__enter__()
+    tid = task.task_id
+    import time
+
+    pc = time.perf_counter_ns
+
+    def record_action(samples: list[int], start: int) -> None:
+        for i in range(start, start + BLOCK):
+            tool, a, o, step = pool[i % 1000]
+            t0 = pc()
+            task.record_action(tool, a, output=o, step=step)
+            samples.append(pc() - t0)
+
+    def wire_record(samples: list[int], start: int) -> None:
+        for i in range(start, start + BLOCK):
+            tool, a, o, step = pool[i % 1000]
+            t0 = pc()
+            hs.record(
+                {
+                    "type": "action_executed",
+                    "task_id": tid,
+                    "input": {"tool": tool, "args": a},
+                    "result": {"status": "succeeded", "output": o},
+                    "agent_state": {"current_step": step},
+                }
+            )
+            samples.append(pc() - t0)
+
+    def otel_span(samples: list[int], start: int) -> None:
+        for i in range(start, start + BLOCK):
+            tool, _a, _o, step = pool[i % 1000]
+            a_json, o_json = strings[i % 1000]
+            t0 = pc()
+            with tracer.start_as_current_span(
+                tool,
+                attributes={
+                    "gen_ai.tool.name": tool,
+                    "gen_ai.tool.call.arguments": a_json,
+                    "gen_ai.tool.call.result": o_json,
+                    "tool.status": "succeeded",
+                    "agent.step": step,
+                },
+            ):
+                pass
+            samples.append(pc() - t0)
+
+    subjects = {"record_action": record_action, "hs.record": wire_record, "otel_span": otel_span}
+    names = list(subjects)
+    # Warm up every path (imports, caches, the writer's first batches).
+    for fn in subjects.values():
+        fn([], 0)
+    hs.flush()
+
+    per_run: list[dict[str, dict[str, float]]] = []
+    backlog_max = 0
+    for r in range(runs):
+        samples: dict[str, list[int]] = {n: [] for n in names}
+        for b in range(blocks):
+            order = names[b % 3 :] + names[: b % 3]  # rotate who goes first
+            for n in order:
+                subjects[n](samples[n], (r * blocks + b) * BLOCK)
+            backlog_max = max(backlog_max, hs.recorder.backlog)
+        stats = {}
+        for n, s in samples.items():
+            s.sort()
+            stats[n] = {
+                "p50": percentile(s, 50),
+                "p99": percentile(s, 99),
+                "p999": percentile(s, 99.9),
+            }
+        per_run.append(stats)
+        hs.flush()  # between runs, untimed: each run starts with the writer caught up
+
+    recorded = hs.store.event_count(tid)
+    expected = 2 * (runs * blocks + 1) * BLOCK + 1
+    task.__exit__(None, None, None)
+    hs.close()
+    provider.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    out: dict[str, Any] = {
+        "bench": "record_cost",
+        "runs": runs,
+        "calls_per_run": blocks * BLOCK,
+        "timer_ns": timer_floor_ns(),
+        "avg_body_bytes": sum(body_bytes) / 1000,
+        "recorded": recorded,
+        "expected": expected,
+        "max_queue_seen": backlog_max,
+    }
+    for n in names:
+        for q in ("p50", "p99", "p999"):
+            out[f"{n}_{q}_ns"] = spread([s[n][q] for s in per_run])
+    for n in ("record_action", "hs.record"):
+        out[f"otel_over_{n}_p50"] = spread([s["otel_span"]["p50"] / s[n]["p50"] for s in per_run])
+        out[f"otel_over_{n}_p99"] = spread([s["otel_span"]["p99"] / s[n]["p99"] for s in per_run])
+    return out
+
+
+def render(r: dict[str, Any]) -> str:
+    lines = [
+        f"{r['runs']} runs x {r['calls_per_run']} calls per subject; ns per call, "
+        f"median (min-max) over runs; timer {r['timer_ns']} ns included; "
+        f"~{r['avg_body_bytes']:.0f} B per event"
+    ]
+    for n in ("record_action", "hs.record", "otel_span"):
+        p50, p99 = r[f"{n}_p50_ns"], r[f"{n}_p99_ns"]
+        lines.append(
+            f"{n:14s} p50 {p50['median']:7.0f} ({p50['min']:.0f}-{p50['max']:.0f})  "
+            f"p99 {p99['median']:7.0f} ({p99['min']:.0f}-{p99['max']:.0f})"
+        )
+    for n in ("record_action", "hs.record"):
+        lines.append(
+            f"OTel span / {n}: p50 x{r[f'otel_over_{n}_p50']['median']:.1f}, "
+            f"p99 x{r[f'otel_over_{n}_p99']['median']:.1f}"
+        )
+    lines.append(f"events stored {r['recorded']} of {r['expected']}")
+    return "\n".join(lines)
+
+
+def _extra(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--blocks", type=int, default=40, help="blocks of 1,000 calls per run")
+
+
+if __name__ == "__main__":
+    cli(__doc__ or "", run, render, _extra)

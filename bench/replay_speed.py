@@ -1,0 +1,193 @@
+"""Replay of one 10,000-event task: ms to build its chronicle from the store, warm and cold.
+
+Subject: ``hs.replay(task_id)``, i.e. read the task and its events from SQLite, decode them
+into ``Event`` values and run ``replay()`` (order, key nodes, compression to 500 steps).
+
+Baseline, interleaved call by call: the raw read of the same rows, ``SELECT ... ORDER BY ts,
+seq`` fetched as tuples without decoding: the floor set by SQLite itself.
+
+Warm: the same process and connection, repeated. Cold: a fresh process and a fresh connection
+for each measurement (the time from opening the store to the chronicle, imports excluded),
+after asking the kernel to drop its page cache (``/proc/sys/vm/drop_caches``); the result says
+whether that worked here (it needs root and a writable /proc/sys) or whether "cold" only means
+a new process with a new connection, the file still in the OS cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import cli, mixed_events, percentile, spread  # noqa: E402
+
+RAW = "SELECT event_id, task_id, seq, ts, type, body FROM events WHERE task_id=? ORDER BY ts, seq"
+
+
+def _build(db: Path, n: int) -> str:
+    from hindsight_loop import Hindsight
+
+    rng = random.Random(3)
+    hs = Hindsight(db, background=False, triggers=False)
+    try:
+        with hs.task("csv_cleaning", goal="clean the sales files", recall=False) as task:
+            for ev in mixed_events(rng, task.task_id, n - 2):
+                hs.record(ev)
+        hs.flush()
+        return task.task_id
+    finally:
+        hs.close()
+
+
+def _drop_caches() -> bool:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def _cold_child(db: str, task_id: str) -> dict[str, float]:
+    from hindsight_loop import Hindsight  # imports are not part of the figure
+
+    t0 = time.perf_counter()
+    hs = Hindsight(db, background=False, triggers=False)
+    chronicle = hs.replay(task_id)
+    subject = time.perf_counter() - t0
+    hs.close()
+    assert chronicle.steps
+    return {"subject_ms": subject * 1e3}
+
+
+def _cold_raw_child(db: str, task_id: str) -> dict[str, float]:
+    import sqlite3
+
+    t0 = time.perf_counter()
+    con = sqlite3.connect(db)
+    rows = con.execute(RAW, (task_id,)).fetchall()
+    elapsed = time.perf_counter() - t0
+    con.close()
+    assert rows
+    return {"baseline_ms": elapsed * 1e3}
+
+
+def _child(kind: str, db: Path, task_id: str) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", kind, str(db), task_id],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from hindsight_loop import Hindsight
+
+    runs = 3 if args.quick else max(5, args.runs)
+    reps = min(args.reps, 10) if args.quick else args.reps
+    tmp = Path(tempfile.mkdtemp(prefix="hs-replay-"))
+    try:
+        db = tmp / "replay.db"
+        task_id = _build(db, args.events)
+        hs = Hindsight(db, background=False, triggers=False)
+        con = hs.store._db  # type: ignore[attr-defined]  # the same connection replay uses
+        n_events = hs.store.event_count(task_id)
+        chronicle = hs.replay(task_id)
+        warm = []
+        for _ in range(runs):
+            subj, base, load = [], [], []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                hs.replay(task_id)
+                subj.append((time.perf_counter() - t0) * 1e3)
+                t0 = time.perf_counter()
+                con.execute(RAW, (task_id,)).fetchall()
+                base.append((time.perf_counter() - t0) * 1e3)
+                t0 = time.perf_counter()
+                hs.store.events(task_id)
+                load.append((time.perf_counter() - t0) * 1e3)
+            subj.sort()
+            base.sort()
+            load.sort()
+            warm.append(
+                {
+                    "p50": percentile(subj, 50),
+                    "p99": percentile(subj, 99),
+                    "base_p50": percentile(base, 50),
+                    "load_p50": percentile(load, 50),
+                }
+            )
+        hs.close()
+
+        dropped = _drop_caches()
+        cold = []
+        for r in range(runs):
+            pair = ("subject", "raw") if r % 2 == 0 else ("raw", "subject")
+            got: dict[str, float] = {}
+            for kind in pair:
+                dropped = _drop_caches() and dropped
+                got |= _child(kind, db, task_id)
+            cold.append(got)
+        return {
+            "bench": "replay_speed",
+            "runs": runs,
+            "reps_per_run": reps,
+            "events": n_events,
+            "steps": len(chronicle.steps),
+            "key_nodes": len(chronicle.key_nodes),
+            "db_mb": db.stat().st_size / 2**20,
+            "warm_p50_ms": spread([w["p50"] for w in warm]),
+            "warm_p99_ms": spread([w["p99"] for w in warm]),
+            "warm_raw_p50_ms": spread([w["base_p50"] for w in warm]),
+            "warm_load_p50_ms": spread([w["load_p50"] for w in warm]),
+            "warm_ratio": spread([w["p50"] / w["base_p50"] for w in warm]),
+            "cold_ms": spread([c["subject_ms"] for c in cold]),
+            "cold_raw_ms": spread([c["baseline_ms"] for c in cold]),
+            "cold_ratio": spread([c["subject_ms"] / c["baseline_ms"] for c in cold]),
+            "page_cache_dropped": dropped,
+        }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def render(r: dict[str, Any]) -> str:
+    w, c = r["warm_p50_ms"], r["cold_ms"]
+    return "\n".join(
+        [
+            f"{r['events']:,}-event task -> {r['steps']} steps, {r['key_nodes']} key nodes",
+            f"warm p50 {w['median']:.1f} ms ({w['min']:.1f}-{w['max']:.1f}), p99 "
+            f"{r['warm_p99_ms']['median']:.1f}; raw read {r['warm_raw_p50_ms']['median']:.1f} ms; "
+            f"decode {r['warm_load_p50_ms']['median']:.1f} ms; ratio {r['warm_ratio']['median']:.1f}",
+            f"cold {c['median']:.1f} ms ({c['min']:.1f}-{c['max']:.1f}); raw read "
+            f"{r['cold_raw_ms']['median']:.1f} ms; page cache dropped: {r['page_cache_dropped']}",
+        ]
+    )
+
+
+def _extra(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--reps", type=int, default=20, help="warm replays per run")
+    p.add_argument("--events", type=int, default=10_000)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        kind, db, task_id = sys.argv[2:5]
+        fn = _cold_child if kind == "subject" else _cold_raw_child
+        print(json.dumps(fn(db, task_id)))
+    else:
+        cli(__doc__ or "", run, render, _extra)

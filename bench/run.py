@@ -1,0 +1,348 @@
+"""Run every benchmark and write BENCHMARKS.md at the repository root.
+
+    python bench/run.py            # the full suite, under ~10 minutes on 2 cores
+    python bench/run.py --quick    # a smoke run, under a minute: fewer and shorter runs
+
+Each benchmark runs alone in its own process (so one cannot slow or warm another) and measures
+its subject beside a baseline in the same process, interleaved, over at least five runs
+(three with --quick); the table gives the median of the runs with their range, and the ratio
+to the baseline. Benchmarks owned by other modules (recall latency, retrieval quality, the MCP
+gateway, recording during a reflection) are run too when present, and their results included.
+Nothing here is a test: no number fails anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from _common import machine  # noqa: E402
+
+# (script, arguments for a full run, arguments for --quick)
+OURS = [
+    ("record_cost.py", [], ["--quick"]),
+    ("ingest.py", [], ["--quick"]),
+    (
+        "overload.py",
+        ["--events", "80000", "--bound", "10000", "--disk-delay", "0.2"],
+        ["--quick", "--bound", "10000", "--disk-delay", "0.2"],
+    ),
+    ("replay_speed.py", [], ["--quick", "--reps", "5"]),
+    ("storage.py", [], ["--quick"]),
+    ("memory.py", [], ["--quick"]),
+    ("reflect_speed.py", [], ["--quick"]),
+]
+THEIRS = [
+    ("recall_speed.py", [], ["--sizes", "1000,10000", "--queries", "300", "--runs", "3"]),
+    ("retrieval/run.py", [], []),
+    ("mcp_latency.py", [], ["--calls", "200"]),
+    ("reflection_inflight.py", [], ["--blocks", "5", "--calls", "500"]),
+]
+
+
+def _run(script: str, args: list[str]) -> tuple[dict[str, Any] | None, str, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(HERE / script), *args, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1800,
+    )
+    elapsed = time.perf_counter() - t0
+    out = proc.stdout.strip()
+    if proc.returncode != 0:
+        return None, (proc.stderr or out)[-2000:], elapsed
+    for candidate in (out, out.splitlines()[-1] if out else ""):
+        try:
+            return json.loads(candidate), "", elapsed
+        except json.JSONDecodeError:
+            continue
+    return None, out[-2000:], elapsed
+
+
+# -- formatting -----------------------------------------------------------------------------
+
+
+def _s(d: dict[str, float], fmt: str = "{:,.0f}", scale: float = 1.0) -> str:
+    """median (min-max) of a spread."""
+    return (
+        f"{fmt.format(d['median'] * scale)} "
+        f"({fmt.format(d['min'] * scale)}–{fmt.format(d['max'] * scale)})"
+    )
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def _record_rows(r: dict[str, Any]) -> list[str]:
+    ra, wire, otel = "record_action", "hs.record", "otel_span"
+    p50, p99 = r[f"{ra}_p50_ns"]["median"], r[f"{ra}_p99_ns"]["median"]
+    ratio = r[f"otel_over_{ra}_p50"]["median"]
+    return [
+        f"| record one ~{r['avg_body_bytes']:.0f} B tool call, `TaskRun.record_action` (ns/call, "
+        f"agent's thread, writer running) | p50 {_s(r[f'{ra}_p50_ns'])}<br>p99 "
+        f"{_s(r[f'{ra}_p99_ns'])} | OTel span, 5 attributes, BatchSpanProcessor: p50 "
+        f"{_s(r[f'{otel}_p50_ns'])}<br>p99 {_s(r[f'{otel}_p99_ns'])} | OTel/Hindsight p50 "
+        f"×{ratio:.1f}, p99 ×{r[f'otel_over_{ra}_p99']['median']:.1f} | p50 ≤ 1/10 of OTel: "
+        f"{_met(ratio >= 10)}; p50 ≤ 2 µs: {_met(p50 <= 2000)}; p99 ≤ 5 µs: {_met(p99 <= 5000)} |",
+        f"| the same through `hs.record(dict)` (wire format, dict built in the call) | p50 "
+        f"{_s(r[f'{wire}_p50_ns'])}<br>p99 {_s(r[f'{wire}_p99_ns'])} | (same OTel runs) | "
+        f"OTel/Hindsight p50 ×{r[f'otel_over_{wire}_p50']['median']:.1f} | p50 ≤ 2 µs: "
+        f"{_met(r[f'{wire}_p50_ns']['median'] <= 2000)}; p99 ≤ 5 µs: "
+        f"{_met(r[f'{wire}_p99_ns']['median'] <= 5000)} |",
+    ]
+
+
+def _ingest_rows(r: dict[str, Any]) -> list[str]:
+    s = r["subject_events_per_s"]
+    last = r["subject_last_run_events_per_s"]
+    busy_max = r["busy_pending_max"]["max"]
+    return [
+        f"| sustained ingest, {r['events_per_run']:,} mixed events per run (~"
+        f"{r['avg_body_bytes']:.0f} B body), first record → `flush()` (events/s); the store grows "
+        f"to {r['rows_at_end']:,} rows | {_s(s)}; last run (at "
+        f"{r['rows_at_end'] - r['events_per_run']:,}→{r['rows_at_end']:,} rows) {last:,.0f} | "
+        f"naive synchronous logger (orjson + executemany, no sanitizing): "
+        f"{_s(r['baseline_events_per_s'])} | ×{r['ratio_subject_over_baseline']['median']:.2f} | "
+        f"≥ 50k/s: {_met(s['median'] >= 50_000)}; ≥ 40k/s at 1M rows: {_met(last >= 40_000)} |",
+        f"| the same with the store insert proposed in `bench/_proposed.py` | "
+        f"{_s(r['proposed_events_per_s'])} | (same logger runs) | "
+        f"×{r['ratio_proposed_over_baseline']['median']:.2f} | (proposal) |",
+        f"| CPU-busy agent thread (~{r['busy_work_us']:.0f} µs of Python work per event, "
+        f"{r['busy_events']:,} events): accepted, not yet durable | max {busy_max:,.0f} "
+        f"(median of runs {r['busy_pending_max']['median']:,.0f}); {_s(r['busy_events_per_s'])} "
+        f"events/s | the same work without recording | agent's work ×"
+        f"{r['busy_agent_slowdown']['median']:.2f} slower | within two batches "
+        f"({2 * r['busy_batch_size']:,}): {_met(busy_max <= 2 * r['busy_batch_size'])} |",
+    ]
+
+
+def _overload_rows(r: dict[str, Any]) -> list[str]:
+    return [
+        f"| overload: {r['events']:,} ~1 KB events as fast as the agent can, disk "
+        f"{r['disk_delay_s']} s per 10k batch, queue bound {r['queue_bound']:,} | accepted "
+        f"{r['accepted_total']:,} = stored {r['rows_total']:,} + dead-letter "
+        f"{r['dead_letter_total']:,}; lost {r['lost_total']}; memory peak +"
+        f"{_s(r['peak_rss_mb'])} MB, growth over the second half of the events {_s(r['second_half_growth_mb'], '{:+.0f}')} MB"
+        f" | unbounded queue: peak +{_s(r['unbounded_peak_rss_mb'])} MB, second half "
+        f"{_s(r['unbounded_second_half_growth_mb'], '{:+.0f}')} MB | — | bound + policy, nothing "
+        f"lost silently: {_met(r['lost_total'] == 0)}; flat: "
+        f"{_met(r['second_half_growth_mb']['median'] <= 10)} |",
+    ]
+
+
+def _replay_rows(r: dict[str, Any]) -> list[str]:
+    cold = (
+        "page cache dropped"
+        if r["page_cache_dropped"]
+        else "new process + connection, file in OS cache"
+    )
+    w, c = r["warm_p50_ms"]["median"], r["cold_ms"]["median"]
+    return [
+        f"| replay a {r['events']:,}-event task into its chronicle, warm (ms) | p50 "
+        f"{_s(r['warm_p50_ms'], '{:.1f}')}<br>p99 {_s(r['warm_p99_ms'], '{:.1f}')} | raw SELECT of "
+        f"the rows: {_s(r['warm_raw_p50_ms'], '{:.1f}')} (decoding to events "
+        f"{r['warm_load_p50_ms']['median']:.1f}) | ×{r['warm_ratio']['median']:.1f} | p50 ≤ 50 ms: "
+        f"{_met(w <= 50)} |",
+        f"| replay, cold ({cold}) (ms) | {_s(r['cold_ms'], '{:.1f}')} | raw SELECT, cold: "
+        f"{_s(r['cold_raw_ms'], '{:.1f}')} | ×{r['cold_ratio']['median']:.1f} | ≤ 500 ms: "
+        f"{_met(c <= 500)} |",
+    ]
+
+
+def _storage_rows(r: dict[str, Any]) -> list[str]:
+    red = r["reduction_vs_full_context"]["median"]
+    return [
+        f"| storage ({r['tasks']} tasks × {r['steps_per_task']} steps) (bytes/event on disk) | "
+        f"{_s(r['hindsight_bytes_per_event'])} | full context per step: "
+        f"{_s(r['full_context_bytes_per_event'])}; raw uncut events: "
+        f"{_s(r['raw_bytes_per_event'])} | −{red:.1%} vs full context; "
+        f"{-r['reduction_vs_raw']['median']:+.1%} vs raw | 80% reduction: {_met(red >= 0.8)} |",
+    ]
+
+
+def _memory_rows(r: dict[str, Any]) -> list[str]:
+    if "skipped" in r:
+        return [f"| memory of a 100k-lesson book | skipped: {r['skipped']} | | | reported |"]
+    return [
+        f"| peak RSS, process holding {r['lessons']:,} lessons open for recall | "
+        f"{_s(r['peak_rss_mb'])} MB; {_s(r['bytes_per_lesson'])} B per lesson | the same process "
+        f"with an empty book: {_s(r['baseline_peak_rss_mb'])} MB; wire JSON "
+        f"{r['json_bytes_per_lesson']:,.0f} B/lesson | ×{r['ratio_to_json']['median']:.1f} the "
+        f"JSON | reported |",
+    ]
+
+
+def _reflect_rows(r: dict[str, Any]) -> list[str]:
+    if "skipped" in r:
+        return [f"| reflection throughput | skipped: {r['skipped']} | | | reported |"]
+    return [
+        f"| reflection throughput, offline reflector, 30-60-event tasks (tasks/s) | full review "
+        f"(replay + reflect + curate + save) {_s(r['full_review_tasks_per_s'])}; reflector alone "
+        f"{_s(r['reflector_only_tasks_per_s'])} | replay alone: "
+        f"{_s(r['replay_only_tasks_per_s'])} | — | reported |",
+    ]
+
+
+RENDER = {
+    "record_cost": _record_rows,
+    "ingest": _ingest_rows,
+    "overload": _overload_rows,
+    "replay_speed": _replay_rows,
+    "storage": _storage_rows,
+    "memory": _memory_rows,
+    "reflect_speed": _reflect_rows,
+}
+
+
+def _recall_table(r: dict[str, Any]) -> list[str]:
+    lines = [
+        "| lessons | recall p50 (ms) | recall p99 (ms) | brute-force vector p50 (ms) | "
+        "p50 ratio | target |",
+        "|---:|---:|---:|---:|---:|---|",
+    ]
+    for x in r.get("results", []):
+        n = x["lessons"]
+        p50, p99 = x["recall_p50_ms"]["median"], x["recall_p99_ms"]["median"]
+        target = {
+            10_000: f"p50 ≤ 1 ms: {_met(p50 <= 1)}; p99 ≤ 3 ms: {_met(p99 <= 3)}",
+            100_000: f"p50 ≤ 12 ms: {_met(p50 <= 12)}",
+        }.get(n, "")
+        lines.append(
+            f"| {n:,} | {_s(x['recall_p50_ms'], '{:.3f}')} | "
+            f"{_s(x['recall_p99_ms'], '{:.3f}')} | {_s(x['vector_p50_ms'], '{:.3f}')} | "
+            f"{x['p50_ratio_vs_vector']['median']:.2f} | {target} |"
+        )
+    return lines
+
+
+def _flat(obj: Any, prefix: str = "") -> list[str]:
+    """Any JSON result as `key: value` lines (for benchmarks whose format is their own)."""
+    if isinstance(obj, dict):
+        if {"median", "min", "max"} <= obj.keys():
+            return [f"- {prefix}: {obj['median']:.4g} ({obj['min']:.4g}–{obj['max']:.4g})"]
+        out = []
+        for k, v in obj.items():
+            out += _flat(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    if isinstance(obj, list) and len(obj) > 12:
+        return [f"- {prefix}: [{len(obj)} items]"]
+    if isinstance(obj, list):
+        out = []
+        for i, v in enumerate(obj):
+            out += _flat(v, f"{prefix}[{i}]")
+        return out
+    if isinstance(obj, float):
+        return [f"- {prefix}: {obj:.4g}"]
+    return [f"- {prefix}: {obj}"]
+
+
+NOTES = """\
+## What made the difference
+
+Profiled with py-spy (`py-spy record --threads --idle`) and cProfile before changing anything.
+
+- **Redaction was 80–300 µs per 1 KB event**, three quarters of the writer's time: the old
+  pre-check was one case-insensitive regex of ~25 alternatives, which Python's `re` tries at every
+  position. Now each secret pattern runs only when a cheap scan finds something all of its
+  matches must contain (a literal-prefixed regex, a `memchr`), and the `"key": "value"` pattern
+  only when a key names a secret (learned while sanitizing, cached per key). Same output as
+  running every pattern (fuzzed against the old patterns on 200k random events): ~3–4 µs.
+- **Sanitizing copied every event** (~13 µs for 1 KB): now dicts and lists are checked in place
+  and copied only from the first value that must change (~5–6 µs), one sanitizer per batch.
+- **Timestamps**: `strftime` per event (~2 µs) → the seconds part cached (~0.5 µs).
+- **Writing overlapped with preparing**: the store's statement runs in SQLite without the GIL, so
+  a committer thread writes batch N while the writer prepares batch N+1; at most two batches are
+  out of the queue, held as rows (compact), not as the agent's Python objects.
+- **Dead-letter spills** are written a thousand lines at a time (building a batch's lines at
+  once cost ~80 MB at the moment memory is tightest).
+
+Where the time still goes (ingest, per event, py-spy): the writer thread's Python work
+(sanitizing walk ~5 µs, redaction scans ~3–4 µs for ~600 B, row building ~2 µs) and the store's
+`INSERT … SELECT FROM json_each(?)`, whose JSON parse of every body (SQLite 3.40: no JSONB, no
+parse cache) costs ~25 µs per ~600 B row here; passing the bodies as one BLOB cut by offsets
+(`bench/_proposed.py`) halves it. Both run under one GIL shared with the agent's thread.
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run, under a minute")
+    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    args = parser.parse_args()
+    started = time.perf_counter()
+    m = machine()
+    rows: list[str] = []
+    sections: list[str] = []
+    timings: list[str] = []
+    for script, full, quick in OURS:
+        print(f"running {script} …", file=sys.stderr, flush=True)
+        result, err, secs = _run(script, quick if args.quick else full)
+        timings.append(f"{script} {secs:.0f} s")
+        if result is None:
+            rows.append(f"| {script} | failed: {err.splitlines()[-1] if err else '?'} | | | |")
+            continue
+        rows += RENDER[result["bench"]](result)
+    for script, full, quick in THEIRS:
+        if not (HERE / script).exists():
+            sections.append(f"### {script}\n\nnot present in this checkout.\n")
+            continue
+        if args.quick and script in (
+            "retrieval/run.py",
+            "mcp_latency.py",
+            "reflection_inflight.py",
+        ):
+            sections.append(f"### {script}\n\nskipped by --quick.\n")
+            continue
+        print(f"running {script} …", file=sys.stderr, flush=True)
+        result, err, secs = _run(script, quick if args.quick else full)
+        timings.append(f"{script} {secs:.0f} s")
+        if result is None:
+            sections.append(f"### {script}\n\nfailed:\n\n```\n{err}\n```\n")
+        elif script == "recall_speed.py":
+            sections.append(
+                "### Recall latency (`bench/recall_speed.py`), baseline: brute-force "
+                "vector search in the same run\n\n" + "\n".join(_recall_table(result)) + "\n"
+            )
+        else:
+            sections.append(f"### `bench/{script}`\n\n" + "\n".join(_flat(result)) + "\n")
+    total = time.perf_counter() - started
+    doc = [
+        "# Benchmarks",
+        "",
+        f"Written by `python bench/run.py{' --quick' if args.quick else ''}` on {m['date']}"
+        f"{' (quick: fewer, shorter runs; not the reference numbers)' if args.quick else ''}.",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB, {m['os']}, Python "
+        f"{m['python']}, SQLite {m['sqlite']}. Its speed drifts by 15–50% within minutes: each "
+        "figure is measured beside its baseline in the same process, interleaved, and the ratio "
+        "is the figure to compare across machines. Each cell: median over the runs (range "
+        "min–max); per-call times include the ~50–100 ns of the timer itself.",
+        "",
+        "| what | Hindsight | baseline, same run | ratio | target |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+        *sections,
+        NOTES,
+        f"Suite time {total:.0f} s ({', '.join(timings)}).",
+        "",
+    ]
+    Path(args.out).write_text("\n".join(doc), encoding="utf-8")
+    print(f"wrote {args.out} in {total:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
