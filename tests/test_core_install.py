@@ -30,7 +30,9 @@ _BLOCKER = textwrap.dedent(
 def _run(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", _BLOCKER + textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

@@ -34,8 +34,13 @@ def test_task_block_records_start_steps_and_end(hs: Hindsight) -> None:
         task.feedback("thanks", score=1)
     events = _events(hs, task.task_id)
     assert [e.type for e in events] == [
-        "task_start", "user_input", "llm_decision", "state_change", "action_executed",
-        "feedback", "task_end",
+        "task_start",
+        "user_input",
+        "llm_decision",
+        "state_change",
+        "action_executed",
+        "feedback",
+        "task_end",
     ]
     action = events[4]
     assert action.input == {"tool": "read_csv", "args": {"path": "sales.csv"}}
@@ -50,9 +55,12 @@ def test_task_block_records_start_steps_and_end(hs: Hindsight) -> None:
 
 
 def test_exception_in_action_is_recorded_and_reraised(hs: Hindsight) -> None:
-    with pytest.raises(ValueError, match="boom"), hs.task("t", recall=False) as task:
-        with task.action("parse", {"x": 1}):
-            raise ValueError("boom")
+    with (
+        pytest.raises(ValueError, match="boom"),
+        hs.task("t", recall=False) as task,
+        task.action("parse", {"x": 1}),
+    ):
+        raise ValueError("boom")
     events = _events(hs, task.task_id)
     action = next(e for e in events if e.type == "action_executed")
     assert action.result["status"] == "failed"
@@ -67,7 +75,9 @@ def test_explicit_fail_marks_task_failed(hs: Hindsight) -> None:
     with hs.task("t", recall=False) as task:
         task.fail("wrong output", expected=3)
     assert _events(hs, task.task_id)[-1].result == {
-        "status": "failed", "error_message": "wrong output", "expected": 3,
+        "status": "failed",
+        "error_message": "wrong output",
+        "expected": 3,
     }
 
 
@@ -101,15 +111,42 @@ def test_tool_decorator_sync_and_async(hs: Hindsight) -> None:
 
 def test_caller_timestamps_order_the_replay(hs: Hindsight) -> None:
     tid = "tsk_clock"
-    hs.record({"type": "task_start", "task_id": tid, "timestamp": "2024-11-20T14:32:00Z",
-               "task_type": "t"})
+    hs.record(
+        {
+            "type": "task_start",
+            "task_id": tid,
+            "timestamp": "2024-11-20T14:32:00Z",
+            "task_type": "t",
+        }
+    )
     # Sent out of order, as from two processes with their own clocks.
-    hs.record({"type": "user_input", "task_id": tid, "seq": 2,
-               "timestamp": "2024-11-20T14:32:10.500Z", "input": {"text": "second"}})
-    hs.record({"type": "user_input", "task_id": tid, "seq": 1,
-               "timestamp": "2024-11-20T14:32:10.500Z", "input": {"text": "first"}})
-    hs.record({"type": "user_input", "task_id": tid, "seq": 9,
-               "timestamp": "2024-11-20T14:32:05+00:00", "input": {"text": "zeroth"}})
+    hs.record(
+        {
+            "type": "user_input",
+            "task_id": tid,
+            "seq": 2,
+            "timestamp": "2024-11-20T14:32:10.500Z",
+            "input": {"text": "second"},
+        }
+    )
+    hs.record(
+        {
+            "type": "user_input",
+            "task_id": tid,
+            "seq": 1,
+            "timestamp": "2024-11-20T14:32:10.500Z",
+            "input": {"text": "first"},
+        }
+    )
+    hs.record(
+        {
+            "type": "user_input",
+            "task_id": tid,
+            "seq": 9,
+            "timestamp": "2024-11-20T14:32:05+00:00",
+            "input": {"text": "zeroth"},
+        }
+    )
     texts = [e.input["text"] for e in _events(hs, tid) if e.type == "user_input"]
     assert texts == ["zeroth", "first", "second"]
 
@@ -117,23 +154,31 @@ def test_caller_timestamps_order_the_replay(hs: Hindsight) -> None:
 def test_long_text_is_cut_and_secrets_redacted(db_path: Path) -> None:
     hs = Hindsight(db_path, background=False, max_text=100)
     try:
-        with hs.task("t", recall=False) as task, task.action(
-            "call_api",
-            {
-                "query": "x" * 10_000_000,
-                "api_key": "abc123secretvalue",
-                "headers": {"Authorization": "Bearer eyJhbGciOiJIUzI1NiJ9.payload.sig"},
-                "note": "use sk-proj-abcdefghijklmnopqrstuvwxyz0123 for OpenAI",
-                "dsn": "postgres://admin:hunter2@db.internal/app",
-                "password": "hunter2",
-            },
+        with (
+            hs.task("t", recall=False) as task,
+            task.action(
+                "call_api",
+                {
+                    "query": "x" * 10_000_000,
+                    "api_key": "abc123secretvalue",
+                    "headers": {"Authorization": "Bearer eyJhbGciOiJIUzI1NiJ9.payload.sig"},
+                    "note": "use sk-proj-abcdefghijklmnopqrstuvwxyz0123 for OpenAI",
+                    "dsn": "postgres://admin:hunter2@db.internal/app",
+                    "password": "hunter2",
+                },
+            ),
         ):
             pass
         action = next(e for e in _events(hs, task.task_id) if e.type == "action_executed")
         args = action.input["args"]
         assert len(args["query"]) < 200 and args["query"].startswith("x" * 100)
         raw = orjson.dumps(action.to_dict()).decode()
-        for secret in ("abc123secretvalue", "eyJhbGciOiJIUzI1NiJ9", "sk-proj-abcdefghij", "hunter2"):
+        for secret in (
+            "abc123secretvalue",
+            "eyJhbGciOiJIUzI1NiJ9",
+            "sk-proj-abcdefghij",
+            "hunter2",
+        ):
             assert secret not in raw
         assert args["api_key"] == "[REDACTED]"
         assert args["password"] == "[REDACTED]"
@@ -154,10 +199,20 @@ def test_bad_values_are_stored_with_warnings_never_raised(hs: Hindsight) -> None
     bad_utf8 = b"caf\xe9 \xff".decode("utf-8", "surrogateescape")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with hs.task("t", recall=False) as task, task.action(
-            "tool",
-            {"obj": Weird(), "nan": math.nan, "inf": -math.inf, "text": bad_utf8,
-             "bytes": b"\x00\xff", "set": {1}, 3: "int key"},
+        with (
+            hs.task("t", recall=False) as task,
+            task.action(
+                "tool",
+                {
+                    "obj": Weird(),
+                    "nan": math.nan,
+                    "inf": -math.inf,
+                    "text": bad_utf8,
+                    "bytes": b"\x00\xff",
+                    "set": {1},
+                    3: "int key",
+                },
+            ),
         ):
             pass
         hs.flush()
@@ -259,23 +314,44 @@ def test_overload_spills_to_dead_letter_and_loses_nothing(db_path: Path) -> None
 
 def test_import_jsonl_creates_tasks_and_reports_bad_lines(hs: Hindsight, tmp_path: Path) -> None:
     lines = [
-        {"type": "task_start", "task_id": "tsk_a", "task_type": "weather", "goal": "天气",
-         "tools": ["get_weather"], "timestamp": "2024-11-20T14:32:00Z"},
-        {"type": "action_executed", "task_id": "tsk_a", "timestamp": "2024-11-20T14:32:01Z",
-         "input": {"tool": "get_weather", "args": {"city": "北京"}},
-         "result": {"status": "succeeded"}},
-        {"type": "task_end", "task_id": "tsk_a", "timestamp": "2024-11-20T14:32:02Z",
-         "result": {"status": "succeeded"}},
+        {
+            "type": "task_start",
+            "task_id": "tsk_a",
+            "task_type": "weather",
+            "goal": "天气",
+            "tools": ["get_weather"],
+            "timestamp": "2024-11-20T14:32:00Z",
+        },
+        {
+            "type": "action_executed",
+            "task_id": "tsk_a",
+            "timestamp": "2024-11-20T14:32:01Z",
+            "input": {"tool": "get_weather", "args": {"city": "北京"}},
+            "result": {"status": "succeeded"},
+        },
+        {
+            "type": "task_end",
+            "task_id": "tsk_a",
+            "timestamp": "2024-11-20T14:32:02Z",
+            "result": {"status": "succeeded"},
+        },
         {"type": "task_start", "task_id": "tsk_b", "task_type": "flight"},
     ]
     path = tmp_path / "events.jsonl"
-    path.write_bytes(b"\n".join(orjson.dumps(x) for x in lines) + b"\n{broken\n" + b'{"type": "x"}\n')
+    path.write_bytes(
+        b"\n".join(orjson.dumps(x) for x in lines) + b"\n{broken\n" + b'{"type": "x"}\n'
+    )
     accepted, problems = hs.import_jsonl(path)
     assert accepted == 4
     assert len(problems) == 2 and problems[0].startswith("line 5")
     task = hs.store.get_task("tsk_a")
     assert task is not None
-    assert (task.task_type, task.goal, task.status, task.event_count) == ("weather", "天气", "succeeded", 3)
+    assert (task.task_type, task.goal, task.status, task.event_count) == (
+        "weather",
+        "天气",
+        "succeeded",
+        3,
+    )
     assert hs.store.get_task("tsk_b").status == "running"
 
 
@@ -298,7 +374,9 @@ def test_sigkill_right_after_flush_loses_nothing(db_path: Path) -> None:
     n = 20_000
     proc = subprocess.run(
         [sys.executable, "-c", _KILL_SCRIPT, str(db_path), str(n)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert "flushed" in proc.stdout
@@ -306,7 +384,9 @@ def test_sigkill_right_after_flush_loses_nothing(db_path: Path) -> None:
     try:
         events = hs.store.events("tsk_kill")
         assert len(events) == n + 2
-        assert sorted(e.input["args"]["i"] for e in events if e.type == "action_executed") == list(range(n))
+        assert sorted(e.input["args"]["i"] for e in events if e.type == "action_executed") == list(
+            range(n)
+        )
     finally:
         hs.close()
 
@@ -335,6 +415,7 @@ def test_recording_from_many_threads(hs: Hindsight) -> None:
     import threading
 
     with hs.task("t", recall=False) as task:
+
         def work(k: int) -> None:
             for i in range(2000):
                 task.record_action("tool", {"k": k, "i": i})
@@ -353,7 +434,11 @@ def test_events_survive_reopen(db_path: Path) -> None:
     with Hindsight(db_path, background=False) as hs, hs.task("t", recall=False) as task:
         task.user_input("persist me")
     with Hindsight(db_path, background=False) as hs2:
-        assert [e.type for e in hs2.store.events(task.task_id)] == ["task_start", "user_input", "task_end"]
+        assert [e.type for e in hs2.store.events(task.task_id)] == [
+            "task_start",
+            "user_input",
+            "task_end",
+        ]
 
 
 def test_procedural_tools_can_be_skipped(db_path: Path) -> None:
@@ -365,4 +450,6 @@ def test_procedural_tools_can_be_skipped(db_path: Path) -> None:
                 task.record_action("poll_status", {"job": 1})
             task.record_action("download", {"job": 1})
         hs.flush()
-        assert [e.action for e in hs.store.events(task.task_id) if e.type == "action_executed"] == ["download"]
+        assert [e.action for e in hs.store.events(task.task_id) if e.type == "action_executed"] == [
+            "download"
+        ]

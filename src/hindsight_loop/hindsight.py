@@ -25,6 +25,7 @@ import orjson
 
 from hindsight_loop.embed import lesson_text
 from hindsight_loop.models import (
+    EVENT_BODY_FIELDS,
     EVENT_TYPES,
     Chronicle,
     Lesson,
@@ -224,26 +225,37 @@ class Hindsight:
         A refused event (not an object, unknown type, no task id) is written to the
         dead-letter file with the reason and a warning; it never raises.
         """
-        problem = _check_wire_event(event)
-        if problem:
-            warn(f"event refused: {problem}; kept in {self.recorder.dead_letter}")
-            self._keep_refused(event, problem)
-            return False
-        payload = {
-            k: v
-            for k, v in event.items()
-            if k not in ("event_id", "task_id", "seq", "timestamp", "type")
-        }
-        seq = event.get("seq")
+        # One pass that checks and splits the event: this runs on the agent's thread.
+        try:
+            payload = event.copy()
+            task_id = payload.pop("task_id", None)
+            etype = payload.pop("type", None)
+            event_id = payload.pop("event_id", None)
+            seq = payload.pop("seq", None)
+            timestamp = payload.pop("timestamp", None)
+        except (AttributeError, TypeError):
+            return self._refuse(event)
+        if etype not in EVENT_TYPES or not isinstance(task_id, str) or not task_id:
+            return self._refuse(event)
+        for name in EVENT_BODY_FIELDS:
+            value = payload.get(name)
+            if value is not None and not isinstance(value, dict):
+                return self._refuse(event)
         self.recorder.emit(
-            event["task_id"],
-            event["type"],
+            task_id,
+            etype,
             payload,
-            timestamp=event.get("timestamp"),
-            event_id=event.get("event_id") if isinstance(event.get("event_id"), str) else None,
-            seq=seq if isinstance(seq, int) and not isinstance(seq, bool) else None,
+            timestamp=timestamp,
+            event_id=event_id if isinstance(event_id, str) else None,
+            seq=seq if type(seq) is int else None,  # not a bool
         )
         return True
+
+    def _refuse(self, event: Any) -> bool:
+        problem = _check_wire_event(event) or "not a valid event"
+        warn(f"event refused: {problem}; kept in {self.recorder.dead_letter}")
+        self._keep_refused(event, problem)
+        return False
 
     def _keep_refused(self, event: Any, problem: str) -> None:
         try:

@@ -10,6 +10,7 @@ database, so nothing accepted is lost silently.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import queue
@@ -31,7 +32,7 @@ from hindsight_loop.models import EVENT_BODY_FIELDS, new_id, parse_ts
 log = logging.getLogger("hindsight_loop")
 
 DEFAULT_MAX_TEXT = 500
-DEFAULT_QUEUE_BOUND = 200_000
+DEFAULT_QUEUE_BOUND = 50_000
 BATCH_SIZE = 10_000
 
 
@@ -42,10 +43,9 @@ class HindsightWarning(UserWarning):
 def warn(message: str) -> None:
     """Warn without ever raising into the caller (even when warnings are turned into errors)."""
     log.debug(message)
-    try:
+    # A warnings filter set to "error" must not break the agent.
+    with contextlib.suppress(Exception):
         warnings.warn(message, HindsightWarning, stacklevel=3)
-    except Exception:  # noqa: BLE001 - a warnings filter set to "error" must not break the agent
-        pass
 
 
 # -- secrets ----------------------------------------------------------------------------------
@@ -64,8 +64,14 @@ _SECRET_PATTERNS: list[tuple[re.Pattern[bytes], bytes]] = [
     (re.compile(rb"(?i)(bearer|basic)\s+[A-Za-z0-9._~+/\-]{8,}=*"), rb"\1 [REDACTED]"),
     (re.compile(rb"\b(sk|pk|rk)-(?:[A-Za-z0-9_\-]{2,}-)?[A-Za-z0-9_\-]{16,}"), b"[REDACTED]"),
     (re.compile(rb"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), b"[REDACTED]"),
-    (re.compile(rb"\b(?:ghp|gho|ghs|ghu|github_pat|xox[abpr]|glpat)[_\-][A-Za-z0-9_\-]{16,}"), b"[REDACTED]"),
-    (re.compile(rb"(?i)((?:password|passwd|pwd|api_key|apikey|token|secret)=)[^\s&\"']+"), rb"\1[REDACTED]"),
+    (
+        re.compile(rb"\b(?:ghp|gho|ghs|ghu|github_pat|xox[abpr]|glpat)[_\-][A-Za-z0-9_\-]{16,}"),
+        b"[REDACTED]",
+    ),
+    (
+        re.compile(rb"(?i)((?:password|passwd|pwd|api_key|apikey|token|secret)=)[^\s&\"']+"),
+        rb"\1[REDACTED]",
+    ),
     (re.compile(rb"(://[^/\s:@\"]+:)[^@\s/\"]+@"), rb"\1[REDACTED]@"),
 ]
 # Running every pattern (or the single pre-check this module used to run) over every event cost
@@ -126,6 +132,7 @@ def _names_secret(key: str) -> bool:
 
 
 # -- sanitizing -------------------------------------------------------------------------------
+
 
 class _Sanitizer:
     """Makes any Python value storable JSON, cutting long text; collects what it had to change."""
@@ -333,8 +340,16 @@ class Recorder:
         q = self._queue
         if len(q) >= self.queue_bound:
             self._overload()
-        q.append((task_id, own if seq is None else seq, timestamp or time.time_ns(), etype,
-                  payload, event_id))
+        q.append(
+            (
+                task_id,
+                own if seq is None else seq,
+                timestamp or time.time_ns(),
+                etype,
+                payload,
+                event_id,
+            )
+        )
         return own
 
     def _overload(self) -> None:
@@ -485,8 +500,13 @@ class Recorder:
     def _dead_letter_raw(self, items: list[Item], reason: str) -> None:
         lines = (
             orjson.dumps(
-                {"task_id": i[0], "seq": i[1], "type": i[3], "repr": repr(i[4])[:10_000],
-                 "_dead_letter_reason": reason}
+                {
+                    "task_id": i[0],
+                    "seq": i[1],
+                    "type": i[3],
+                    "repr": repr(i[4])[:10_000],
+                    "_dead_letter_reason": reason,
+                }
             )
             for i in items
         )
@@ -513,7 +533,9 @@ class Recorder:
             warn(f"{written} events written to {self.dead_letter} ({reason})")
         except OSError as exc:
             self.stats["dead_lettered"] += written
-            log.error("hindsight: LOST events after %d: %s; dead-letter failed: %s", written, reason, exc)
+            log.error(
+                "hindsight: LOST events after %d: %s; dead-letter failed: %s", written, reason, exc
+            )
 
     # -- control ---------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
