@@ -336,11 +336,15 @@ class Hindsight:
         return self.recorder.flush(timeout)
 
     # -- writer hook: triggers ---------------------------------------------------------------
-    def _on_batch(self, rows: list[Row]) -> None:
-        """Runs in the writer thread after a batch is durable: task ends and anomalies."""
+    def _on_batch(self, rows: list[Row], payloads: list[Any]) -> None:
+        """Runs in the committer thread after a batch is durable: task ends and anomalies.
+
+        ``payloads`` holds the sanitized payload of each watched event (else None), so the
+        anomaly rules need not parse the JSON they were just made from.
+        """
         queued = False
         counts = self._counts
-        for event_id, task_id, seq, ts, etype, body in rows:
+        for i, (event_id, task_id, seq, ts, etype, body) in enumerate(rows):
             position = counts.get(task_id, 0)
             counts[task_id] = position + 1
             if etype == "action_executed" and b'"status":"failed"' in body:
@@ -351,7 +355,10 @@ class Hindsight:
                     per_task.pop(task_id, None)
                 self._had_failure.discard(task_id)
             elif self.triggers and etype in ("action_executed", "feedback", "user_input"):
-                queued |= self._watch(task_id, etype, body, event_id, seq, ts, position)
+                data = payloads[i] if i < len(payloads) else None
+                if data is None:
+                    data = orjson.loads(body)
+                queued |= self._watch(task_id, etype, data, event_id, seq, ts, position)
         if queued:
             self._work.set()
 
@@ -376,7 +383,7 @@ class Hindsight:
         self,
         task_id: str,
         etype: str,
-        body: bytes,
+        data: dict[str, Any],
         event_id: str,
         seq: int,
         ts: str,
@@ -391,7 +398,6 @@ class Hindsight:
             self._positions[task_id] = []
         positions = self._positions[task_id]
         positions.append(position)
-        data = orjson.loads(body)
         event = Event(
             event_id=event_id,
             task_id=task_id,

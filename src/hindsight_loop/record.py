@@ -282,7 +282,11 @@ Row = tuple[str, str, int, str, str, bytes]
 # A batch on its way to the store: how many events, their rows, and, if they could not be
 # prepared, the raw items and why. The items themselves are not kept once prepared: as Python
 # objects an event takes ~4x the memory of its row.
-_Batch = tuple[int, list[Row] | None, list[Item] | None, str]
+# (items, rows, raw items if they could not be prepared, the problem, sanitized payloads)
+_Batch = tuple[int, list[Row] | None, list[Item] | None, str, list[Any]]
+#: Event types whose sanitized payload is handed to ``on_batch`` (the live anomaly rules read
+#: them), so the hook does not parse the JSON it was just made from.
+WATCHED_TYPES = frozenset({"action_executed", "feedback", "user_input"})
 
 
 class Recorder:
@@ -295,7 +299,7 @@ class Recorder:
         dead_letter: str | Path,
         max_text: int = DEFAULT_MAX_TEXT,
         queue_bound: int = DEFAULT_QUEUE_BOUND,
-        on_batch: Callable[[list[Row]], None] | None = None,
+        on_batch: Callable[[list[Row], list[Any]], None] | None = None,
         block_seconds: float = 0.5,
     ) -> None:
         self._write = write
@@ -391,16 +395,25 @@ class Recorder:
             self._stamp = (secs, prefix)
         return f"{prefix}.{rem // 1_000_000:03d}Z"
 
-    def _row(self, item: Item, sanitizer: _Sanitizer | None = None) -> Row:
+    def _row(
+        self, item: Item, sanitizer: _Sanitizer | None = None, keep: list[Any] | None = None
+    ) -> Row:
+        """Turn a queued item into a row; with ``keep``, also collect its sanitized payload
+        (not redacted: only for the in-process hook, never stored)."""
         task_id, seq, ts, etype, payload, event_id = item
         if sanitizer is None:
             sanitizer = _Sanitizer(self.max_text)
         else:
             sanitizer.reset()
+        clean = None
         try:
-            body = orjson.dumps(sanitizer.value(payload))
+            clean = sanitizer.value(payload)
+            body = orjson.dumps(clean)
         except Exception as exc:  # noqa: BLE001 - never lose the event for its content
+            clean = None
             body = orjson.dumps({"unserializable": sanitizer.text(repr(exc))})
+        if keep is not None:
+            keep.append(clean if etype in WATCHED_TYPES else None)
         body = redact(body, secret_key=sanitizer.secret_key)
         if isinstance(ts, int) and ts > 10**17:
             stamp = self._iso(ts)
@@ -447,11 +460,13 @@ class Recorder:
                     self._in_flight += len(items)
                 try:
                     sanitizer = _Sanitizer(self.max_text)
-                    rows = [self._row(item, sanitizer) for item in items]
-                    batch: _Batch = (len(items), rows, None, "")
+                    cleans: list[Any] = []
+                    keep = cleans if self._on_batch is not None else None
+                    rows = [self._row(item, sanitizer, keep) for item in items]
+                    batch: _Batch = (len(items), rows, None, "", cleans)
                 except Exception as exc:  # noqa: BLE001 - keep the writer alive whatever happens
                     log.exception("hindsight: could not prepare a batch")
-                    batch = (len(items), None, items, f"could not prepare: {exc!r}")
+                    batch = (len(items), None, items, f"could not prepare: {exc!r}", [])
                 del items
                 self._commits.put(batch)
         finally:
@@ -461,7 +476,7 @@ class Recorder:
         """Write prepared batches in order; what the store refuses goes to the dead letter."""
         while (batch := self._commits.get()) is not None:
             self._commits.task_done()  # taken: the writer may prepare the next batch
-            n, rows, raw, problem = batch
+            n, rows, raw, problem, cleans = batch
             del batch
             if raw is not None:
                 self._dead_letter_raw(raw, problem)
@@ -481,10 +496,10 @@ class Recorder:
                 else:
                     if self._on_batch is not None:
                         try:
-                            self._on_batch(rows)
+                            self._on_batch(rows, cleans)
                         except Exception:  # noqa: BLE001
                             log.exception("hindsight: batch hook failed")
-            del rows, raw
+            del rows, raw, cleans
             with self._cond:
                 self._in_flight -= n
                 self._done += n

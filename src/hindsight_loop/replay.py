@@ -103,8 +103,11 @@ _COMPLAINT = re.compile(
     "|".join(
         (
             # English
-            r"(?<!nothing )(?<!nothing is )(?<!nothing's )(?<!nothing went )(?<!not )"
-            r"(?<!isn't )(?<!anything )(?<!anything go )(?<!can't go )\bwrong\b",
+            # Look-behinds sit after the word they guard, so they run only where it matched
+            # (before it, they ran at every position: ~70 us on a 150-character text).
+            r"\bwrong\b(?<!nothing wrong)(?<!nothing is wrong)(?<!nothing's wrong)"
+            r"(?<!nothing went wrong)(?<!not wrong)(?<!isn't wrong)(?<!anything wrong)"
+            r"(?<!anything go wrong)(?<!can't go wrong)",
             r"\bnot what i (?:asked|wanted|meant|said|need)",
             r"\bagain\s*[?？!！]",
             r"\bnot (?:working|helpful|right|correct)\b",
@@ -116,15 +119,15 @@ _COMPLAINT = re.compile(
             r"\bwaste of time\b",
             r"\bthat'?s not (?:it|right|what)\b",
             # Chinese
-            r"(?<![不没])错了",
-            r"(?<!对)不对",
+            r"错了(?<![不没]错了)",
+            r"不对(?<!对不对)",
             r"不是我(?:要|想要)的",
             r"没用(?![过到上])",
             r"怎么又",
             r"又(?:错|失败|不|是这|来|搞|弄|出错|报错|卡)",
             r"还是不(?:行|对)",
-            r"(?<!行)不行",
-            r"(?<!没)[搞弄]错",
+            r"不行(?<!行不行)",
+            r"[搞弄]错(?<!没[搞弄]错)",
             r"答非所问|不满意|浪费时间|白费|垃圾|没听懂|说过了",
         )
     ),
