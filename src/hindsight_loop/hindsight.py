@@ -225,27 +225,26 @@ class Hindsight:
         A refused event (not an object, unknown type, no task id) is written to the
         dead-letter file with the reason and a warning; it never raises.
         """
-        # One pass that checks and splits the event: this runs on the agent's thread.
+        # Checked without copying: this runs on the agent's thread. The writer leaves the
+        # scalar fields (task_id, type, …) out of the stored body.
         try:
-            payload = event.copy()
-            task_id = payload.pop("task_id", None)
-            etype = payload.pop("type", None)
-            event_id = payload.pop("event_id", None)
-            seq = payload.pop("seq", None)
-            timestamp = payload.pop("timestamp", None)
-        except (AttributeError, TypeError):
+            task_id = event.get("task_id")
+            etype = event.get("type")
+        except AttributeError:
             return self._refuse(event)
         if etype not in EVENT_TYPES or not isinstance(task_id, str) or not task_id:
             return self._refuse(event)
         for name in EVENT_BODY_FIELDS:
-            value = payload.get(name)
+            value = event.get(name)
             if value is not None and not isinstance(value, dict):
                 return self._refuse(event)
+        event_id = event.get("event_id")
+        seq = event.get("seq")
         self.recorder.emit(
             task_id,
             etype,
-            payload,
-            timestamp=timestamp,
+            event,
+            timestamp=event.get("timestamp"),
             event_id=event_id if isinstance(event_id, str) else None,
             seq=seq if type(seq) is int else None,  # not a bool
         )

@@ -284,6 +284,8 @@ Row = tuple[str, str, int, str, str, bytes]
 # objects an event takes ~4x the memory of its row.
 # (items, rows, raw items if they could not be prepared, the problem, sanitized payloads)
 _Batch = tuple[int, list[Row] | None, list[Item] | None, str, list[Any]]
+#: Top-level fields of a wire-format event stored in their own columns, not in the body.
+WIRE_SCALARS = frozenset({"event_id", "task_id", "seq", "timestamp", "type"})
 #: Event types whose sanitized payload is handed to ``on_batch`` (the live anomaly rules read
 #: them), so the hook does not parse the JSON it was just made from.
 WATCHED_TYPES = frozenset({"action_executed", "feedback", "user_input"})
@@ -408,6 +410,9 @@ class Recorder:
         clean = None
         try:
             clean = sanitizer.value(payload)
+            if "type" in clean or "task_id" in clean:
+                # A wire-format event handed over whole: its scalars are columns, not body.
+                clean = {k: v for k, v in clean.items() if k not in WIRE_SCALARS}
             body = orjson.dumps(clean)
         except Exception as exc:  # noqa: BLE001 - never lose the event for its content
             clean = None
