@@ -102,7 +102,7 @@ def test_import_reports_every_bad_line_and_imports_nothing(db_path: Path, tmp_pa
     assert "line 6: invalid scope 'team:data': use 'global', 'project:NAME' or 'user:NAME'" in out
     assert "line 7: unknown field 'tool' (did you mean 'tools'?)" in out
     assert "nothing imported" in out and "fix the 4 line(s) above" in out
-    assert run_json("lessons", "list", "--db", str(db_path)) == []
+    assert not db_path.exists()  # nothing imported: not even an empty store was made
 
 
 def test_import_of_a_missing_file_says_so(db_path: Path, tmp_path: Path) -> None:
@@ -204,6 +204,7 @@ def test_expire_by_id_and_when_due(db_path: Path, seeded: dict[str, str]) -> Non
 
 def test_review_lists_conflicts_and_suspect_and_harmful(db_path: Path, tmp_path: Path) -> None:
     db = str(db_path)
+    Hindsight(db_path, background=False).close()  # an empty store
     assert "Nothing needs review." in run("lessons", "review", "--db", db)
     rows = [
         {"task_type": "csv_cleaning", "advice": "Use utf-8-sig encoding when reading CSV files."},
@@ -301,6 +302,10 @@ def test_export_markdown_and_jsonl_and_import_them_back(
 
 def test_empty_book(db_path: Path) -> None:
     db = str(db_path)
+    # A mistyped --db is an error that says how to fix it, not an empty book.
+    assert "no store at" in run("lessons", "list", "--db", db, code=1)
+    assert not db_path.exists()
+    Hindsight(db_path, background=False).close()
     assert "No lessons yet" in run("lessons", "list", "--db", db)
     assert "No lessons match." in run("lessons", "list", "--db", db, "--status", "active")
     assert "_No lessons._" in run("lessons", "export", "--db", db)

@@ -112,3 +112,13 @@ def test_every_command_has_help() -> None:
     for command in ("tasks", "replay", "reflect", "reflections", "import", "worker"):
         assert command in out
         assert _run(command, "--help").strip()
+
+
+def test_bad_store_paths_get_an_error_not_a_traceback(tmp_path: Path) -> None:
+    not_db = tmp_path / "notes.txt"
+    not_db.write_text("hello, not a database\n" * 100)
+    for db in (str(not_db), "postgresql://x/y", str(tmp_path / "missing" / "x.db")):
+        result = runner.invoke(app, ["tasks", "--db", db])
+        assert result.exit_code == 1, result.output
+        assert "Error:" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "missing").exists()

@@ -264,3 +264,32 @@ def test_a_large_book_is_reindexed_in_the_background_and_never_serves_a_rejected
         time.sleep(0.01)
     assert hs._index_version == hs.store.book_version()
     assert hs.recall(**query) == []
+
+
+def test_run_task_with_feedback_reviews_a_runner_that_raised(hs: Hindsight) -> None:
+    import pytest
+
+    def runner(task_input, emit):
+        emit({"type": "action_executed", "input": {"tool": "x"}, "result": {"status": "failed"}})
+        raise RuntimeError("agent crashed")
+
+    with pytest.raises(RuntimeError, match="agent crashed"):
+        hs.run_task_with_feedback("t", runner, "do it")
+    [task] = hs.store.list_tasks()
+    assert task.status == "failed"
+    assert hs.store.reflections(task.task_id)  # reviewed after task_end was recorded
+    assert hs.store.pending_reviews() == 0
+
+
+def test_a_tool_name_given_as_a_string_is_one_tool(hs: Hindsight) -> None:
+    import pytest
+
+    from hindsight_loop import HindsightWarning
+
+    with (
+        pytest.warns(HindsightWarning, match="one tool"),
+        hs.task("t", tools="read_csv", recall=False) as task,
+    ):
+        pass
+    hs.flush()
+    assert hs.store.get_task(task.task_id).tools == ["read_csv"]

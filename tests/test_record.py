@@ -453,3 +453,99 @@ def test_procedural_tools_can_be_skipped(db_path: Path) -> None:
         assert [e.action for e in hs.store.events(task.task_id) if e.type == "action_executed"] == [
             "download"
         ]
+
+
+@pytest.mark.parametrize(
+    ("value", "secret"),
+    [
+        ({"db.password": "hunter2"}, "hunter2"),
+        ({"password2": "hunter2"}, "hunter2"),
+        ({"API Key": "hunter2key"}, "hunter2key"),
+        ({"pin_password": 918273}, "918273"),
+        ({"tokens": ["tok_aaaaaaaa", "tok_bbbbbbbb"]}, "tok_a"),
+        ({"code": 'connect(password="hunter2")'}, "hunter2"),
+        ({"note": "password: hunter2"}, "hunter2"),
+        ({"headers": "X-Api-Key: hunter2key"}, "hunter2key"),
+        ({"repr": "User(name='a', password='hunter2')"}, "hunter2"),
+        ({"text": "我的密码是 hunter2"}, "hunter2"),
+        ({"text": "密码：hunter2"}, "hunter2"),
+        (
+            {"pem": "-----BEGIN RSA PRIVATE KEY-----\nMIIabc\n-----END RSA PRIVATE KEY-----"},
+            "MIIabc",
+        ),
+        ({"url": "https://x.io/cb?token=hunter2&next=1"}, "hunter2"),
+    ],
+)
+def test_secret_shapes_are_redacted(hs: Hindsight, value: dict, secret: str) -> None:
+    with hs.task("t", recall=False) as task:
+        task.record_action("tool", value)
+    raw = orjson.dumps([e.to_dict() for e in _events(hs, task.task_id)]).decode()
+    assert secret not in raw
+    assert "REDACTED" in raw
+
+
+def test_clean_text_is_left_alone(hs: Hindsight) -> None:
+    args = {"path": "/data/tokens.csv", "text": "Reset your password in settings", "k": "keyboard"}
+    with hs.task("t", recall=False) as task:
+        task.record_action("tool", args)
+    action = next(e for e in _events(hs, task.task_id) if e.type == "action_executed")
+    assert action.input["args"] == args
+
+
+def test_huge_integers_and_seq_never_kill_the_writer(hs: Hindsight) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HindsightWarning)
+        with hs.task("t", recall=False) as task:
+            task.record_action("tool", {"rows": 2**70})
+            hs.record(
+                {
+                    "type": "user_input",
+                    "task_id": task.task_id,
+                    "seq": 2**70,
+                    "input": {"text": "after"},
+                }
+            )
+        assert hs.flush(timeout=10)
+    events = hs.store.events(task.task_id)
+    action = next(e for e in events if e.type == "action_executed")
+    assert action.input["args"]["rows"] == str(2**70)
+    assert [e.input["text"] for e in events if e.type == "user_input"] == ["after"]
+
+
+def test_a_reused_dict_does_not_rewrite_earlier_events(hs: Hindsight) -> None:
+    with hs.task("t", recall=False, task_id="tsk_reuse") as task:
+        args = {"encoding": "utf-8"}
+        with task.action("read_csv", args):
+            pass
+        args["encoding"] = "gbk"
+        event = {"type": "user_input", "task_id": "tsk_reuse", "input": {"text": "one"}}
+        hs.record(event)
+        event["input"] = {"text": "two"}
+        hs.record(event)
+    events = _events(hs, "tsk_reuse")
+    assert next(e for e in events if e.type == "action_executed").input["args"] == {
+        "encoding": "utf-8"
+    }
+    assert [e.input["text"] for e in events if e.type == "user_input"] == ["one", "two"]
+
+
+def test_events_after_close_are_kept_in_the_dead_letter(db_path: Path) -> None:
+    hs = Hindsight(db_path, background=False)
+    hs.close()
+    with pytest.warns(HindsightWarning, match="after close"):
+        hs.record({"type": "user_input", "task_id": "t", "input": {"text": "late"}})
+    [line] = hs.recorder.dead_letter.read_bytes().splitlines()
+    assert orjson.loads(line)["input"] == {"text": "late"}
+
+
+def test_epoch_milliseconds_are_read_as_such(hs: Hindsight) -> None:
+    hs.record(
+        {"type": "task_start", "task_id": "tsk_ms", "task_type": "t", "timestamp": 1732084333000}
+    )
+    [event] = _events(hs, "tsk_ms")
+    assert event.timestamp == "2024-11-20T06:32:13.000Z"
+
+
+def test_in_memory_store_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError, match="hindsight.db"):
+        Hindsight(":memory:")

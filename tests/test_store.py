@@ -108,3 +108,19 @@ def test_reflections_roundtrip(db_path: Path) -> None:
         assert store.reflections("tsk_1") == [r]
     finally:
         store.close()
+
+
+def test_a_review_left_running_by_a_dead_worker_is_taken_back(db_path: Path) -> None:
+    dead, alive = SQLiteStore(db_path), SQLiteStore(db_path)
+    try:
+        dead.upsert_task(Task(task_id="tsk_1", task_type="t"))
+        job_id = dead.enqueue_review("tsk_1")
+        assert dead.claim_review().job_id == job_id  # ...and then its process dies
+        assert alive.pending_reviews(mine=True) == 0  # not ours to wait for
+        assert alive.claim_review() is None  # still within its lease
+        taken = alive.claim_review(lease=0.0)
+        assert taken is not None and taken.job_id == job_id and taken.attempts == 2
+        assert alive.pending_reviews(mine=True) == 1
+    finally:
+        dead.close()
+        alive.close()

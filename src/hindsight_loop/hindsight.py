@@ -98,6 +98,11 @@ class Hindsight:
         queue_bound: int | None = None,
         skip_tools: Sequence[str] = (),
     ) -> None:
+        if str(db) == ":memory:" or str(db).startswith("file::memory:"):
+            raise ValueError(
+                "Hindsight needs a file: each thread opens its own connection, and an in-memory "
+                "SQLite database is private to one; pass a path such as 'hindsight.db'"
+            )
         self.store: Store = open_store(str(db))
         self.skip_tools = frozenset(skip_tools)
         self.review_min_events = review_min_events
@@ -206,6 +211,7 @@ class Hindsight:
         from hindsight_loop.lessons import check_scope
 
         scope = check_scope(scope)
+        tools = _tool_list(tools)
         return TaskRun(
             self,
             task_type=task_type,
@@ -240,13 +246,17 @@ class Hindsight:
                 return self._refuse(event)
         event_id = event.get("event_id")
         seq = event.get("seq")
+        # The writer reads the event a few milliseconds later: copy the two levels callers
+        # reuse (the event and its body objects) so a dict refilled for the next call cannot
+        # rewrite this one. Deeper values are taken as they are then.
+        payload = {k: (v.copy() if type(v) is dict else v) for k, v in event.items()}
         self.recorder.emit(
             task_id,
             etype,
-            event,
+            payload,
             timestamp=event.get("timestamp"),
             event_id=event_id if isinstance(event_id, str) else None,
-            seq=seq if type(seq) is int else None,  # not a bool
+            seq=seq if type(seq) is int and -(2**63) <= seq < 2**63 else None,  # not a bool
         )
         return True
 
@@ -276,6 +286,8 @@ class Hindsight:
         accepted, problems = 0, []
         with open(path, "rb") as fh:
             for lineno, raw in enumerate(fh, 1):
+                if lineno == 1:
+                    raw = raw.removeprefix(b"\xef\xbb\xbf")  # a BOM from Windows tools
                 if not raw.strip():
                     continue
                 try:
@@ -596,7 +608,7 @@ class Hindsight:
 
         q = RecallQuery(
             task_type=task_type,
-            tools=list(tools),
+            tools=_tool_list(tools),
             query=query,
             intent=intent,
             scope=scope,
@@ -674,27 +686,29 @@ class Hindsight:
         the task failed; the exception is re-raised after the review is stored.
         """
         text_goal = goal if goal is not None else _goal_text(task_input)
-        with self.task(task_type, goal=text_goal, tools=tools, scope=scope, intent=intent) as task:
-            if isinstance(task_input, dict) and isinstance(task_input.get("messages"), list):
-                task_input = {
-                    **task_input,
-                    "messages": self.inject(task_input["messages"], task.lessons),
-                }
+        try:
+            with self.task(
+                task_type, goal=text_goal, tools=tools, scope=scope, intent=intent
+            ) as task:
+                if isinstance(task_input, dict) and isinstance(task_input.get("messages"), list):
+                    task_input = {
+                        **task_input,
+                        "messages": self.inject(task_input["messages"], task.lessons),
+                    }
 
-            def event_callback(event: dict[str, Any]) -> None:
-                if isinstance(event, dict):
-                    self.record({**event, "task_id": task.task_id})
-                else:
-                    self.record(event)  # refused with a warning, kept in the dead-letter file
+                def event_callback(event: dict[str, Any]) -> None:
+                    if isinstance(event, dict):
+                        self.record({**event, "task_id": task.task_id})
+                    else:
+                        self.record(event)  # refused with a warning, kept in the dead letter
 
-            try:
                 result = runner(task_input, event_callback)
-            except BaseException:
-                self._after_task()
-                raise
-            if isinstance(result, dict) and result.get("status") == "failed":
-                task.fail(str(result.get("error") or "runner reported failure"))
-        self._after_task()
+                if isinstance(result, dict) and result.get("status") == "failed":
+                    task.fail(str(result.get("error") or "runner reported failure"))
+        finally:
+            # After task_end is recorded, also when the runner raised: the review sees the
+            # whole run, then the exception goes on.
+            self._after_task()
         return result
 
     def _after_task(self) -> None:
@@ -749,11 +763,14 @@ class Hindsight:
         if task is None or task.status == "running":
             return
         for lesson_id in task.injected_lesson_ids:
-            lesson = self.store.get_lesson(lesson_id)
-            if lesson is not None:
-                self.store.save_lesson(
-                    apply_outcome(lesson, succeeded=task.status == "succeeded", task_id=task_id)
-                )
+            # Read and write in one transaction: a CLI 'reject' or another worker's update of
+            # the same lesson in between would otherwise be overwritten.
+            with self.store.transaction():
+                lesson = self.store.get_lesson(lesson_id)
+                if lesson is not None:
+                    self.store.save_lesson(
+                        apply_outcome(lesson, succeeded=task.status == "succeeded", task_id=task_id)
+                    )
 
     def _work_loop(self) -> None:
         while not self._closed:
@@ -772,11 +789,11 @@ class Hindsight:
         deadline = time.monotonic() + timeout
         if self._worker is None or not self._worker.is_alive():
             self.run_pending()
-            return self.store.pending_reviews() == 0
+            return self.store.pending_reviews(mine=True) == 0
         while time.monotonic() < deadline:
             self._work.set()
             with self._busy:
-                if self.store.pending_reviews() == 0:
+                if self.store.pending_reviews(mine=True) == 0:
                     return True
             time.sleep(0.01)
         return False
@@ -887,7 +904,7 @@ class TaskRun:
             result = {
                 "status": "failed",
                 "error_type": type(exc).__name__,
-                "error_message": str(exc),
+                "error_message": _error_text(exc),
             }
         else:
             result = self._outcome or {"status": "succeeded"}
@@ -975,7 +992,10 @@ class TaskRun:
             result["error_message"] = error_message
         if latency_ms is not None:
             result["latency_ms"] = latency_ms
-        payload: dict[str, Any] = {"input": {"tool": name, "args": args}, "result": result}
+        payload: dict[str, Any] = {
+            "input": {"tool": name, "args": args.copy() if type(args) is dict else args},
+            "result": result,
+        }
         if step is not None:
             payload["agent_state"] = {"current_step": step}
         self._emit("action_executed", payload, timestamp=timestamp)
@@ -1031,7 +1051,8 @@ class ActionCall:
     ) -> None:
         self._task = task
         self._name = name
-        self.input = input
+        # As called: a dict the agent refills for its next call must not rewrite this one.
+        self.input = input.copy() if type(input) is dict else input
         self._step = step
         self._context = context
         self._result: dict[str, Any] | None = None
@@ -1059,7 +1080,7 @@ class ActionCall:
             result = {
                 "status": "failed",
                 "error_type": type(exc).__name__,
-                "error_message": str(exc),
+                "error_message": _error_text(exc),
             }
             if self._result and "output" in self._result:
                 result["output"] = self._result["output"]
@@ -1084,6 +1105,24 @@ def _empty_lessons() -> LessonSet:
     from hindsight_loop.recall import LessonSet
 
     return LessonSet()
+
+
+def _tool_list(tools: Sequence[str] | str | None) -> list[str]:
+    """Tool names as a list; a lone string is one tool, not its letters."""
+    if tools is None:
+        return []
+    if isinstance(tools, str):
+        warn(f"tools={tools!r} is a string: taken as one tool; pass a list of tool names")
+        return [tools]
+    return [str(t) for t in tools]
+
+
+def _error_text(exc: BaseException) -> str:
+    """``str(exc)`` that cannot fail: the agent's own exception must stay the one it sees."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001
+        return f"<{type(exc).__name__}: str() failed>"
 
 
 def _goal_text(task_input: Any) -> str:

@@ -65,8 +65,20 @@ def parse_ts(value: str | datetime | float | int | None) -> datetime:
         return utcnow()
     if isinstance(value, datetime):
         return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, bool):
+        raise ValueError(f"a timestamp cannot be a boolean ({value!r})")
     if isinstance(value, int | float):
-        return datetime.fromtimestamp(float(value), UTC)
+        # Epoch seconds, or milliseconds / microseconds / nanoseconds told apart by size
+        # (a seconds value above 1e11 would be past the year 5000).
+        number = float(value)
+        magnitude = abs(number)
+        if magnitude >= 1e17:
+            number /= 1e9
+        elif magnitude >= 1e14:
+            number /= 1e6
+        elif magnitude >= 1e11:
+            number /= 1e3
+        return datetime.fromtimestamp(number, UTC)
     text = str(value).strip()
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"

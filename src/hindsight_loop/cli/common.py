@@ -25,12 +25,30 @@ def db_default() -> str:
     return os.environ.get("HINDSIGHT_DB", DEFAULT_DB)
 
 
-def open_hs(db: str, **kwargs: Any):  # noqa: ANN201 - avoids importing the facade at CLI start
-    """Open the facade for one CLI command (no background reviews: commands are short-lived)."""
+def open_hs(db: str, *, create: bool = False, **kwargs: Any):  # noqa: ANN201 - lazy import
+    """Open the facade for one CLI command (no background reviews: commands are short-lived).
+
+    Read commands do not create a store: a mistyped --db would otherwise show an empty one.
+    Errors are printed with their fix and exit 1, never as a traceback.
+    """
+    import sqlite3
+    from pathlib import Path
+
     from hindsight_loop.hindsight import Hindsight
 
     kwargs.setdefault("background", False)
-    return Hindsight(db, **kwargs)
+    path = db[len("sqlite:///") :] if db.startswith("sqlite:///") else db
+    if not create and "://" not in db and not Path(path).exists():
+        raise fail(
+            f"no store at {db!r}: check --db / HINDSIGHT_DB, or make one with "
+            f"'hindsight demo --db {db}' or 'hindsight import FILE --db {db}'"
+        )
+    try:
+        return Hindsight(db, **kwargs)
+    except (ValueError, sqlite3.Error, OSError) as exc:
+        raise fail(
+            f"cannot open the store {db!r}: {exc}; pass --db with a Hindsight .db file"
+        ) from None
 
 
 def print_json(obj: Any) -> None:

@@ -430,6 +430,7 @@ def import_(
     who = _who(by)
     parsed: list[tuple[Lesson, bool]] = []
     problems: list[str] = []
+    raw = raw.removeprefix("\ufeff")  # a BOM from Windows tools
     for number, line in enumerate(raw.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -448,7 +449,7 @@ def import_(
         )
 
     outcome: dict[str, list[str]] = {"added": [], "merged": [], "conflicts": [], "restored": []}
-    with open_hs(db) as hs:
+    with open_hs(db, create=True) as hs:
         book = {x.lesson_id: x for x in hs.store.list_lessons()}
         for lesson, exported in parsed:
             if exported:

@@ -173,7 +173,7 @@ def import_(
     json: JsonOption = False,
 ) -> None:
     """Load a file of events (one JSON object a line, any mix of tasks)."""
-    with open_hs(db) as hs:
+    with open_hs(db, create=True) as hs:
         accepted, problems = hs.import_jsonl(file)
         pending = hs.store.pending_reviews()
     if json:

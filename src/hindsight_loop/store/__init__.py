@@ -99,14 +99,16 @@ class Store(Protocol):
     ) -> int: ...
 
     def claim_review(self) -> ReviewJob | None:
-        """Take the oldest pending job (atomically, so two workers never take the same one)."""
+        """Take the oldest pending job (atomically, so two workers never take the same one),
+        or one left running past its lease by a worker that died."""
 
     def finish_review(self, job_id: int, *, status: str, error: str | None = None) -> None: ...
 
     def has_pending_review(self, task_id: str, *, kind: str) -> bool:
         """Whether a job of this kind for this task is waiting to run."""
 
-    def pending_reviews(self) -> int: ...
+    def pending_reviews(self, *, mine: bool = False) -> int:
+        """Jobs waiting or running (``mine``: only those this store object runs)."""
 
     # misc --------------------------------------------------------------------------------
     def meta(self) -> dict[str, Any]: ...

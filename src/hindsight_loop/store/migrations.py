@@ -104,6 +104,14 @@ def m002_review_queue(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX review_jobs_pending ON review_jobs(status, job_id)")
 
 
+@migration
+def m003_review_claims(db: sqlite3.Connection) -> None:
+    # Who claimed a job and when: a job left 'running' by a process that died is taken back
+    # after a lease, and a process waits only for the jobs it runs itself.
+    db.execute("ALTER TABLE review_jobs ADD COLUMN claimed_at REAL")
+    db.execute("ALTER TABLE review_jobs ADD COLUMN claimed_by TEXT")
+
+
 def applied(db: sqlite3.Connection) -> list[str]:
     db.execute(
         "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"

@@ -7,8 +7,11 @@ all use the store at once); WAL lets readers proceed while the writer commits.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,12 @@ import orjson
 from hindsight_loop.models import Event, Lesson, Reflection, Task, iso, utcnow
 from hindsight_loop.store import ReviewJob
 from hindsight_loop.store.migrations import migrate
+
+#: Seconds a claimed review may run before another worker takes it back (a reflection with
+#: retries takes a few minutes at most).
+REVIEW_LEASE = 600.0
+#: Claims of one job before it is given up (it kept killing its worker).
+MAX_ATTEMPTS = 3
 
 _EVENT_SCALARS = ("event_id", "task_id", "seq", "timestamp", "type")
 
@@ -71,6 +80,8 @@ class SQLiteStore:
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
+        #: Names this store object's claims on review jobs.
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         migrate(self._db)
@@ -468,13 +479,27 @@ class SQLiteStore:
         )
         return int(cur.lastrowid or 0)
 
-    def claim_review(self) -> ReviewJob | None:
-        row = self._db.execute(
-            """UPDATE review_jobs SET status='running', attempts=attempts+1
-               WHERE job_id = (SELECT job_id FROM review_jobs WHERE status='pending'
-                               ORDER BY job_id LIMIT 1)
-               RETURNING job_id, task_id, kind, trigger, window, attempts, use_llm"""
-        ).fetchone()
+    def claim_review(self, *, lease: float = REVIEW_LEASE) -> ReviewJob | None:
+        # A job still 'running' past its lease belongs to a process that died mid-review: take
+        # it back. One that has been claimed MAX_ATTEMPTS times is given up as failed instead.
+        now = time.time()
+        db = self._db
+        with self.transaction():
+            db.execute(
+                """UPDATE review_jobs SET status='failed', error='given up after repeated crashes',
+                       finished_at=? WHERE status='running' AND claimed_at < ? AND attempts >= ?""",
+                (iso(utcnow()), now - lease, MAX_ATTEMPTS),
+            )
+            row = db.execute(
+                """UPDATE review_jobs SET status='running', attempts=attempts+1, claimed_at=?,
+                       claimed_by=?
+                   WHERE job_id = (SELECT job_id FROM review_jobs
+                                   WHERE status='pending'
+                                      OR (status='running' AND claimed_at < ?)
+                                   ORDER BY job_id LIMIT 1)
+                   RETURNING job_id, task_id, kind, trigger, window, attempts, use_llm""",
+                (now, self.owner, now - lease),
+            ).fetchone()
         if row is None:
             return None
         return ReviewJob(
@@ -502,7 +527,15 @@ class SQLiteStore:
             is not None
         )
 
-    def pending_reviews(self) -> int:
+    def pending_reviews(self, *, mine: bool = False) -> int:
+        """Jobs waiting or running; with ``mine``, only those this store object is running
+        (a job another process runs, or left behind when it died, is not ours to wait for)."""
+        if mine:
+            sql = (
+                "SELECT count(*) FROM review_jobs WHERE status='pending' "
+                "OR (status='running' AND claimed_by=?)"
+            )
+            return self._db.execute(sql, (self.owner,)).fetchone()[0]
         return self._db.execute(
             "SELECT count(*) FROM review_jobs WHERE status IN ('pending', 'running')"
         ).fetchone()[0]
