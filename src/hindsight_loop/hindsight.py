@@ -246,10 +246,11 @@ class Hindsight:
                 return self._refuse(event)
         event_id = event.get("event_id")
         seq = event.get("seq")
-        # The writer reads the event a few milliseconds later: copy the two levels callers
-        # reuse (the event and its body objects) so a dict refilled for the next call cannot
-        # rewrite this one. Deeper values are taken as they are then.
-        payload = {k: (v.copy() if type(v) is dict else v) for k, v in event.items()}
+        # The writer reads the event a few milliseconds later. The event itself is copied, so
+        # a caller that fills the same dict with new objects for its next call cannot rewrite
+        # this one; the objects inside are handed over as they are (copying them too doubled
+        # this call's cost): do not change them in place after recording.
+        payload = event.copy()
         self.recorder.emit(
             task_id,
             etype,
@@ -992,10 +993,9 @@ class TaskRun:
             result["error_message"] = error_message
         if latency_ms is not None:
             result["latency_ms"] = latency_ms
-        payload: dict[str, Any] = {
-            "input": {"tool": name, "args": args.copy() if type(args) is dict else args},
-            "result": result,
-        }
+        # The cheapest path takes ``args`` as given (no copy): the writer reads it within a few
+        # milliseconds, so do not refill the same dict for the next call (task.action copies).
+        payload: dict[str, Any] = {"input": {"tool": name, "args": args}, "result": result}
         if step is not None:
             payload["agent_state"] = {"current_step": step}
         self._emit("action_executed", payload, timestamp=timestamp)

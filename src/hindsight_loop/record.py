@@ -119,13 +119,33 @@ def _has_secret_word(blob: bytes) -> bool:
     return _WORD_CORES.search(blob.lower()) is not None
 
 
+def _may_assign(blob: bytes) -> bool:
+    """Whether some string value may hold ``word: value``, ``word=value`` or ``word is value``.
+
+    For ASCII events a few C-level scans answer it (orjson writes no space after a key's colon,
+    so a colon not right after a quote is inside a string). Text with Chinese in it may use
+    ：/是/为, which are too common to pre-scan for: it always goes on to the word test.
+    """
+    if not blob.isascii():
+        return True
+    return b"=" in blob or blob.count(b":") > blob.count(b'":') or b" is " in blob
+
+
+def _key_guard(blob: bytes) -> bool:
+    return _has_secret_word(blob)
+
+
+def _text_guard(blob: bytes) -> bool:
+    return _may_assign(blob) and _has_secret_word(blob)
+
+
 _GUARDS: tuple[Callable[[bytes], bool], ...] = (
-    _has_secret_word,
+    _key_guard,
     lambda b: _BEARER.search(b.lower()) is not None,
     lambda b: _VENDOR_KEY.search(b) is not None,
     lambda b: _AWS.search(b) is not None,
     lambda b: _GITHUB.search(b) is not None or _SLACK.search(b) is not None,
-    _has_secret_word,
+    _text_guard,
     lambda b: b"@" in b and b"://" in b,
     lambda b: b"PRIVATE KEY-----" in b,
 )
@@ -137,16 +157,10 @@ def redact(blob: bytes, *, secret_key: bool | None = None) -> bytes:
     ``secret_key``: whether some key of the event names a secret (``"api_key"``), when the
     caller already knows (the writer learns it while sanitizing); None looks in ``blob``.
     """
-    words = None
-    for pattern, guard in zip(_SECRET_PATTERNS, _GUARDS, strict=True):
-        if guard is _has_secret_word:
-            if words is None:
-                words = bool(secret_key) or _has_secret_word(blob)
-            hit = words
-        else:
-            hit = guard(blob)
-        if hit:
-            blob = pattern[0].sub(pattern[1], blob)
+    for (pattern, repl), guard in zip(_SECRET_PATTERNS, _GUARDS, strict=True):
+        known = guard is _key_guard and secret_key is not None
+        if secret_key if known else guard(blob):
+            blob = pattern.sub(repl, blob)
     return blob
 
 
