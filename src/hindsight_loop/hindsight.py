@@ -80,7 +80,7 @@ class Hindsight:
             in the writer thread and queue local reviews for them.
         dead_letter: Where events that cannot be written go (default: next to the database).
         queue_bound: Most events waiting for the writer; past it the agent's thread waits
-            briefly, then spills the oldest to the dead-letter file (memory stays bounded).
+            up to 2 s, then spills the oldest to the dead-letter file (memory stays bounded).
         skip_tools: Purely procedural tools (polling, heartbeats) whose calls are not recorded.
     """
 

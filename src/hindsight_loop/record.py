@@ -358,7 +358,7 @@ class Recorder:
         max_text: int = DEFAULT_MAX_TEXT,
         queue_bound: int = DEFAULT_QUEUE_BOUND,
         on_batch: Callable[[list[Row], list[Any]], None] | None = None,
-        block_seconds: float = 0.5,
+        block_seconds: float = 2.0,
     ) -> None:
         self._write = write
         self.dead_letter = Path(dead_letter)
