@@ -254,18 +254,22 @@ def _flat(obj: Any, prefix: str = "") -> list[str]:
 NOTES = """\
 ## Targets missed, and what stands in the way
 
-- **`hs.record(dict)` p99** (target 5 µs): the call copies and checks the caller's dict on the
-  agent's thread (p50 ~1.2 µs); its p99 is the GIL handed to the writer thread mid-call.
-  `TaskRun.record_action`, which builds the event itself, meets it.
-- **Sustained ingest** (target 50k/s; 40k/s at 1M rows): ~36k/s with the defaults, ~48k/s with
-  `triggers=False`. Per event the writer thread spends ~5 µs sanitizing, ~3–4 µs redacting,
-  ~2 µs building the row, ~14 µs in SQLite's insert, and with the defaults ~4 µs more in the
-  live anomaly rules; all Python work shares one GIL with the agent. Further gains need that
-  work out of the agent's process (a writer process fed serialized bytes) or in native code.
-- **Warm replay of 10,000 events** (target 50 ms): ~210 ms. SQLite's own read is ~27 ms, turning
-  rows into `Event` values ~60 ms (one `orjson.loads` and one object per event), the replay pass
+- **`hs.record(dict)` p99** (target 5 µs): ~8 µs. The call copies the caller's event dict on the
+  agent's thread (p50 ~1.2 µs); the extra allocations bring gen-0 garbage collections into the
+  p99. `TaskRun.record_action`, which takes its arguments as given, meets the target.
+- **Sustained ingest** (target 50k/s; 40k/s at 1M rows): ~29k/s with the defaults, ~37k/s with
+  `triggers=False`. Per event the writer thread spends ~3 µs sanitizing, ~5–8 µs redacting
+  (the secret-word scan runs on every event with non-ASCII text; it was ~4 µs before free-text,
+  Chinese and PEM secrets were covered), ~2 µs building the row, ~14 µs in SQLite's insert, and
+  with the defaults ~4 µs more in the live anomaly rules; all Python work shares one GIL with
+  the agent. Further gains need that work out of the agent's process (a writer process fed
+  serialized bytes) or in native code.
+- **Warm replay of 10,000 events** (target 50 ms): ~195 ms. SQLite's own read is ~27 ms, turning
+  rows into `Event` values ~65 ms (one `orjson.loads` and one object per event), the replay pass
   ~100 ms. Meeting it needs the writer to store a compact projection (tool, status, step, error
-  type) in columns so replay reads bodies only for the steps it keeps.
+  type) in columns so replay decodes only the bodies of the steps it keeps.
+- **Memory under overload** is bounded (the unbounded queue grows ~10x more) but not perfectly
+  flat from run to run: the allocator keeps its high-water mark after each spill.
 
 ## What made the difference
 
