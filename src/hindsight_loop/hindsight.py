@@ -231,41 +231,30 @@ class Hindsight:
         A refused event (not an object, unknown type, no task id) is written to the
         dead-letter file with the reason and a warning; it never raises.
         """
-        # Checked without copying: this runs on the agent's thread. The writer leaves the
-        # scalar fields (task_id, type, …) out of the stored body.
-        try:
-            task_id = event.get("task_id")
-            etype = event.get("type")
-        except AttributeError:
-            return self._refuse(event)
-        if etype not in EVENT_TYPES or not isinstance(task_id, str) or not task_id:
-            return self._refuse(event)
-        for name in EVENT_BODY_FIELDS:
-            value = event.get(name)
-            if value is not None and not isinstance(value, dict):
-                return self._refuse(event)
+        problem = _check_wire_event(event)
+        if problem:
+            warn(f"event refused: {problem}; kept in {self.recorder.dead_letter}")
+            self._keep_refused(event, problem)
+            return False
+        self._accept(event)
+        return True
+
+    def _accept(self, event: dict[str, Any]) -> None:
+        """Queue a checked wire-format event (the writer keeps its scalars out of the body)."""
         event_id = event.get("event_id")
         seq = event.get("seq")
         # The writer reads the event a few milliseconds later. The event itself is copied, so
         # a caller that fills the same dict with new objects for its next call cannot rewrite
         # this one; the objects inside are handed over as they are (copying them too doubled
         # this call's cost): do not change them in place after recording.
-        payload = event.copy()
         self.recorder.emit(
-            task_id,
-            etype,
-            payload,
+            event["task_id"],
+            event["type"],
+            event.copy(),
             timestamp=event.get("timestamp"),
             event_id=event_id if isinstance(event_id, str) else None,
             seq=seq if type(seq) is int and -(2**63) <= seq < 2**63 else None,  # not a bool
         )
-        return True
-
-    def _refuse(self, event: Any) -> bool:
-        problem = _check_wire_event(event) or "not a valid event"
-        warn(f"event refused: {problem}; kept in {self.recorder.dead_letter}")
-        self._keep_refused(event, problem)
-        return False
 
     def _keep_refused(self, event: Any, problem: str) -> None:
         try:
@@ -300,8 +289,8 @@ class Hindsight:
                 if problem:
                     problems.append(f"line {lineno}: {problem}")
                     continue
-                if self.record(event):
-                    accepted += 1
+                self._accept(event)
+                accepted += 1
         self.flush()
         return accepted, problems
 
@@ -1154,7 +1143,7 @@ def _check_wire_event(event: Any) -> str | None:
     task_id = event.get("task_id")
     if not isinstance(task_id, str) or not task_id:
         return "an event needs a non-empty string 'task_id'"
-    for name in ("agent_state", "context", "input", "decision", "result"):
+    for name in EVENT_BODY_FIELDS:
         value = event.get(name)
         if value is not None and not isinstance(value, dict):
             return f"event field {name!r} must be an object, got {type(value).__name__}"

@@ -34,6 +34,8 @@ ReflectionStatus = Literal["ok", "failed", "suspect"]
 
 #: Fields of an event that hold nested JSON objects (everything else is a scalar).
 EVENT_BODY_FIELDS = ("agent_state", "context", "input", "decision", "result")
+#: Top-level fields of an event kept in their own columns (everything else is its body).
+WIRE_SCALARS: frozenset[str] = frozenset({"event_id", "task_id", "seq", "timestamp", "type"})
 #: Task fields a ``task_start`` event carries at its top level.
 TASK_FIELDS = ("task_type", "goal", "tools", "scope", "intent")
 
@@ -184,7 +186,7 @@ class Event:
             if value is not None and not isinstance(value, dict):
                 raise ValueError(f"event field {name!r} must be a JSON object")
             body[name] = value
-        known = {"event_id", "task_id", "seq", "timestamp", "type", *EVENT_BODY_FIELDS}
+        known = WIRE_SCALARS | set(EVENT_BODY_FIELDS)
         extra = {k: v for k, v in data.items() if k not in known}
         seq = data.get("seq")
         return cls(

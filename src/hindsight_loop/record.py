@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from hindsight_loop.models import EVENT_BODY_FIELDS, new_id, parse_ts
+from hindsight_loop.models import EVENT_BODY_FIELDS, WIRE_SCALARS, new_id, parse_ts
 
 log = logging.getLogger("hindsight_loop")
 
@@ -340,8 +340,6 @@ Row = tuple[str, str, int, str, str, bytes]
 # objects an event takes ~4x the memory of its row.
 # (items, rows, raw items if they could not be prepared, the problem, sanitized payloads)
 _Batch = tuple[int, list[Row] | None, list[Item] | None, str, list[Any]]
-#: Top-level fields of a wire-format event stored in their own columns, not in the body.
-WIRE_SCALARS = frozenset({"event_id", "task_id", "seq", "timestamp", "type"})
 #: Event types whose sanitized payload is handed to ``on_batch`` (the live anomaly rules read
 #: them), so the hook does not parse the JSON it was just made from.
 WATCHED_TYPES = frozenset({"action_executed", "feedback", "user_input"})
@@ -693,21 +691,11 @@ class Recorder:
         self._committer.join(timeout=5)
 
 
-def event_payload(event: dict[str, Any]) -> dict[str, Any]:
-    """The part of a wire-format event that goes into the body column."""
-    return {
-        k: v
-        for k, v in event.items()
-        if k not in ("event_id", "task_id", "seq", "timestamp", "type")
-    }
-
-
 __all__ = [
     "DEFAULT_MAX_TEXT",
     "EVENT_BODY_FIELDS",
     "HindsightWarning",
     "Recorder",
-    "event_payload",
     "redact",
     "warn",
 ]

@@ -18,7 +18,16 @@ from typing import Any
 
 import orjson
 
-from hindsight_loop.models import Event, Lesson, Reflection, Task, iso, utcnow
+from hindsight_loop.models import (
+    EVENT_BODY_FIELDS,
+    WIRE_SCALARS,
+    Event,
+    Lesson,
+    Reflection,
+    Task,
+    iso,
+    utcnow,
+)
 from hindsight_loop.store import ReviewJob
 from hindsight_loop.store.migrations import migrate
 
@@ -28,7 +37,6 @@ REVIEW_LEASE = 600.0
 #: Claims of one job before it is given up (it kept killing its worker).
 MAX_ATTEMPTS = 3
 
-_EVENT_SCALARS = ("event_id", "task_id", "seq", "timestamp", "type")
 
 # One statement per batch: a writer that makes many small calls gives up the GIL on each and is
 # starved by a CPU-busy agent thread; a single INSERT … SELECT over a JSON array is not. The
@@ -48,7 +56,7 @@ def _dumps(obj: Any) -> str:
 
 def _body_of(event: Event) -> bytes:
     data = event.to_dict()
-    for key in _EVENT_SCALARS:
+    for key in WIRE_SCALARS:
         data.pop(key, None)
     return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
 
@@ -223,11 +231,7 @@ class SQLiteStore:
             (task_id,),
         ):
             data = orjson.loads(body)
-            extra = {
-                k: v
-                for k, v in data.items()
-                if k not in ("agent_state", "context", "input", "decision", "result")
-            }
+            extra = {k: v for k, v in data.items() if k not in EVENT_BODY_FIELDS}
             out.append(
                 Event(
                     event_id=event_id,
@@ -251,16 +255,6 @@ class SQLiteStore:
         return self._db.execute(
             "SELECT count(*) FROM events WHERE task_id=?", (task_id,)
         ).fetchone()[0]
-
-    def known_task_ids(self, task_ids: Iterable[str]) -> set[str]:
-        ids = list(set(task_ids))
-        if not ids:
-            return set()
-        rows = self._db.execute(
-            "SELECT task_id FROM tasks WHERE task_id IN (SELECT value FROM json_each(?))",
-            (_dumps(ids),),
-        )
-        return {r[0] for r in rows}
 
     # -- tasks -----------------------------------------------------------------------------
     def upsert_task(self, task: Task) -> None:
