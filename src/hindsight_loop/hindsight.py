@@ -30,6 +30,7 @@ from hindsight_loop.models import (
     Chronicle,
     Lesson,
     Reflection,
+    is_failure,
     iso,
     new_id,
     utcnow,
@@ -348,15 +349,18 @@ class Hindsight:
         for i, (event_id, task_id, seq, ts, etype, body) in enumerate(rows):
             position = counts.get(task_id, 0)
             counts[task_id] = position + 1
-            if etype == "action_executed" and b'"status":"failed"' in body:
-                self._had_failure.add(task_id)
+            data = payloads[i] if i < len(payloads) else None
+            if etype == "action_executed" and b'"status"' in body:
+                if data is None:
+                    data = orjson.loads(body)
+                if is_failure((data.get("result") or {}).get("status")):
+                    self._had_failure.add(task_id)
             if etype == "task_end":
                 queued |= self._queue_end_reviews(task_id, task_id in self._had_failure)
                 for per_task in (self._watches, self._positions, self._counts, self._local_reviews):
                     per_task.pop(task_id, None)
                 self._had_failure.discard(task_id)
             elif self.triggers and etype in ("action_executed", "feedback", "user_input"):
-                data = payloads[i] if i < len(payloads) else None
                 if data is None:
                     data = orjson.loads(body)
                 queued |= self._watch(task_id, etype, data, event_id, seq, ts, position)

@@ -42,6 +42,42 @@ TASK_FIELDS = ("task_type", "goal", "tools", "scope", "intent")
 DEFAULT_VALIDITY = timedelta(days=30)
 
 
+# -- outcomes: the one rule for "did this fail?" -----------------------------------------------
+
+#: Status words integrations use for a success, a failure, and a step still under way (or
+#: deliberately not run). Any other status is unusual enough to be an anomaly worth a look.
+OK_STATUSES: frozenset[str] = frozenset({"succeeded", "success", "ok", "completed", "done"})
+FAILED_STATUSES: frozenset[str] = frozenset({"failed", "failure", "error", "errored"})
+NEUTRAL_STATUSES: frozenset[str] = frozenset(
+    {"running", "pending", "started", "skipped", "cancelled", "canceled", "interrupted"}
+)
+KNOWN_STATUSES: frozenset[str] = OK_STATUSES | FAILED_STATUSES | NEUTRAL_STATUSES
+
+
+def normal_status(status: object) -> str | None:
+    """A status word as the rule reads it: lower-case and stripped, None if not a string."""
+    return status.strip().lower() if isinstance(status, str) else None
+
+
+def is_failure(status: object) -> bool:
+    """Whether a step's ``result.status`` says it failed: the one answer to "did this fail?".
+
+    Only the status decides: an output that merely mentions "failed" is not a failure.
+    """
+    return normal_status(status) in FAILED_STATUSES
+
+
+def is_success(status: object) -> bool:
+    """Whether a step's ``result.status`` says it succeeded."""
+    return normal_status(status) in OK_STATUSES
+
+
+def task_outcome(status: object) -> Literal["succeeded", "failed"]:
+    """The stored outcome of a ``task_end`` status: a success word succeeds, anything else fails
+    (a run that ended without saying it succeeded did not)."""
+    return "succeeded" if normal_status(status) in OK_STATUSES else "failed"
+
+
 # -- time and ids ---------------------------------------------------------------------------
 
 
@@ -145,7 +181,7 @@ class Event:
 
     @property
     def failed(self) -> bool:
-        return self.status == "failed"
+        return is_failure(self.status)
 
     @property
     def step(self) -> str | None:

@@ -34,6 +34,8 @@ from hindsight_loop.models import (
     Step,
     Structured,
     Task,
+    is_failure,
+    is_success,
     iso,
     new_id,
     utcnow,
@@ -188,7 +190,9 @@ def _patterns(
     actions = [
         s
         for s in steps
-        if s.type == "action_executed" and s.action and s.status in ("succeeded", "failed")
+        if s.type == "action_executed"
+        and s.action
+        and (is_failure(s.status) or is_success(s.status))
     ]
     pending: dict[str, list[Step]] = {}
     recoveries: list[_Recovery] = []
@@ -196,7 +200,7 @@ def _patterns(
         # Without step labels a failure and a success only belong together when they used the
         # same tool: any other pairing would invent a recovery between unrelated actions.
         label = step.step if step.step is not None else f"tool:{step.action}"
-        if step.status == "failed":
+        if is_failure(step.status):
             pending.setdefault(label, []).append(step)
             continue
         failures = pending.pop(label, [])
@@ -216,8 +220,8 @@ def _patterns(
             failed is None
             or success is None
             or success.index in seen
-            or failed.status != "failed"
-            or success.status != "succeeded"
+            or not is_failure(failed.status)
+            or not is_success(success.status)
             or _same_call(failed, success)
         ):
             continue

@@ -36,7 +36,19 @@ from typing import Any
 
 import orjson
 
-from hindsight_loop.models import Chronicle, Event, KeyNode, KeyNodeKind, Step, Task, parse_ts
+from hindsight_loop.models import (
+    FAILED_STATUSES,
+    KNOWN_STATUSES,
+    OK_STATUSES,
+    Chronicle,
+    Event,
+    KeyNode,
+    KeyNodeKind,
+    Step,
+    Task,
+    normal_status,
+    parse_ts,
+)
 
 __all__ = [
     "LOOP_REPEATS",
@@ -73,14 +85,6 @@ _KEYS_MAX = 20
 _DEPTH_MAX = 3
 _SMALL_JSON = 256  # bytes of JSON under which a value is kept whole
 
-# Statuses other integrations use for the same outcomes; any other status string is unusual
-# enough to be an anomaly worth a look ("anomalous", "timeout", "partial" …).
-_OK_STATUSES = frozenset({"succeeded", "success", "ok", "completed", "done"})
-_FAILED_STATUSES = frozenset({"failed", "failure", "error", "errored"})
-_NEUTRAL_STATUSES = frozenset(
-    {"running", "pending", "started", "skipped", "cancelled", "canceled", "interrupted"}
-)
-_KNOWN_STATUSES = _OK_STATUSES | _FAILED_STATUSES | _NEUTRAL_STATUSES
 
 _KIND_ORDER: dict[str, int] = {
     kind: n
@@ -227,7 +231,7 @@ class AnomalyWatch:
         etype = event.type
         found: list[KeyNode] = []
         if etype == "action_executed":
-            failed = _status(event.result) in _FAILED_STATUSES
+            failed = _status(event.result) in FAILED_STATUSES
             name = event.action
             if failed:
                 if self._last_failed and not self._streak_reported:
@@ -368,7 +372,7 @@ def _detect(events: list[Event]) -> list[KeyNode]:
         if status is not None and not isinstance(status, str):
             status = None
         if etype == "action_executed":
-            failed = status in _FAILED_STATUSES
+            failed = status in FAILED_STATUSES
             inp = ev.input
             name = inp.get("tool") if inp else None
             if not isinstance(name, str):
@@ -437,7 +441,7 @@ def _detect(events: list[Event]) -> list[KeyNode]:
                     unresolved[label] = _Unresolved(i, sig)
                 elif pending.other_index < 0 and sig != pending.sig:
                     pending.other_index, pending.other_sig = i, sig
-            elif status in _OK_STATUSES and unresolved:
+            elif status in OK_STATUSES and unresolved:
                 pending = unresolved.pop(label, None)
                 if pending is not None:
                     fixed = -1
@@ -458,7 +462,7 @@ def _detect(events: list[Event]) -> list[KeyNode]:
 
         # Most results are plain successes and failures: only look closer at the rest.
         if result and (
-            (status is not None and status not in _KNOWN_STATUSES)
+            (status is not None and status not in KNOWN_STATUSES)
             or "anomaly" in result
             or "flagged" in result
             or "expected_type" in result
@@ -717,12 +721,12 @@ def _anomaly(ev: Event, result: dict[str, Any]) -> str | None:
     """Why a result looks anomalous, or None."""
     status = _status(result)
     what = _name(ev.action or ev.type)
-    if status is not None and status not in _KNOWN_STATUSES:
+    if status is not None and status not in KNOWN_STATUSES:
         return f"{what} returned status {status}"
     flag = result.get("anomaly")
     if flag or result.get("flagged"):
         return f"{what} flagged: {flag}" if isinstance(flag, str) else f"{what} result flagged"
-    if status in _FAILED_STATUSES:
+    if status in FAILED_STATUSES:
         return None  # a failure is its own key node, not also a type mismatch
     expected = result.get("expected_type")
     if expected is None and ev.input:
@@ -806,7 +810,7 @@ def _summarize(ev: Event) -> str:
         tail = ""
         if status:
             why = _error_type(result)
-            if not why and status in _FAILED_STATUSES:
+            if not why and status in FAILED_STATUSES:
                 why = _text(result.get("error_message"))
             tail = " " + _clip(f"-> {status} {why}" if why else f"-> {status}", 39)
         name = _clip(ev.action or "action", 30)
@@ -976,8 +980,7 @@ def _status(result: dict[str, Any] | None) -> str | None:
     """The result's status when it is text (anything else is treated as no status)."""
     if not result:
         return None
-    status = result.get("status")
-    return status if isinstance(status, str) else None
+    return normal_status(result.get("status"))
 
 
 def _label(ev: Event) -> Any:

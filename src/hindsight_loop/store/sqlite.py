@@ -26,6 +26,7 @@ from hindsight_loop.models import (
     Reflection,
     Task,
     iso,
+    task_outcome,
     utcnow,
 )
 from hindsight_loop.store import ReviewJob
@@ -211,11 +212,9 @@ class SQLiteStore:
                 )
             elif etype == "task_end":
                 result = orjson.loads(body).get("result") or {}
-                status = result.get("status")
-                status = status if status in ("succeeded", "failed") else "failed"
                 db.execute(
                     "UPDATE tasks SET status=?, outcome=?, ended_at=? WHERE task_id=?",
-                    (status, _dumps(result), ts, task_id),
+                    (task_outcome(result.get("status")), _dumps(result), ts, task_id),
                 )
 
     def insert_events(self, events: Iterable[Event]) -> int:
