@@ -57,3 +57,38 @@ def test_detect_language() -> None:
 def test_is_cjk() -> None:
     assert is_cjk("天") and is_cjk("カ") and is_cjk("한")
     assert not is_cjk("a") and not is_cjk("1")
+
+
+def test_error_templates_mask_run_specific_values() -> None:
+    from hindsight_loop.text import error_template, mask_values
+
+    a = error_template("Error: payment amount does not add up, total price is 374, but paid 299")
+    b = error_template("Error: payment amount does not add up, total price is 1203, but paid 833")
+    assert a == b == "Error: payment amount does not add up, total price is <num>, but paid <num>"
+    assert error_template("flight HAT030 not available on date 2024-05-13") == (
+        "flight <id> not available on date <date>"
+    )
+    assert error_template("no such file: '/tmp/a b.csv'") == "no such file: <value>"
+    assert error_template("timeout after 30s at 12:03:04") == "timeout after <num> at <time>"
+    template, found = mask_values("order 7f3a2b9c-1234-4567-89ab-cdef01234567 of a@b.com")
+    assert template == "order <id> of <email>" and [k for k, _ in found] == ["id", "email"]
+
+
+def test_error_templates_work_in_chinese() -> None:
+    from hindsight_loop.text import error_template
+
+    assert error_template("航班HAT030在2024年5月13日不可用") == "航班<id>在<date>不可用"
+    assert error_template("余额不足：礼品卡 gift_card_123456 只剩 20 元") == error_template(
+        "余额不足：礼品卡 gift_card_998877 只剩 7 元"
+    )
+
+
+def test_value_shape_keeps_options_and_abstracts_instances() -> None:
+    from hindsight_loop.text import value_shape
+
+    assert value_shape("certificate_8998287") == "certificate_*"
+    assert value_shape("2024-05-13") == "<date>"
+    assert value_shape(299) == "<num>"
+    assert value_shape("HAT030") == "<id>"
+    for option in ("gbk", "utf-8", "business", True, "v2"):
+        assert value_shape(option) is None
