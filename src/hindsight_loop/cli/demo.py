@@ -5,14 +5,18 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column
 
-from hindsight_loop.cli.common import DbOption, JsonOption, fail, print_json
-
-console = Console()
+from hindsight_loop.cli.common import (
+    DbOption,
+    JsonOption,
+    console,
+    fail,
+    print_json,
+    print_table,
+    say,
+)
 
 
 def _llm_reflector() -> Any:
@@ -59,31 +63,35 @@ def _print_report(report: Any) -> None:
     from hindsight_loop.demo.data import SOURCES
 
     cold, warm = report.rounds
-    table = Table(title="Files cleaned correctly (checked against the ground truth)")
-    for col in ("round", "files", "cleaned", "rate", "tool calls", "calls / file"):
-        table.add_column(col, justify="right" if col != "round" else "left")
-    for r in report.rounds:
-        table.add_row(
-            r.name,
-            str(r.tasks),
-            str(r.succeeded),
-            f"{r.rate:.0%}",
-            str(r.tool_calls),
-            f"{r.tool_calls / r.tasks:.2f}" if r.tasks else "-",
-        )
-    console.print(table)
+    print_table(
+        [
+            Column(col, justify="right" if col != "round" else "left")
+            for col in ("round", "files", "cleaned", "rate", "tool calls", "calls / file")
+        ],
+        [
+            (
+                r.name,
+                r.tasks,
+                r.succeeded,
+                f"{r.rate:.0%}",
+                r.tool_calls,
+                f"{r.tool_calls / r.tasks:.2f}" if r.tasks else "-",
+            )
+            for r in report.rounds
+        ],
+        title="Files cleaned correctly (checked against the ground truth)",
+    )
     points = (warm.rate - cold.rate) * 100
     saved = cold.tool_calls - warm.tool_calls
-    console.print(
-        f"Warm cleaned [bold]{points:+.0f} percentage points[/] more files than cold, with "
-        f"[bold]{saved}[/] fewer tool calls"
-        + (f" ({-saved / cold.tool_calls:+.0%})." if cold.tool_calls else "."),
-        highlight=False,
+    say(
+        "Warm cleaned ",
+        (f"{points:+.0f} percentage points", "bold"),
+        " more files than cold, with ",
+        (str(saved), "bold"),
+        " fewer tool calls" + (f" ({-saved / cold.tool_calls:+.0%})." if cold.tool_calls else "."),
     )
 
-    by_source = Table(title="Per source system")
-    for col in ("source", "quirk", "cold", "warm"):
-        by_source.add_column(col)
+    rows: list[tuple[str, ...]] = []
     for source in SOURCES:
         cells = []
         for r in report.rounds:
@@ -94,36 +102,32 @@ def _print_report(report: Any) -> None:
             ok = sum(1 for f in files if f.correct)
             calls = sum(f.tool_calls for f in files)
             cells.append(f"{ok}/{len(files)} ok, {calls} calls")
-        by_source.add_row(source.name, source.description, *cells)
-    console.print(by_source)
+        rows.append((source.name, source.description, *cells))
+    print_table(["source", "quirk", "cold", "warm"], rows, title="Per source system")
 
-    console.print(f"\n[bold]Lessons learned[/] ({len(report.lessons)}):")
+    say()
+    say(("Lessons learned", "bold"), f" ({len(report.lessons)}):")
     if not report.lessons:
-        console.print("  (none)")
+        say("  (none)")
     night1 = set(cold.task_ids)
     for i, lesson in enumerate(report.lessons, 1):
         # Lessons from night 2 were learned after the warm round; they did not help it.
         night = "night 1" if night1 & set(lesson.source_task_ids) else "night 2"
-        console.print(
-            escape(
-                f" {i}. [{night}, {lesson.kind}, support {lesson.support}, {lesson.status}] "
-                f"{lesson.advice}"
-            ),
-            highlight=False,
+        say(
+            f" {i}. [{night}, {lesson.kind}, support {lesson.support}, {lesson.status}] "
+            f"{lesson.advice}"
         )
         line = _structured_line(lesson)
         if line:
-            console.print(f"    [dim]{escape(line)}[/]", highlight=False)
+            say("    ", (line, "dim"))
     failed = next(
         (tid for tid, f in zip(cold.task_ids, cold.files, strict=True) if not f.delivered), None
     )
     example = failed or (cold.task_ids[0] if cold.task_ids else "TASK_ID")
-    console.print(
-        f"\nStore: {report.db} (reflector: {report.reflector}, {report.seconds:.1f} s). Explore it:\n"
-        f"  hindsight lessons list --db {report.db}\n"
-        f"  hindsight replay {example} --db {report.db}",
-        highlight=False,
-    )
+    say()
+    say(f"Store: {report.db} (reflector: {report.reflector}, {report.seconds:.1f} s). Explore it:")
+    say(f"  hindsight lessons list --db {report.db}")
+    say(f"  hindsight replay {example} --db {report.db}")
 
 
 def demo(
@@ -153,14 +157,15 @@ def demo(
 
     reflector = _llm_reflector() if llm else None
     if not json:
-        console.print(
-            "[bold]Hindsight demo[/]: nightly CSV exports from six source systems, each with its "
-            "own quirks.\n"
-            "The sample agent is a plain Python program, not an LLM: it reads Hindsight's "
-            "lessons only through their structured form (when → prefer / avoid).\n"
-            f"Cold strategy: {COLD_STRATEGY}.",
-            highlight=False,
+        say(
+            ("Hindsight demo", "bold"),
+            ": nightly CSV exports from six source systems, each with its own quirks.",
         )
+        say(
+            "The sample agent is a plain Python program, not an LLM: it reads Hindsight's "
+            "lessons only through their structured form (when → prefer / avoid)."
+        )
+        say(f"Cold strategy: {COLD_STRATEGY}.")
     try:
         if json:
             report = run_demo(db, seed=seed, files=files, reflector=reflector)
@@ -170,7 +175,7 @@ def demo(
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                console=console,
+                console=console(),
             ) as bar:
                 ids = {
                     "cold": bar.add_task("night 1, cold", total=files),

@@ -17,7 +17,7 @@ import orjson
 import typer
 
 from hindsight_loop import lessons as book_ops
-from hindsight_loop.cli.common import DbOption, JsonOption, fail, open_hs, print_json
+from hindsight_loop.cli.common import DbOption, JsonOption, fail, heading, open_hs, print_json, say
 
 if TYPE_CHECKING:
     from hindsight_loop.models import Lesson
@@ -58,11 +58,6 @@ def _find(hs: Any, lesson_id: str, db: str) -> Lesson:
     )
 
 
-def _say(text: str) -> None:
-    # Plain echo, not rich: advice may hold brackets that rich would read as markup.
-    typer.echo(text)
-
-
 def _check_status(status: str | None) -> None:
     if status is not None and status not in book_ops.STATUSES:
         raise fail(f"unknown status {status!r}; use one of {', '.join(book_ops.STATUSES)}")
@@ -77,7 +72,7 @@ def _done(lesson: Lesson, json: bool, message: str) -> None:
     if json:
         print_json(lesson.to_dict())
     else:
-        _say(f"{lesson.lesson_id} {message} [{lesson.status}]")
+        say(f"{lesson.lesson_id} {message} [{lesson.status}]")
 
 
 def _change(
@@ -125,18 +120,18 @@ def list_(
         return
     if not found:
         if status or task_type or scope:
-            _say("No lessons match.")
+            say("No lessons match.")
         else:
-            _say("No lessons yet: review tasks, or seed the book with 'hindsight lessons import'.")
+            say("No lessons yet: review tasks, or seed the book with 'hindsight lessons import'.")
         return
     # Two lines per lesson rather than a table: the advice needs the width, in any terminal.
     for x in found:
         pinned = ", pinned" if x.pinned else ""
-        _say(
+        say(
             f"{x.lesson_id} [{x.status}{pinned}] {x.task_type} {x.scope} support {x.support} "
             f"helped {x.helpful} hurt {x.harmful} value {x.value_score:.2f}"
         )
-        _say(f"  {_short(x.advice, 200)}")
+        say(f"  {_short(x.advice, 200)}")
 
 
 @lessons_app.command("show")
@@ -149,8 +144,8 @@ def show(lesson_id: IdArgument, db: DbOption = "hindsight.db", json: JsonOption 
         return
     f = lesson.features
     pinned = ", pinned" if lesson.pinned else ""
-    _say(f"{lesson.lesson_id} [{lesson.status}{pinned}]")
-    _say(lesson.advice)
+    say(f"{lesson.lesson_id} [{lesson.status}{pinned}]")
+    say(lesson.advice, multiline=True)
     rows = [
         ("task type", lesson.task_type),
         ("scope", lesson.scope),
@@ -176,13 +171,13 @@ def show(lesson_id: IdArgument, db: DbOption = "hindsight.db", json: JsonOption 
     ]
     for name, value in rows:
         if value:
-            _say(f"  {name:<16}{value}")
-    _say("history")
+            say(f"  {name:<16}{value}")
+    heading("history")
     for entry in lesson.history:
         changes = entry.get("changes") or {}
         what = ", ".join(sorted(changes)) if changes else ""
         reason = f" ({entry['reason']})" if entry.get("reason") else ""
-        _say(
+        say(
             f"  {entry.get('at', '')}  {entry.get('by', '')}: {entry.get('action', '')}"
             + (f" {what}" if what else "")
             + reason
@@ -204,19 +199,19 @@ def review(db: DbOption = "hindsight.db", json: JsonOption = False) -> None:
         print_json([{**lesson.to_dict(), "reasons": reasons} for lesson, reasons in queue])
         return
     if not queue:
-        _say("Nothing needs review.")
+        say("Nothing needs review.")
         return
     for lesson, reasons in queue:
-        _say(
+        say(
             f"{lesson.lesson_id} [{lesson.status}] {lesson.task_type} {lesson.scope}: "
             + "; ".join(reasons)
         )
-        _say(f"  {lesson.advice}")
+        say(f"  {lesson.advice}")
         for other_id in lesson.conflicts:
             other = every.get(other_id)
             if other is not None and other.status in {"active", "needs_review"}:
-                _say(f"  vs {other_id} [{other.status}]: {other.advice}")
-    _say(
+                say(f"  vs {other_id} [{other.status}]: {other.advice}")
+    say(
         f"{len(queue)} to review. Settle each with 'hindsight lessons confirm ID', "
         "'hindsight lessons edit ID --advice …' or 'hindsight lessons reject ID'."
     )
@@ -243,7 +238,7 @@ def confirm(
         ]
     _done(lesson, json, "confirmed")
     if live and not json:
-        _say(
+        say(
             f"note: it conflicts with {', '.join(live)} (active); recall never injects both. "
             "Reject the wrong one with 'hindsight lessons reject ID'."
         )
@@ -314,7 +309,7 @@ def expire(
     for lesson in changed:
         _done(lesson, False, "expired")
     if not changed:
-        _say("No lesson is past its valid_until.")
+        say("No lesson is past its valid_until.")
 
 
 @lessons_app.command("edit")
@@ -401,7 +396,7 @@ def export(
         sys.stdout.write(text)
         return
     output.write_text(text, encoding="utf-8")
-    typer.echo(f"wrote {len(found)} lessons to {output}", err=True)
+    say(f"wrote {len(found)} lessons to {output}", err=True)
 
 
 @lessons_app.command("import")
@@ -431,7 +426,9 @@ def import_(
     parsed: list[tuple[Lesson, bool]] = []
     problems: list[str] = []
     raw = raw.removeprefix("\ufeff")  # a BOM from Windows tools
-    for number, line in enumerate(raw.splitlines(), 1):
+    # Split on "\n" only: str.splitlines() also splits on \x85 and \u2028, which JSON strings
+    # may hold raw. A "\r" left by Windows line ends is JSON whitespace.
+    for number, line in enumerate(raw.split("\n"), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
@@ -443,7 +440,7 @@ def import_(
             problems.append(f"line {number}: {exc}")
     if problems:
         for problem in problems:
-            typer.echo(problem, err=True)
+            say(problem, err=True)
         raise fail(
             f"nothing imported from {file}: fix the {len(problems)} line(s) above and run again"
         )
@@ -466,9 +463,9 @@ def import_(
         print_json(outcome)
         return
     counts = ", ".join(f"{len(ids)} {name}" for name, ids in outcome.items())
-    _say(f"imported {len(parsed)} lines from {file}: {counts}")
+    say(f"imported {len(parsed)} lines from {file}: {counts}")
     if outcome["conflicts"]:
-        _say("see the conflicts with 'hindsight lessons review'")
+        say("see the conflicts with 'hindsight lessons review'")
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hindsight_loop.cli.common import JsonOption, fail, print_json
+from hindsight_loop.cli.common import JsonOption, fail, print_json, say
 from hindsight_loop.llm import LLMConfig, LLMConfigError, LLMError, connect
 from hindsight_loop.llm.parse import extract_json
 
@@ -63,11 +63,11 @@ def show_config(json_out: JsonOption = False) -> None:
         print_json(info)
         return
     if not info["configured"]:
-        typer.echo(f"offline: {NOT_CONFIGURED}")
+        say(f"offline: {NOT_CONFIGURED}")
         return
     for key, value in info.items():
         if key != "configured":
-            typer.echo(f"{key:12} {value}")
+            say(f"{key:12} {value}")
 
 
 @llm_app.command("check")
@@ -121,12 +121,12 @@ def check(
                     if r["json"]
                     else "answer is not JSON (parsing will repair or mark it suspect)"
                 )
-                typer.echo(
+                say(
                     f"ok  {config.provider}:{r['model']} answered by {r['answered_by']} in "
                     f"{r['latency_ms']} ms, {r['tokens_in']}+{r['tokens_out']} tokens, {json_note}"
                 )
             else:
-                typer.echo(f"err {config.provider}:{r['model']}: {r['error']}", err=True)
+                say(f"err {config.provider}:{r['model']}: {r['error']}", err=True)
     if failed:
         raise fail(
             "the model did not answer: check HINDSIGHT_LLM_BASE_URL, HINDSIGHT_LLM_MODEL and "

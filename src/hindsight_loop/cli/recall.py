@@ -9,13 +9,16 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-from hindsight_loop.cli.common import DbOption, JsonOption, fail, open_hs, print_json
-
-console = Console()
+from hindsight_loop.cli.common import (
+    DbOption,
+    JsonOption,
+    fail,
+    open_hs,
+    print_json,
+    print_table,
+    say,
+)
 
 _INTENTS = ("query", "operation", "analysis")
 
@@ -69,24 +72,28 @@ def recall(
         print_json([lesson.to_dict() for lesson in found])
         return
     if prompt:
-        typer.echo(found.as_prompt())
+        # As injected, but with any control character made visible: this goes to a terminal.
+        say(found.as_prompt(), multiline=True)
         return
     if not found:
-        console.print(
+        say(
             "No lesson fits this task. (Lessons must be active, unexpired, in scope, "
             "of this task type and share a tool; see 'hindsight lessons --help'.)"
         )
         return
-    table = Table("score", "lesson id", "task type", "tools", "advice")
-    for lesson in found:
-        table.add_row(
-            f"{lesson.score:.3f}",
-            lesson.lesson_id,
-            lesson.task_type,
-            ", ".join(lesson.features.tools),
-            escape(lesson.advice),
-        )
-    console.print(table)
+    print_table(
+        ["score", "lesson id", "task type", "tools", "advice"],
+        [
+            (
+                f"{lesson.score:.3f}",
+                lesson.lesson_id,
+                lesson.task_type,
+                ", ".join(lesson.features.tools),
+                lesson.advice,
+            )
+            for lesson in found
+        ],
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -7,13 +7,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Column, Table
+from rich.table import Column
 
-from hindsight_loop.cli.common import DbOption, JsonOption, fail, open_hs, print_json
-
-console = Console()
+from hindsight_loop.cli.common import (
+    DbOption,
+    JsonOption,
+    fail,
+    heading,
+    open_hs,
+    print_json,
+    print_table,
+    say,
+)
 
 
 def tasks(
@@ -31,13 +36,13 @@ def tasks(
     if json:
         print_json([t.to_dict() for t in found])
         return
-    table = Table("type", "status", "events", "started", "goal")
-    table.columns.insert(0, Column("task id", no_wrap=True))
-    for t in found:
-        table.add_row(
-            t.task_id, t.task_type, t.status, str(t.event_count), t.started_at, t.goal[:60]
-        )
-    console.print(table)
+    print_table(
+        [Column("task id", no_wrap=True), "type", "status", "events", "started", "goal"],
+        [
+            (t.task_id, t.task_type, t.status, t.event_count, t.started_at, t.goal[:60])
+            for t in found
+        ],
+    )
 
 
 def replay(
@@ -58,21 +63,21 @@ def replay(
         print_json(chronicle.to_dict())
         return
     t = chronicle.task
-    console.print(f"[bold]{t.task_id}[/] {t.task_type} \\[{t.status}] {escape(t.goal)}")
+    say((t.task_id, "bold"), f" {t.task_type} [{t.status}] {t.goal}")
     suffix = " (compressed)" if chronicle.compressed else ""
-    console.print(f"{chronicle.event_count} events{suffix}")
+    say(f"{chronicle.event_count} events{suffix}")
     marks: dict[int, list[str]] = {}
     for node in chronicle.key_nodes:
         marks.setdefault(node.index, []).append(node.kind)
     if steps:
         for s in chronicle.steps:
-            tag = f"  [yellow]<- {', '.join(marks[s.index])}[/]" if s.index in marks else ""
-            console.print(f"  {s.index:>4} {s.summary}{tag}", highlight=False)
-    console.print("[bold]key nodes[/]")
+            tag = f"  <- {', '.join(marks[s.index])}" if s.index in marks else ""
+            say(f"  {s.index:>4} {s.summary}", (tag, "yellow"))
+    heading("key nodes")
     if not chronicle.key_nodes:
-        console.print("  (none)")
+        say("  (none)")
     for node in chronicle.key_nodes:
-        console.print(f"  {node.index:>4} {node.kind:<22} {node.summary}", highlight=False)
+        say(f"  {node.index:>4} {node.kind:<22} {node.summary}")
 
 
 def reflect(
@@ -94,8 +99,9 @@ def reflect(
             raise fail(f"no task {task_id!r} in {db}; list them with 'hindsight tasks --db {db}'")
         reflector = hs.reflector if llm else hs.offline_reflector
         if llm and reflector is hs.offline_reflector and not json:
-            console.print(
-                "no model configured (HINDSIGHT_LLM_PROVIDER / HINDSIGHT_LLM_MODEL): using the offline reflector"
+            say(
+                "no model configured (HINDSIGHT_LLM_PROVIDER / HINDSIGHT_LLM_MODEL): "
+                "using the offline reflector"
             )
         reflection = hs.reflect(task_id, reflector=reflector, kind=kind)
         lessons = [hs.store.get_lesson(i) for i in reflection.lesson_ids]
@@ -105,26 +111,25 @@ def reflect(
         print_json(out)
         return
     colour = {"ok": "green", "suspect": "yellow", "failed": "red"}[reflection.status]
-    console.print(
-        f"reflection {reflection.reflection_id} [{colour}]{reflection.status}[/] "
-        f"by {reflection.reflector}"
+    say(
+        f"reflection {reflection.reflection_id} ",
+        (reflection.status, colour),
+        f" by {reflection.reflector}"
         + (
             f" ({reflection.model}, {reflection.latency_ms:.0f} ms)"
             if reflection.model and reflection.latency_ms
             else ""
-        )
+        ),
     )
     if reflection.error:
-        console.print(f"[red]error:[/] {reflection.error}", highlight=False)
+        say(("error:", "red"), f" {reflection.error}")
     if reflection.status == "suspect" and reflection.raw_text:
-        console.print(f"raw answer: {reflection.raw_text[:300]}", highlight=False)
+        say(f"raw answer: {reflection.raw_text[:300]}")
     for lesson in lessons:
         if lesson is not None:
-            console.print(
-                f"  {lesson.lesson_id} \\[{lesson.status}] {escape(lesson.advice)}", highlight=False
-            )
+            say(f"  {lesson.lesson_id} [{lesson.status}] {lesson.advice}")
     if reflection.status == "ok" and not lessons:
-        console.print("  no lesson in this run")
+        say("  no lesson in this run")
 
 
 def reflections(
@@ -139,29 +144,31 @@ def reflections(
     if json:
         print_json([r.to_dict() for r in found])
         return
-    table = Table(
-        Column("reflection", no_wrap=True),
-        Column("task", no_wrap=True),
-        "kind",
-        "status",
-        "by",
-        "ms",
-        "tokens",
-        "error",
+    print_table(
+        [
+            Column("reflection", no_wrap=True),
+            Column("task", no_wrap=True),
+            "kind",
+            "status",
+            "by",
+            "ms",
+            "tokens",
+            "error",
+        ],
+        [
+            (
+                r.reflection_id,
+                r.task_id,
+                r.kind,
+                r.status,
+                r.reflector,
+                f"{r.latency_ms:.0f}" if r.latency_ms is not None else "",
+                f"{r.tokens_in or 0}/{r.tokens_out or 0}" if r.tokens_in is not None else "",
+                (r.error or "")[:60],
+            )
+            for r in found
+        ],
     )
-    for r in found:
-        tokens = f"{r.tokens_in or 0}/{r.tokens_out or 0}" if r.tokens_in is not None else ""
-        table.add_row(
-            r.reflection_id,
-            r.task_id,
-            r.kind,
-            r.status,
-            r.reflector,
-            f"{r.latency_ms:.0f}" if r.latency_ms is not None else "",
-            tokens,
-            (r.error or "")[:60],
-        )
-    console.print(table)
 
 
 def import_(
@@ -179,11 +186,12 @@ def import_(
     if json:
         print_json({"accepted": accepted, "problems": problems, "reviews_queued": pending})
     else:
-        console.print(
-            f"imported {accepted} events into {db}; {pending} reviews queued (run 'hindsight worker --once')"
+        say(
+            f"imported {accepted} events into {db}; {pending} reviews queued "
+            "(run 'hindsight worker --once')"
         )
         for p in problems[:50]:
-            console.print(f"[yellow]skipped[/] {p}", highlight=False)
+            say(("skipped", "yellow"), f" {p}")
     if problems and not accepted:
         raise typer.Exit(1)
 
@@ -201,7 +209,7 @@ def worker(
             if once:
                 break
             time.sleep(poll)
-    typer.echo(f"ran {total} reviews")
+    say(f"ran {total} reviews")
 
 
 def register(app: typer.Typer) -> None:
