@@ -36,7 +36,7 @@ def _fill(db: Path, n: int) -> float:
     from recall_speed import SEED, World
 
     from hindsight_loop import Hindsight
-    from hindsight_loop.hindsight import lesson_text
+    from hindsight_loop.embed import lesson_text
     from hindsight_loop.models import Lesson
 
     base = World(np.random.default_rng(SEED)).book(min(n, 3000))
@@ -86,13 +86,12 @@ def _child(db: str) -> dict[str, Any]:
 
     before = rss_bytes()
     t0 = time.perf_counter()
-    found = hs.recall(
-        task_type="csv_cleaning", tools=["read_csv"], query="encoding error", count_hits=False
-    )
+    found = hs.recall(task_type="csv_cleaning", tools=["read_csv"], query="encoding error")
     elapsed = time.perf_counter() - t0
     after = rss_bytes()
     peak = peak_rss_bytes()
-    lessons = len(hs._index.lessons) if hs._index is not None else 0  # type: ignore[attr-defined]
+    index = hs.recall_cache._index  # noqa: SLF001 - a benchmark looks inside
+    lessons = len(index.lessons) if index is not None else 0
     hs.close()
     return {
         "rss_before": before,

@@ -241,10 +241,10 @@ def test_a_large_book_is_reindexed_in_the_background_and_never_serves_a_rejected
 ) -> None:
     import time
 
-    import hindsight_loop.hindsight as facade
+    import hindsight_loop.recall as recall_module
     from hindsight_loop.lessons import reject
 
-    monkeypatch.setattr(facade, "SYNC_REBUILD_MAX", 0)
+    monkeypatch.setattr(recall_module, "SYNC_REBUILD_MAX", 0)
     first = hs.add_lesson(
         LessonDraft(
             task_type="weather",
@@ -260,9 +260,9 @@ def test_a_large_book_is_reindexed_in_the_background_and_never_serves_a_rejected
     # The index is behind the book now: the rejected lesson is filtered out all the same.
     assert hs.recall(**query) == []
     deadline = time.monotonic() + 10
-    while hs._index_version != hs.store.book_version() and time.monotonic() < deadline:
+    while hs.recall_cache.version != hs.store.book_version() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert hs._index_version == hs.store.book_version()
+    assert hs.recall_cache.version == hs.store.book_version()
     assert hs.recall(**query) == []
 
 

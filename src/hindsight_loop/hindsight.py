@@ -1,67 +1,51 @@
 """The facade: one object that records, replays, reflects and recalls.
 
-This is the thin stateful shell around the functional core (``replay``, ``reflect``,
-``lessons``, ``recall``): it loads from the store, calls the core and saves what comes back.
-Nothing here raises into the agent's task for a recording or reflection problem.
+``Hindsight`` holds the configuration and the lifecycle of the running parts and hands each verb
+to the module that does it: ``task`` (the agent-side task context), ``record`` (the recorder),
+``triggers`` (when a run asks for a review), ``worker`` (reflection, curation, outcomes),
+``recall`` (the index and its ranking). Surfaces (CLI, MCP, HTTP) call this object, never the
+store, so every write goes through the same locks and transactions. Nothing here raises into the
+agent's task for a recording or reflection problem.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextvars
-import functools
-import inspect
 import logging
-import threading
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 import orjson
 
-from hindsight_loop.embed import lesson_text
 from hindsight_loop.models import (
     EVENT_BODY_FIELDS,
     EVENT_TYPES,
     Chronicle,
     Lesson,
     Reflection,
-    is_failure,
-    iso,
-    new_id,
-    utcnow,
+    Task,
 )
-from hindsight_loop.record import DEFAULT_MAX_TEXT, Recorder, Row, warn
-from hindsight_loop.store import ReviewJob, Store, open_store
+from hindsight_loop.record import DEFAULT_MAX_TEXT, Recorder, warn
+from hindsight_loop.store import Store, open_store
+from hindsight_loop.task import ActionCall, TaskRun, current_task, goal_text, tool, tool_list
 
 if TYPE_CHECKING:
     from hindsight_loop.embed import Embedder
-    from hindsight_loop.recall import LessonIndex, LessonSet
+    from hindsight_loop.lessons import Change
+    from hindsight_loop.recall import LessonSet, RecallCache
     from hindsight_loop.reflect import Reflector
+    from hindsight_loop.triggers import Triggers
+    from hindsight_loop.worker import Curator, Worker
 
 log = logging.getLogger("hindsight_loop")
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-_current_task: contextvars.ContextVar[TaskRun | None] = contextvars.ContextVar(
-    "hindsight_current_task", default=None
-)
-
-#: Books smaller than this are re-indexed on the spot when they change (about 0.1 s); larger
-#: ones in the background while the previous index keeps serving recall.
-SYNC_REBUILD_MAX = 2_000
-
-#: Most local reviews one task may ask for: a run that keeps failing needs one look, not fifty.
-MAX_LOCAL_REVIEWS = 3
-
-
-def current_task() -> TaskRun | None:
-    """The task whose ``with hs.task(...)`` block the caller is in, if any."""
-    return _current_task.get()
+#: Most lessons recall hands back, whatever ``limit`` asks: a prompt with more advice than this
+#: is read less, not more (DESIGN.md, "at most 3").
+MAX_LESSONS = 3
+#: How long ``drain`` waits for queued reviews by default, in seconds.
+DRAIN_TIMEOUT = 120.0
 
 
 class Hindsight:
@@ -99,6 +83,10 @@ class Hindsight:
         queue_bound: int | None = None,
         skip_tools: Sequence[str] = (),
     ) -> None:
+        from hindsight_loop.recall import RecallCache
+        from hindsight_loop.triggers import Triggers
+        from hindsight_loop.worker import Curator, Worker
+
         if str(db) == ":memory:" or str(db).startswith("file::memory:"):
             raise ValueError(
                 "Hindsight needs a file: each thread opens its own connection, and an in-memory "
@@ -106,21 +94,24 @@ class Hindsight:
             )
         self.store: Store = open_store(str(db))
         self.skip_tools = frozenset(skip_tools)
-        self.review_min_events = review_min_events
-        self.triggers = triggers
         self._reflector = reflector
         self._offline: Reflector | None = None
         self._embedder = embedder
-        self._index: LessonIndex | None = None
-        self._index_version = -1
-        self._index_lock = threading.Lock()
-        self._curate_lock = threading.Lock()
-        # Per running task, kept by the writer thread and dropped at task_end.
-        self._watches: dict[str, Any] = {}
-        self._positions: dict[str, list[int]] = {}  # step index of each event the watch saw
-        self._counts: dict[str, int] = {}  # events of the task written so far
-        self._had_failure: set[str] = set()
-        self._local_reviews: dict[str, int] = {}
+        self.curator: Curator = Curator(self.store, lambda: self.embedder)
+        self.recall_cache: RecallCache = RecallCache(self.store, lambda: self.embedder)
+        self.worker: Worker = Worker(
+            self.store,
+            curator=self.curator,
+            reflector=lambda: self.reflector,
+            offline_reflector=lambda: self.offline_reflector,
+            background=background,
+        )
+        self.triggers: Triggers = Triggers(
+            self.store,
+            review_min_events=review_min_events,
+            live=triggers,
+            wake=self.worker.wake,
+        )
         path = getattr(self.store, "path", "hindsight")
         kwargs: dict[str, Any] = {}
         if queue_bound is not None:
@@ -129,18 +120,10 @@ class Hindsight:
             self.store.write_event_batch,
             dead_letter=dead_letter or f"{path}.deadletter.jsonl",
             max_text=max_text,
-            on_batch=self._on_batch,
+            on_batch=self.triggers.on_batch,
             **kwargs,
         )
         self._closed = False
-        self._work = threading.Event()
-        self._busy = threading.Lock()
-        self._worker: threading.Thread | None = None
-        if background:
-            self._worker = threading.Thread(
-                target=self._work_loop, name="hindsight-reviews", daemon=True
-            )
-            self._worker.start()
         # Flush at exit so a script that forgets close() loses nothing it recorded.
         ref = weakref.ref(self)
 
@@ -210,21 +193,25 @@ class Hindsight:
                 here, before the task runs: a mistyped scope would leak or lose lessons).
         """
         from hindsight_loop.lessons import check_scope
+        from hindsight_loop.models import new_id
 
-        scope = check_scope(scope)
-        tools = _tool_list(tools)
         return TaskRun(
             self,
             task_type=task_type,
             goal=goal,
-            tools=list(tools),
-            scope=scope,
+            tools=tool_list(tools),
+            scope=check_scope(scope),
             intent=intent,
             query=query,
             recall=recall,
             task_id=task_id or new_id("tsk"),
             timestamp=timestamp,
         )
+
+    @staticmethod
+    def tool(fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorate a tool (sync or async) so each call inside a task is recorded."""
+        return tool(fn)
 
     def record(self, event: dict[str, Any]) -> bool:
         """Accept one event in the wire format (DESIGN.md). Returns False if it was refused.
@@ -295,151 +282,34 @@ class Hindsight:
         self.flush()
         return accepted, problems
 
-    def tool(self, fn: F) -> F:
-        """Decorate a tool (sync or async) so each call inside a task is recorded."""
-        sig = inspect.signature(fn)
-        name = fn.__name__
-
-        def arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
-            try:
-                bound = sig.bind_partial(*args, **kwargs)
-                return dict(bound.arguments)
-            except TypeError:
-                return {"args": list(args), **kwargs}
-
-        if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                task = _current_task.get()
-                if task is None:
-                    return await fn(*args, **kwargs)
-                with task.action(name, arguments(args, kwargs)) as call:
-                    out = await fn(*args, **kwargs)
-                    call.result(out)
-                    return out
-
-            return async_wrapper  # type: ignore[return-value]
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            task = _current_task.get()
-            if task is None:
-                return fn(*args, **kwargs)
-            with task.action(name, arguments(args, kwargs)) as call:
-                out = fn(*args, **kwargs)
-                call.result(out)
-                return out
-
-        return wrapper  # type: ignore[return-value]
-
     def flush(self, timeout: float | None = None) -> bool:
         """Return once every event accepted so far is durable."""
         return self.recorder.flush(timeout)
 
-    # -- writer hook: triggers ---------------------------------------------------------------
-    def _on_batch(self, rows: list[Row], payloads: list[Any]) -> None:
-        """Runs in the committer thread after a batch is durable: task ends and anomalies.
+    # -- reading what was recorded -----------------------------------------------------------
+    def get_task(self, task_id: str) -> Task | None:
+        """One recorded task, or None."""
+        return self.store.get_task(task_id)
 
-        ``payloads`` holds the sanitized payload of each watched event (else None), so the
-        anomaly rules need not parse the JSON they were just made from.
-        """
-        queued = False
-        counts = self._counts
-        for i, (event_id, task_id, seq, ts, etype, body) in enumerate(rows):
-            position = counts.get(task_id, 0)
-            counts[task_id] = position + 1
-            data = payloads[i] if i < len(payloads) else None
-            if etype == "action_executed" and b'"status"' in body:
-                if data is None:
-                    data = orjson.loads(body)
-                if is_failure((data.get("result") or {}).get("status")):
-                    self._had_failure.add(task_id)
-            if etype == "task_end":
-                queued |= self._queue_end_reviews(task_id, task_id in self._had_failure)
-                for per_task in (self._watches, self._positions, self._counts, self._local_reviews):
-                    per_task.pop(task_id, None)
-                self._had_failure.discard(task_id)
-            elif self.triggers and etype in ("action_executed", "feedback", "user_input"):
-                if data is None:
-                    data = orjson.loads(body)
-                queued |= self._watch(task_id, etype, data, event_id, seq, ts, position)
-        if queued:
-            self._work.set()
+    def tasks(
+        self, *, limit: int = 50, task_type: str | None = None, status: str | None = None
+    ) -> list[Task]:
+        """Recorded tasks, newest first."""
+        return self.store.list_tasks(limit=limit, task_type=task_type, status=status)
 
-    def _queue_end_reviews(self, task_id: str, had_failure: bool) -> bool:
-        from hindsight_loop.reflect import needs_review
-
-        task = self.store.get_task(task_id)
-        if task is None:
-            return False
-        queued = False
-        if task.injected_lesson_ids:
-            self.store.enqueue_review(task_id, kind="outcome", trigger="task_end")
-            queued = True
-        if needs_review(
-            task, task.event_count, min_events=self.review_min_events, had_failure=had_failure
-        ):
-            self.store.enqueue_review(task_id, kind="full", trigger="task_end")
-            queued = True
-        return queued
-
-    def _watch(
-        self,
-        task_id: str,
-        etype: str,
-        data: dict[str, Any],
-        event_id: str,
-        seq: int,
-        ts: str,
-        position: int,
-    ) -> bool:
-        from hindsight_loop.models import Event
-        from hindsight_loop.replay import AnomalyWatch
-
-        watch = self._watches.get(task_id)
-        if watch is None:
-            watch = self._watches[task_id] = AnomalyWatch()
-            self._positions[task_id] = []
-        positions = self._positions[task_id]
-        positions.append(position)
-        event = Event(
-            event_id=event_id,
-            task_id=task_id,
-            seq=seq,
-            timestamp=ts,
-            type=etype,  # type: ignore[arg-type]
-            agent_state=data.get("agent_state"),
-            input=data.get("input"),
-            decision=data.get("decision"),
-            result=data.get("result"),
-        )
-        queued = False
-        for node in watch.observe(event):
-            done = self._local_reviews.get(task_id, 0)
-            if done >= MAX_LOCAL_REVIEWS:
-                break
-            self._local_reviews[task_id] = done + 1
-            # The watch counts only the events it saw; the review reads chronicle steps, which
-            # are every event of the task: map back through the positions it saw them at.
-            steps = [positions[i] for i in (node.index, *node.related) if 0 <= i < len(positions)]
-            window = [max(0, min(steps) - 2), max(steps)]
-            self.store.enqueue_review(task_id, kind="local", trigger=node.kind, window=window)
-            queued = True
-        return queued
-
-    # -- replay, reflection ------------------------------------------------------------------
     def replay(self, task_id: str, *, max_steps: int = 500) -> Chronicle:
         """The chronicle of a task: ordered steps and key nodes."""
-        from hindsight_loop.replay import replay
+        return self.worker.chronicle(task_id, max_steps=max_steps)
 
-        task = self.store.get_task(task_id)
-        if task is None:
-            raise KeyError(
-                f"no task {task_id!r} in {self.store.url}; list them with 'hindsight tasks'"
-            )
-        return replay(task, self.store.events(task_id), max_steps=max_steps)
+    def reflections(self, task_id: str | None = None, *, limit: int = 100) -> list[Reflection]:
+        """Stored reflections, newest first (of one task when ``task_id`` is given)."""
+        return self.store.reflections(task_id, limit=limit)
 
+    def pending_reviews(self) -> int:
+        """Review jobs queued or running, from any process."""
+        return self.store.pending_reviews()
+
+    # -- reflection and the lesson book ------------------------------------------------------
     def reflect(
         self,
         task_id: str,
@@ -455,135 +325,43 @@ class Hindsight:
         ``status="failed"`` and returned.
         """
         self.flush()
-        # A local review's window is in run positions: replay it uncompressed so step indices
-        # are run positions (the reflector reads only the window, so the size does not matter).
-        chronicle = self.replay(task_id, max_steps=1 << 30) if window else self.replay(task_id)
-        reflector = reflector or self.reflector
-        started = time.perf_counter()
-        try:
-            reflection = reflector.reflect(
-                chronicle,
-                kind=kind,  # type: ignore[arg-type]
-                window=tuple(window) if window else None,  # type: ignore[arg-type]
-            )
-        except Exception as exc:  # noqa: BLE001 - a reflection never breaks the caller
-            log.warning("hindsight: reflection of %s failed: %r", task_id, exc)
-            reflection = Reflection(
-                reflection_id=new_id("ref"),
-                task_id=task_id,
-                kind="local" if kind == "local" else "full",
-                status="failed",
-                reflector=getattr(reflector, "name", type(reflector).__name__),
-                error=f"{type(exc).__name__}: {exc}",
-                latency_ms=(time.perf_counter() - started) * 1000,
-            )
-        reflection.trigger = trigger
-        reflection.created_at = reflection.created_at or iso(utcnow())
-        if reflection.status == "ok":
-            for draft in reflection.lessons:
-                if not draft.source_task_ids:
-                    draft.source_task_ids = [task_id]
-                if not draft.scope or draft.scope == "global":
-                    draft.scope = chronicle.task.scope or "global"
-                try:
-                    reflection.lesson_ids.append(self.add_lesson(draft).lesson_id)
-                except Exception as exc:  # noqa: BLE001
-                    log.exception("hindsight: curating a lesson failed")
-                    reflection.error = f"curation failed: {exc!r}"
-        self.store.save_reflection(reflection)
-        return reflection
+        return self.worker.reflect(
+            task_id, reflector=reflector, kind=kind, window=window, trigger=trigger
+        )
+
+    def lesson(self, lesson_id: str) -> Lesson | None:
+        """One lesson of the book, or None."""
+        return self.store.get_lesson(lesson_id)
+
+    def lessons(self, *, status: str | None = None, task_type: str | None = None) -> list[Lesson]:
+        """The lesson book (any status unless ``status`` is given)."""
+        return self.store.list_lessons(status=status, task_type=task_type)
 
     def add_lesson(self, draft: Any) -> Lesson:
         """Curate one lesson draft into the book: add, merge into a twin, or flag a conflict."""
-        from hindsight_loop.lessons import curate
+        return self.curator.add(draft).lesson
 
-        # Read the book, decide and write in one transaction: two reviews (a worker thread, a
-        # `hindsight worker` process, an MCP call) curating at once must see each other's lesson.
-        with self._curate_lock, self.store.transaction():
-            book = self.store.list_lessons(task_type=draft.task_type)
-            change = curate(draft, book, embedder=self.embedder)
-            for lesson in change.saves:
-                self.save_lesson(lesson)
-        return change.lesson
+    def curate(self, draft: Any) -> Change:
+        """Like ``add_lesson``, and say what curation did (``add``, ``merge``, ``conflict``)."""
+        return self.curator.add(draft)
 
     def save_lesson(self, lesson: Lesson) -> None:
-        """Store a lesson with its embedding (re-embedded on every save: the text may change)."""
-        vec = self.embedder.embed([lesson_text(lesson)])[0].astype(np.float32)
-        self.store.save_lesson(lesson, embedding=vec.tobytes(), embed_model=self.embedder.name)
+        """Store a lesson as it is, with its embedding (a restore, or a person's edit)."""
+        self.curator.save(lesson)
+
+    def change_lesson(self, lesson_id: str, edit: Callable[[Lesson], Lesson]) -> Lesson | None:
+        """Apply ``edit`` to a stored lesson in one transaction; None if there is no such one."""
+        return self.curator.change(lesson_id, edit)
+
+    def expire_due(self) -> int:
+        """Expire the lessons past their ``valid_until`` (an explicit step: recall never writes)."""
+        return self.curator.expire_due()
+
+    def reembed(self) -> int:
+        """Store embeddings from the current embedder for lessons that lack them."""
+        return self.curator.reembed()
 
     # -- recall ------------------------------------------------------------------------------
-    def _lesson_index(self) -> tuple[LessonIndex, bool]:
-        """The recall index and whether it may be behind the book.
-
-        A small book is re-indexed at once when it changes. A large one (building takes about
-        0.6 s at 10k lessons) is re-indexed in a background thread while recall keeps serving
-        the previous index, so no recall on the agent's path pays for a rebuild.
-        """
-        version = self.store.book_version()
-        index = self._index
-        if index is not None and version == self._index_version:
-            return index, False
-        if index is None or len(index) < SYNC_REBUILD_MAX:
-            with self._index_lock:
-                if self._index is None or self._index_version != self.store.book_version():
-                    self._rebuild_index()
-                assert self._index is not None
-                return self._index, False
-        if not self._index_lock.locked():
-            threading.Thread(target=self._rebuild_in_background, daemon=True).start()
-        return index, True
-
-    def _rebuild_in_background(self) -> None:
-        if not self._index_lock.acquire(blocking=False):
-            return  # another rebuild is under way
-        try:
-            if self.store.book_version() != self._index_version and not self._closed:
-                self._rebuild_index()
-        except Exception:  # noqa: BLE001 - the old index keeps serving
-            log.exception("hindsight: rebuilding the recall index failed")
-        finally:
-            self._index_lock.release()
-
-    def _rebuild_index(self) -> None:
-        """Build the index from the store (call with ``_index_lock`` held)."""
-        from hindsight_loop.recall import LessonIndex
-
-        version = self.store.book_version()
-        lessons = self._expire_due(self.store.list_lessons())
-        vectors: dict[str, np.ndarray] = {}
-        stale: list[Lesson] = []
-        stored = self.store.lesson_embeddings()
-        for lesson in lessons:
-            model, blob = stored.get(lesson.lesson_id, (None, None))
-            if model == self.embedder.name and blob is not None:
-                vectors[lesson.lesson_id] = np.frombuffer(blob, dtype=np.float32)
-            else:
-                stale.append(lesson)
-        if stale:
-            # The embedding model changed (or a lesson was imported without one): re-embed
-            # and store, so the next process does not have to.
-            fresh = self.embedder.embed([lesson_text(x) for x in stale])
-            with self.store.transaction():
-                for lesson, vec in zip(stale, fresh, strict=True):
-                    vectors[lesson.lesson_id] = vec.astype(np.float32)
-                    self.store.save_lesson(
-                        lesson,
-                        embedding=vec.astype(np.float32).tobytes(),
-                        embed_model=self.embedder.name,
-                    )
-            version = self.store.book_version()
-        self._index = LessonIndex(lessons, embedder=self.embedder, vectors=vectors)
-        self._index_version = version
-
-    def _expire_due(self, lessons: list[Lesson]) -> list[Lesson]:
-        """Mark lessons past ``valid_until`` expired in the store (kept, never deleted)."""
-        from hindsight_loop.lessons import expire_due
-
-        expired = {x.lesson_id: x for x in expire_due(lessons)}
-        for lesson in expired.values():
-            self.store.save_lesson(lesson)
-        return [expired.get(x.lesson_id, x) for x in lessons]
-
     def recall(
         self,
         *,
@@ -594,38 +372,24 @@ class Hindsight:
         scope: str | None = None,
         step: str | None = None,
         error_type: str | None = None,
-        limit: int = 3,
-        count_hits: bool = True,
+        limit: int = MAX_LESSONS,
     ) -> LessonSet:
-        """The best lessons (at most ``limit``, at most 3 by default) for a task, rules first."""
-        from hindsight_loop.recall import LessonSet, RecallQuery
+        """The best lessons (at most ``limit``, never more than 3) for a task, rules first.
+
+        A read: it writes nothing. Lessons count a hit when they are injected into a task.
+        """
+        from hindsight_loop.recall import RecallQuery
 
         q = RecallQuery(
             task_type=task_type,
-            tools=_tool_list(tools),
+            tools=tool_list(tools),
             query=query,
             intent=intent,
             scope=scope,
             step=step,
             error_type=error_type,
         )
-        index, behind = self._lesson_index()
-        found = index.search(q, limit=min(limit, 3))
-        if behind and found:
-            # The index may predate a reject, an expiry or a conflict: check the few lessons
-            # returned against the book itself.
-            live = {
-                x.lesson_id
-                for x in (self.store.get_lesson(i) for i in found.ids)
-                if x is not None and x.is_live()
-            }
-            found = LessonSet(x for x in found if x.lesson_id in live)
-        if count_hits and found:
-            try:
-                self.store.bump_hits([x.lesson_id for x in found])
-            except Exception:  # noqa: BLE001 - a hit count is not worth failing a recall for
-                log.exception("hindsight: could not count hits")
-        return found
+        return self.recall_cache.search(q, limit=min(limit, MAX_LESSONS))
 
     def credit_lessons(self, task_id: str, lesson_ids: Sequence[str]) -> None:
         """Count lessons as injected into a task that already started (recalled mid-run, or by
@@ -642,6 +406,7 @@ class Hindsight:
             if fresh:
                 task.injected_lesson_ids = [*task.injected_lesson_ids, *fresh]
                 self.store.upsert_task(task)
+                self.store.bump_hits(fresh)
 
     def inject(
         self,
@@ -659,6 +424,40 @@ class Hindsight:
         from hindsight_loop.recall import inject
 
         return inject(messages, lessons, mode=mode)
+
+    # -- outcomes ----------------------------------------------------------------------------
+    def report_outcome(
+        self,
+        task_id: str,
+        status: Literal["succeeded", "failed"],
+        *,
+        summary: str = "",
+        rated: dict[str, bool] | None = None,
+    ) -> list[str]:
+        """End a task from outside the agent's process (MCP, HTTP) and score its lessons.
+
+        ``rated`` gives explicit verdicts (lesson id -> helped); they replace the automatic
+        score from the outcome for those lessons, so none is counted twice. Returns the ids of
+        the rated lessons that exist.
+
+        Raises:
+            KeyError: there is no such task.
+        """
+        rated = rated or {}
+        self.flush()
+        with self.store.transaction():
+            task = self.store.get_task(task_id)
+            if task is None:
+                raise KeyError(task_id)
+            if rated and any(x in rated for x in task.injected_lesson_ids):
+                task.injected_lesson_ids = [x for x in task.injected_lesson_ids if x not in rated]
+                self.store.upsert_task(task)
+        result: dict[str, Any] = {"status": status}
+        if summary:
+            result["summary" if status == "succeeded" else "error_message"] = summary
+        self.record({"type": "task_end", "task_id": task_id, "result": result})
+        self.flush()
+        return self.worker.score(task_id, rated)
 
     # -- the whole loop in one call ----------------------------------------------------------
     def run_task_with_feedback(
@@ -679,7 +478,7 @@ class Hindsight:
         needed). A runner that returns a dict with ``{"status": "failed"}`` or raises marks
         the task failed; the exception is re-raised after the review is stored.
         """
-        text_goal = goal if goal is not None else _goal_text(task_input)
+        text_goal = goal if goal is not None else goal_text(task_input)
         try:
             with self.task(
                 task_type, goal=text_goal, tools=tools, scope=scope, intent=intent
@@ -714,84 +513,14 @@ class Hindsight:
     # -- reviews off the hot path ------------------------------------------------------------
     def run_pending(self, *, limit: int | None = None) -> int:
         """Run queued reviews in this thread (what ``hindsight worker`` does). Returns how many."""
-        done = 0
-        while limit is None or done < limit:
-            with self._busy:
-                job = self.store.claim_review()
-                if job is None:
-                    return done
-                self._run_job(job)
-            done += 1
-        return done
+        return self.worker.run_pending(limit=limit)
 
-    def _run_job(self, job: ReviewJob) -> None:
-        try:
-            if job.kind == "outcome":
-                self._apply_outcome(job.task_id)
-            elif job.kind == "local" and self.store.has_pending_review(job.task_id, kind="full"):
-                # The task ended before its local review ran and a full review of the whole
-                # run is queued: that one sees everything the local one would.
-                self.store.finish_review(job.job_id, status="skipped", error="full review queued")
-                return
-            else:
-                reflector = self.reflector if job.use_llm else self.offline_reflector
-                r = self.reflect(
-                    job.task_id,
-                    reflector=reflector,
-                    kind=job.kind,
-                    window=job.window,
-                    trigger=job.trigger,
-                )
-                if r.status == "failed":
-                    self.store.finish_review(job.job_id, status="failed", error=r.error)
-                    return
-            self.store.finish_review(job.job_id, status="done")
-        except Exception as exc:  # noqa: BLE001 - the worker survives any one job
-            log.exception("hindsight: review job %s failed", job.job_id)
-            self.store.finish_review(job.job_id, status="failed", error=repr(exc))
-
-    def _apply_outcome(self, task_id: str) -> None:
-        from hindsight_loop.lessons import apply_outcome
-
-        task = self.store.get_task(task_id)
-        if task is None or task.status == "running":
-            return
-        for lesson_id in task.injected_lesson_ids:
-            # Read and write in one transaction: a CLI 'reject' or another worker's update of
-            # the same lesson in between would otherwise be overwritten.
-            with self.store.transaction():
-                lesson = self.store.get_lesson(lesson_id)
-                if lesson is not None:
-                    self.store.save_lesson(
-                        apply_outcome(lesson, succeeded=task.status == "succeeded", task_id=task_id)
-                    )
-
-    def _work_loop(self) -> None:
-        while not self._closed:
-            self._work.wait(0.25)
-            self._work.clear()
-            if self._closed:
-                return
-            try:
-                self.run_pending()
-            except Exception:  # noqa: BLE001
-                log.exception("hindsight: review worker error")
-
-    def drain(self, timeout: float = 120.0) -> bool:
+    def drain(self, timeout: float = DRAIN_TIMEOUT) -> bool:
         """Flush events, then wait until every queued review has run. True if all done."""
         self.flush()
-        deadline = time.monotonic() + timeout
-        if self._worker is None or not self._worker.is_alive():
-            self.run_pending()
-            return self.store.pending_reviews(mine=True) == 0
-        while time.monotonic() < deadline:
-            self._work.set()
-            with self._busy:
-                if self.store.pending_reviews(mine=True) == 0:
-                    return True
-            time.sleep(0.01)
-        return False
+        return self.worker.drain(timeout)
 
+    # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
         """Flush what was recorded, finish the review in flight, close the store."""
         if self._closed:
@@ -800,7 +529,8 @@ class Hindsight:
             self.recorder.close()
         finally:
             self._closed = True
-            self._work.set()
+            self.recall_cache.closed = True
+            self.worker.stop()
             # Ends a retry backoff in flight, so a slow model cannot hold the process open.
             closer = getattr(self._reflector, "close", None)
             if callable(closer):
@@ -808,8 +538,7 @@ class Hindsight:
                     closer()
                 except Exception:  # noqa: BLE001
                     log.exception("hindsight: closing the reflector failed")
-            if self._worker is not None:
-                self._worker.join(timeout=30)
+            self.worker.join()
             self.store.close()
             atexit.unregister(self._atexit)
 
@@ -818,323 +547,6 @@ class Hindsight:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# -- the task context ---------------------------------------------------------------------------
-
-
-class TaskRun:
-    """One task being recorded; created by ``Hindsight.task``."""
-
-    def __init__(
-        self,
-        hs: Hindsight,
-        *,
-        task_type: str,
-        goal: str,
-        tools: list[str],
-        scope: str,
-        intent: str | None,
-        query: str | None,
-        recall: bool,
-        task_id: str,
-        timestamp: Any,
-    ) -> None:
-        self.hs = hs
-        self.task_id = task_id
-        self.task_type = task_type
-        self.goal = goal
-        self.tools = tools
-        self.scope = scope
-        self.intent = intent
-        self._query = query
-        self._recall = recall
-        self._timestamp = timestamp
-        self._outcome: dict[str, Any] | None = None
-        self._token: contextvars.Token | None = None
-        self.lessons: LessonSet = _empty_lessons()
-        self.events = 0
-
-    # -- context -----------------------------------------------------------------------------
-    def __enter__(self) -> TaskRun:
-        if self._recall:
-            try:
-                self.lessons = self.hs.recall(
-                    task_type=self.task_type,
-                    tools=self.tools,
-                    query=self._query or self.goal,
-                    intent=self.intent,
-                    scope=self.scope,
-                )
-            except Exception:  # noqa: BLE001 - no lessons is better than no task
-                log.exception("hindsight: recall at task start failed")
-        self._emit(
-            "task_start",
-            {
-                "task_type": self.task_type,
-                "goal": self.goal,
-                "tools": self.tools,
-                "scope": self.scope,
-                "intent": self.intent,
-                "injected_lesson_ids": [x.lesson_id for x in self.lessons],
-            },
-            timestamp=self._timestamp,
-        )
-        self._token = _current_task.set(self)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._token is not None:
-            try:
-                _current_task.reset(self._token)
-            except ValueError:  # exited in another context (a generator, a thread)
-                _current_task.set(None)
-        if exc is not None:
-            result = {
-                "status": "failed",
-                "error_type": type(exc).__name__,
-                "error_message": _error_text(exc),
-            }
-        else:
-            result = self._outcome or {"status": "succeeded"}
-        self._emit("task_end", {"result": result})
-        # the exception, if any, propagates: returning None does not swallow it
-
-    # -- steps -------------------------------------------------------------------------------
-    def _emit(self, etype: str, payload: dict[str, Any], *, timestamp: Any = None) -> None:
-        self.events += 1
-        self.hs.recorder.emit(self.task_id, etype, payload, timestamp=timestamp)
-
-    def user_input(self, text: str, *, timestamp: Any = None) -> None:
-        """The user said something."""
-        self._emit("user_input", {"input": {"text": text}}, timestamp=timestamp)
-
-    def decision(
-        self,
-        chosen: str,
-        *,
-        alternatives: Sequence[str] = (),
-        confidence: float | None = None,
-        reasoning: str | None = None,
-        step: str | None = None,
-        timestamp: Any = None,
-    ) -> None:
-        """The model chose an action (``llm_decision``)."""
-        payload: dict[str, Any] = {
-            "decision": {
-                "chosen_action": chosen,
-                "alternatives": list(alternatives),
-                "confidence": confidence,
-            }
-        }
-        if reasoning:
-            payload["decision"]["reasoning"] = reasoning
-        if step:
-            payload["agent_state"] = {"current_step": step}
-        self._emit("llm_decision", payload, timestamp=timestamp)
-
-    def state(
-        self, *, timestamp: Any = None, context: dict[str, Any] | None = None, **agent_state: Any
-    ) -> None:
-        """The agent's state changed (``current_step=…``, ``context_count=…``)."""
-        payload: dict[str, Any] = {"agent_state": agent_state}
-        if context:
-            payload["context"] = context
-        self._emit("state_change", payload, timestamp=timestamp)
-
-    def feedback(
-        self, text: str = "", *, score: float | None = None, timestamp: Any = None
-    ) -> None:
-        """The user's satisfaction: a negative score or words of complaint mark dissatisfaction."""
-        self._emit("feedback", {"input": {"text": text, "score": score}}, timestamp=timestamp)
-
-    def action(
-        self,
-        name: str,
-        input: dict[str, Any] | None = None,  # noqa: A002 - the wire format's own word
-        *,
-        step: str | None = None,
-        context: dict[str, Any] | None = None,
-    ) -> ActionCall:
-        """Record one tool call: ``with task.action("read_csv", {...}) as call: ...``."""
-        return ActionCall(self, name, input, step=step, context=context)
-
-    def record_action(
-        self,
-        name: str,
-        args: dict[str, Any] | None,
-        *,
-        output: Any = None,
-        status: str = "succeeded",
-        error_type: str | None = None,
-        error_message: str | None = None,
-        step: str | None = None,
-        latency_ms: float | None = None,
-        timestamp: Any = None,
-    ) -> None:
-        """Record a tool call that already happened, in one call (the cheapest path)."""
-        if name in self.hs.skip_tools:
-            return
-        result: dict[str, Any] = {"status": status, "output": output}
-        if error_type is not None:
-            result["error_type"] = error_type
-            result["error_message"] = error_message
-        if latency_ms is not None:
-            result["latency_ms"] = latency_ms
-        # The cheapest path takes ``args`` as given (no copy): the writer reads it within a few
-        # milliseconds, so do not refill the same dict for the next call (task.action copies).
-        payload: dict[str, Any] = {"input": {"tool": name, "args": args}, "result": result}
-        if step is not None:
-            payload["agent_state"] = {"current_step": step}
-        self._emit("action_executed", payload, timestamp=timestamp)
-
-    def fail(self, reason: str | None = None, **details: Any) -> None:
-        """Mark the task failed (recorded when the ``with`` block ends)."""
-        self._outcome = {"status": "failed", "error_message": reason, **details}
-
-    def succeed(self, **details: Any) -> None:
-        """Mark the task succeeded (the default when the block ends without an exception)."""
-        self._outcome = {"status": "succeeded", **details}
-
-    # -- lessons -----------------------------------------------------------------------------
-    @property
-    def advice(self) -> str:
-        """The recalled lessons rendered as tool-usage advice ('' when there are none)."""
-        return self.lessons.as_prompt() if self.lessons else ""
-
-    def advice_for(self, tool: str, *, error_type: str | None = None, query: str = "") -> LessonSet:
-        """Recall during the run, e.g. right after a tool failed, to change course in time."""
-        try:
-            found = self.hs.recall(
-                task_type=self.task_type,
-                tools=[tool],
-                query=query or f"{tool} {error_type or ''}",
-                scope=self.scope,
-                error_type=error_type,
-            )
-            fresh = [x for x in found if x.lesson_id not in {y.lesson_id for y in self.lessons}]
-            if fresh:
-                # They were handed to the agent: the task's outcome counts for them too.
-                self.lessons.extend(fresh)
-                self.hs.credit_lessons(self.task_id, [x.lesson_id for x in fresh])
-            return found
-        except Exception:  # noqa: BLE001
-            log.exception("hindsight: in-run recall failed")
-            return _empty_lessons()
-
-
-class ActionCall:
-    """One tool call being recorded; ``call.result(...)`` sets its result explicitly."""
-
-    __slots__ = ("_context", "_name", "_result", "_started", "_step", "_task", "input")
-
-    def __init__(
-        self,
-        task: TaskRun,
-        name: str,
-        input: dict[str, Any] | None,  # noqa: A002
-        *,
-        step: str | None,
-        context: dict[str, Any] | None,
-    ) -> None:
-        self._task = task
-        self._name = name
-        # As called: a dict the agent refills for its next call must not rewrite this one.
-        self.input = input.copy() if type(input) is dict else input
-        self._step = step
-        self._context = context
-        self._result: dict[str, Any] | None = None
-        self._started = 0.0
-
-    def __enter__(self) -> ActionCall:
-        self._started = time.perf_counter()
-        return self
-
-    def result(self, output: Any = None, *, status: str | None = None, **fields: Any) -> None:
-        """Set what the call returned. ``status`` defaults to succeeded."""
-        self._result = {"status": status or "succeeded", "output": output, **fields}
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._name in self._task.hs.skip_tools:
-            return
-        latency = round((time.perf_counter() - self._started) * 1000, 3)
-        result: dict[str, Any]
-        if exc is not None:
-            result = {
-                "status": "failed",
-                "error_type": type(exc).__name__,
-                "error_message": _error_text(exc),
-            }
-            if self._result and "output" in self._result:
-                result["output"] = self._result["output"]
-        else:
-            result = self._result or {"status": "succeeded"}
-        result["latency_ms"] = latency
-        payload: dict[str, Any] = {
-            "input": {"tool": self._name, "args": self.input},
-            "result": result,
-        }
-        if self._step is not None:
-            payload["agent_state"] = {"current_step": self._step}
-        if self._context:
-            payload["context"] = self._context
-        self._task._emit("action_executed", payload)
-
-
-# -- helpers ------------------------------------------------------------------------------------
-
-
-def _empty_lessons() -> LessonSet:
-    from hindsight_loop.recall import LessonSet
-
-    return LessonSet()
-
-
-def _tool_list(tools: Sequence[str] | str | None) -> list[str]:
-    """Tool names as a list; a lone string is one tool, not its letters."""
-    if tools is None:
-        return []
-    if isinstance(tools, str):
-        warn(f"tools={tools!r} is a string: taken as one tool; pass a list of tool names")
-        return [tools]
-    return [str(t) for t in tools]
-
-
-def _error_text(exc: BaseException) -> str:
-    """``str(exc)`` that cannot fail: the agent's own exception must stay the one it sees."""
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001
-        return f"<{type(exc).__name__}: str() failed>"
-
-
-def _goal_text(task_input: Any) -> str:
-    if isinstance(task_input, str):
-        return task_input[:500]
-    if isinstance(task_input, dict):
-        for key in ("goal", "query", "question", "input", "task"):
-            if isinstance(task_input.get(key), str):
-                return task_input[key][:500]
-        msgs = task_input.get("messages")
-        if isinstance(msgs, list):
-            for m in reversed(msgs):
-                if (
-                    isinstance(m, dict)
-                    and m.get("role") == "user"
-                    and isinstance(m.get("content"), str)
-                ):
-                    return m["content"][:500]
-    return repr(task_input)[:500]
 
 
 def _check_wire_event(event: Any) -> str | None:

@@ -36,8 +36,6 @@ ReflectionStatus = Literal["ok", "failed", "suspect"]
 EVENT_BODY_FIELDS = ("agent_state", "context", "input", "decision", "result")
 #: Top-level fields of an event kept in their own columns (everything else is its body).
 WIRE_SCALARS: frozenset[str] = frozenset({"event_id", "task_id", "seq", "timestamp", "type"})
-#: Task fields a ``task_start`` event carries at its top level.
-TASK_FIELDS = ("task_type", "goal", "tools", "scope", "intent")
 
 DEFAULT_VALIDITY = timedelta(days=30)
 
@@ -90,11 +88,6 @@ def iso(dt: datetime) -> str:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
-
-
-def iso_from_ns(ns: int) -> str:
-    secs, rem = divmod(ns, 1_000_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{rem // 1_000_000:03d}Z"
 
 
 def parse_ts(value: str | datetime | float | int | None) -> datetime:

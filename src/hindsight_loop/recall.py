@@ -23,6 +23,7 @@ a few hundred survivors never walks the whole book.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 import threading
@@ -683,3 +684,89 @@ def _with_score(lesson: Lesson, score: float) -> Lesson:
         object.__setattr__(copy, name, getattr(lesson, name))
     copy.score = score
     return copy
+
+
+# -- the index kept for a store -----------------------------------------------------------------
+
+#: Books smaller than this are re-indexed on the spot when they change (a fraction of a second);
+#: larger ones in the background while the previous index keeps serving recall.
+SYNC_REBUILD_MAX = 2_000
+
+
+class RecallCache:
+    """The recall index of one store, rebuilt when the book changes; recall reads, never writes.
+
+    A small book is re-indexed at once when it changes. A large one is re-indexed in a background
+    thread while recall keeps serving the previous index, so no recall on the agent's path pays
+    for a rebuild; lessons found by a stale index are re-checked against the book. Lessons whose
+    stored embedding is missing or from another model are embedded in memory only (storing them
+    is ``Curator.reembed``'s job, a write).
+
+    Args:
+        store: The lesson book (``list_lessons``, ``lesson_embeddings``, ``book_version``,
+            ``get_lesson``).
+        embedder: Returns the embedder (resolved lazily: a model is loaded on first use).
+    """
+
+    def __init__(self, store: Any, embedder: Callable[[], Embedder]) -> None:
+        self.store = store
+        self._embedder = embedder
+        self._index: LessonIndex | None = None
+        self.version = -1
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def search(self, query: RecallQuery, *, limit: int) -> LessonSet:
+        """The best lessons for ``query`` from the current book."""
+        index, behind = self._current()
+        found = index.search(query, limit=limit)
+        if behind and found:
+            # The index may predate a reject, an expiry or a conflict: check the few lessons
+            # returned against the book itself.
+            live = {
+                x.lesson_id
+                for x in (self.store.get_lesson(i) for i in found.ids)
+                if x is not None and x.is_live()
+            }
+            found = LessonSet(x for x in found if x.lesson_id in live)
+        return found
+
+    def _current(self) -> tuple[LessonIndex, bool]:
+        """The index and whether it may be behind the book."""
+        version = self.store.book_version()
+        index = self._index
+        if index is not None and version == self.version:
+            return index, False
+        if index is None or len(index) < SYNC_REBUILD_MAX:
+            with self._lock:
+                if self._index is None or self.version != self.store.book_version():
+                    self._rebuild()
+                assert self._index is not None
+                return self._index, False
+        if not self._lock.locked():
+            threading.Thread(target=self._rebuild_in_background, daemon=True).start()
+        return index, True
+
+    def _rebuild_in_background(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            return  # another rebuild is under way
+        try:
+            if self.store.book_version() != self.version and not self.closed:
+                self._rebuild()
+        except Exception:  # noqa: BLE001 - the old index keeps serving
+            logging.getLogger("hindsight_loop").exception("hindsight: re-indexing failed")
+        finally:
+            self._lock.release()
+
+    def _rebuild(self) -> None:
+        """Build the index from the store (call with ``_lock`` held)."""
+        embedder = self._embedder()
+        version = self.store.book_version()
+        lessons = self.store.list_lessons()
+        vectors = {
+            lesson_id: np.frombuffer(blob, dtype=np.float32)
+            for lesson_id, (model, blob) in self.store.lesson_embeddings().items()
+            if model == embedder.name and blob is not None
+        }
+        self._index = LessonIndex(lessons, embedder=embedder, vectors=vectors)
+        self.version = version

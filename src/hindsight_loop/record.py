@@ -455,7 +455,8 @@ class Recorder:
 
     # -- writer ----------------------------------------------------------------------------
     def _iso(self, ns: int) -> str:
-        """``iso_from_ns``, with the seconds part cached (formatting it cost ~2 µs an event)."""
+        """Nanoseconds since the epoch as the wire timestamp, the seconds part cached (formatting it
+        is most of an event's timestamp cost)."""
         secs, rem = divmod(ns, 1_000_000_000)
         cached, prefix = self._stamp  # one tuple: the spilling agent thread may call this too
         if secs != cached:

@@ -6,7 +6,7 @@ never to a database directly, so another backend only has to implement this prot
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -44,8 +44,9 @@ class Store(Protocol):
         task that was never started are kept under a placeholder task, whose ids are returned.
         """
 
-    def insert_events(self, events: Iterable[Event]) -> int:
-        """Write whole events (imports); returns how many were written."""
+    def event_ids(self, task_id: str) -> set[str]:
+        """The ids of a task's stored events (an import skips those it already stored)."""
+        ...
 
     def events(self, task_id: str) -> list[Event]:
         """A task's events ordered by (timestamp, seq)."""

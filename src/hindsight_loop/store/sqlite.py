@@ -12,7 +12,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,6 @@ import orjson
 
 from hindsight_loop.models import (
     EVENT_BODY_FIELDS,
-    WIRE_SCALARS,
     Event,
     Lesson,
     Reflection,
@@ -53,13 +52,6 @@ FROM json_each(?1)
 
 def _dumps(obj: Any) -> str:
     return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode()
-
-
-def _body_of(event: Event) -> bytes:
-    data = event.to_dict()
-    for key in WIRE_SCALARS:
-        data.pop(key, None)
-    return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
 
 
 def _task_from_start(task_id: str, ts: str, body: dict[str, Any]) -> tuple:
@@ -210,6 +202,9 @@ class SQLiteStore:
                          started_at=excluded.started_at""",
                     _task_from_start(task_id, ts, fields),
                 )
+                # Lessons count a hit when they are injected into a task (recall only reads).
+                if fields.get("injected_lesson_ids"):
+                    self._bump_hits(db, fields["injected_lesson_ids"])
             elif etype == "task_end":
                 result = orjson.loads(body).get("result") or {}
                 db.execute(
@@ -217,10 +212,11 @@ class SQLiteStore:
                     (task_outcome(result.get("status")), _dumps(result), ts, task_id),
                 )
 
-    def insert_events(self, events: Iterable[Event]) -> int:
-        rows = [(e.event_id, e.task_id, e.seq, e.timestamp, e.type, _body_of(e)) for e in events]
-        self.write_event_batch(rows)
-        return len(rows)
+    def event_ids(self, task_id: str) -> set[str]:
+        return {
+            row[0]
+            for row in self._db.execute("SELECT event_id FROM events WHERE task_id=?", (task_id,))
+        }
 
     def events(self, task_id: str) -> list[Event]:
         out = []
@@ -390,15 +386,19 @@ class SQLiteStore:
         }
 
     def bump_hits(self, lesson_ids: Sequence[str]) -> None:
+        self._bump_hits(self._db, lesson_ids)
+
+    @staticmethod
+    def _bump_hits(db: sqlite3.Connection, lesson_ids: Sequence[str]) -> None:
         # Hit counts do not change the book's version: recall does not rank on them, and a
         # recall must not invalidate the index it was served from.
         if not lesson_ids:
             return
-        self._db.execute(
+        db.execute(
             """UPDATE lessons SET body = json_set(body, '$.hit_count',
                    coalesce(json_extract(body, '$.hit_count'), 0) + 1)
                WHERE lesson_id IN (SELECT value FROM json_each(?))""",
-            (_dumps(list(lesson_ids)),),
+            (_dumps([str(x) for x in lesson_ids]),),
         )
 
     def book_version(self) -> int:

@@ -1,0 +1,139 @@
+"""Triggers: when a run asks for a review, decided as its events become durable.
+
+Runs in the recorder's committer thread, after each batch is written (``Recorder(on_batch=...)``):
+a task that ends queues a full review (and an outcome job for the lessons injected into it);
+an anomaly seen mid-run (the live key-node rules of ``replay.AnomalyWatch``) queues a local
+review of a window around it, so a reflection can start before the run ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from hindsight_loop.models import Event, is_failure
+from hindsight_loop.record import WATCHED_TYPES, Row
+from hindsight_loop.reflect import needs_review
+from hindsight_loop.replay import AnomalyWatch
+from hindsight_loop.store import Store
+
+#: Steps before the anomaly's first step that a local review also reads (how the run got there).
+LOCAL_WINDOW_BEFORE = 2
+
+#: Most local reviews one task may ask for: a run that keeps failing needs one look, not fifty.
+MAX_LOCAL_REVIEWS = 3
+
+
+@dataclass(kw_only=True)
+class _Running:
+    """What the triggers keep about one running task, dropped at its ``task_end``."""
+
+    events: int = 0
+    """Events of the task written so far (the run position of the next one)."""
+    had_failure: bool = False
+    """A tool call of the task failed: a recovery may be worth a lesson."""
+    local_reviews: int = 0
+    """Local reviews queued for the task so far (at most ``MAX_LOCAL_REVIEWS``)."""
+    watch: AnomalyWatch = field(default_factory=AnomalyWatch)
+    """The live anomaly rules, fed only the events they read."""
+    positions: list[int] = field(default_factory=list)
+    """The run position of each event the watch saw (its node indices count only those)."""
+
+
+class Triggers:
+    """Decides the reviews of running tasks from their durable events.
+
+    Args:
+        store: Where reviews are queued and ended tasks are read.
+        review_min_events: A task with at least this many events is reviewed when it ends.
+        live: Run the live anomaly rules and queue local reviews.
+        wake: Called once per batch that queued a review (wakes the review worker).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        review_min_events: int,
+        live: bool,
+        wake: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.review_min_events = review_min_events
+        self.live = live
+        self._wake = wake
+        self._running: dict[str, _Running] = {}
+
+    def on_batch(self, rows: list[Row], payloads: list[Any]) -> None:
+        """The recorder's hook: ``payloads`` holds the sanitized payload of each watched event
+        (else None), so the rules need not parse the JSON they were just made from."""
+        queued = False
+        for i, (event_id, task_id, seq, ts, etype, body) in enumerate(rows):
+            run = self._running.get(task_id)
+            if run is None:
+                run = self._running[task_id] = _Running()
+            position = run.events
+            run.events += 1
+            if etype == "task_end":
+                del self._running[task_id]
+                queued |= self._queue_end_reviews(task_id, run.had_failure)
+                continue
+            if etype not in WATCHED_TYPES:
+                continue
+            data = payloads[i] if i < len(payloads) else None
+            if data is None:
+                data = orjson.loads(body)
+            if etype == "action_executed" and is_failure((data.get("result") or {}).get("status")):
+                run.had_failure = True
+            if self.live:
+                event = Event(
+                    event_id=event_id,
+                    task_id=task_id,
+                    seq=seq,
+                    timestamp=ts,
+                    type=etype,  # type: ignore[arg-type]
+                    agent_state=data.get("agent_state"),
+                    input=data.get("input"),
+                    decision=data.get("decision"),
+                    result=data.get("result"),
+                )
+                queued |= self._watch(run, event, position)
+        if queued:
+            self._wake()
+
+    def _queue_end_reviews(self, task_id: str, had_failure: bool) -> bool:
+        task = self.store.get_task(task_id)
+        if task is None:
+            return False
+        queued = False
+        if task.injected_lesson_ids:
+            self.store.enqueue_review(task_id, kind="outcome", trigger="task_end")
+            queued = True
+        if needs_review(
+            task, task.event_count, min_events=self.review_min_events, had_failure=had_failure
+        ):
+            self.store.enqueue_review(task_id, kind="full", trigger="task_end")
+            queued = True
+        return queued
+
+    def _watch(self, run: _Running, event: Event, position: int) -> bool:
+        run.positions.append(position)
+        queued = False
+        for node in run.watch.observe(event):
+            if run.local_reviews >= MAX_LOCAL_REVIEWS:
+                break
+            run.local_reviews += 1
+            # The watch counts only the events it saw; the review reads chronicle steps, which
+            # are every event of the task: map back through the positions it saw them at.
+            steps = [
+                run.positions[i] for i in (node.index, *node.related) if 0 <= i < len(run.positions)
+            ]
+            first, last = max(0, min(steps) - LOCAL_WINDOW_BEFORE), max(steps)
+            self.store.enqueue_review(
+                event.task_id, kind="local", trigger=node.kind, window=[first, last]
+            )
+            queued = True
+        return queued

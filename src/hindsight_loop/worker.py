@@ -1,0 +1,306 @@
+"""The worker: reflection jobs, curation into the lesson book, and outcome feedback.
+
+Everything that turns a finished run into lessons happens here, off the agent's hot path: a
+background thread of the agent's process, or a ``hindsight worker`` process on the same store.
+Jobs come from the ``review_jobs`` queue, of three kinds:
+
+- ``full``: reflect on a whole run (queued when a task ends);
+- ``local``: reflect on a window around an anomaly (queued mid-run by the triggers);
+- ``outcome``: move the helpful / harmful counts of the lessons injected into an ended task.
+
+A reflection that fails is stored as a ``failed`` reflection; nothing here raises into the
+agent's task.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hindsight_loop.embed import lesson_text
+from hindsight_loop.lessons import Change, apply_outcome, curate, expire_due
+from hindsight_loop.models import Chronicle, Lesson, Reflection, iso, new_id, utcnow
+from hindsight_loop.replay import replay
+from hindsight_loop.store import ReviewJob, Store
+
+if TYPE_CHECKING:
+    from hindsight_loop.embed import Embedder
+    from hindsight_loop.reflect import Reflector
+
+log = logging.getLogger("hindsight_loop")
+
+#: How often the background thread looks for queued jobs when nothing woke it.
+POLL_INTERVAL = 0.25
+#: How often ``drain`` checks whether the jobs it waits for are done.
+DRAIN_POLL = 0.01
+
+
+class Curator:
+    """The stateful shell around ``lessons.curate``: read the book, decide, write, embed.
+
+    Args:
+        store: The lesson book.
+        embedder: Returns the embedder (resolved lazily: a model is loaded on first use).
+    """
+
+    def __init__(self, store: Store, embedder: Callable[[], Embedder]) -> None:
+        self.store = store
+        self._embedder = embedder
+        self._lock = threading.Lock()
+
+    def add(self, draft: Any) -> Change:
+        """Curate one lesson draft into the book: add, merge into a twin, or flag a conflict."""
+        # Read the book, decide and write in one transaction: two reviews (a worker thread, a
+        # `hindsight worker` process, an MCP call) curating at once must see each other's lesson.
+        with self._lock, self.store.transaction():
+            book = self.store.list_lessons(task_type=draft.task_type)
+            change = curate(draft, book, embedder=self._embedder())
+            for lesson in change.saves:
+                self.save(lesson)
+        return change
+
+    def change(self, lesson_id: str, edit: Callable[[Lesson], Lesson]) -> Lesson | None:
+        """Apply one change to a stored lesson (read and write in one transaction, so a worker
+        scoring the same lesson meanwhile is not overwritten). None if there is no such lesson."""
+        with self._lock, self.store.transaction():
+            lesson = self.store.get_lesson(lesson_id)
+            if lesson is None:
+                return None
+            changed = edit(lesson)
+            self.save(changed)
+        return changed
+
+    def save(self, lesson: Lesson) -> None:
+        """Store a lesson with its embedding (re-embedded on every save: the text may change)."""
+        embedder = self._embedder()
+        vec = embedder.embed([lesson_text(lesson)])[0].astype(np.float32)
+        self.store.save_lesson(lesson, embedding=vec.tobytes(), embed_model=embedder.name)
+
+    def expire_due(self) -> int:
+        """Mark lessons past ``valid_until`` expired (kept, never deleted). Returns how many."""
+        with self._lock, self.store.transaction():
+            expired = expire_due(self.store.list_lessons(status="active"))
+            for lesson in expired:
+                self.store.save_lesson(lesson)
+        return len(expired)
+
+    def reembed(self) -> int:
+        """Store embeddings for lessons whose stored one is missing or from another model."""
+        embedder = self._embedder()
+        stored = self.store.lesson_embeddings()
+        stale = [
+            x
+            for x in self.store.list_lessons()
+            if stored.get(x.lesson_id, (None, None))[0] != embedder.name
+        ]
+        if not stale:
+            return 0
+        vectors = embedder.embed([lesson_text(x) for x in stale])
+        with self._lock, self.store.transaction():
+            for lesson, vec in zip(stale, vectors, strict=True):
+                self.store.save_lesson(
+                    lesson, embedding=vec.astype(np.float32).tobytes(), embed_model=embedder.name
+                )
+        return len(stale)
+
+
+class Worker:
+    """Runs review jobs: in a background thread (``background=True``) or when asked.
+
+    Args:
+        store: Where jobs, tasks, events and reflections live.
+        curator: Where the lessons a reflection drafts go.
+        reflector: Returns the configured reflector (an LLM, else the offline one).
+        offline_reflector: Returns the offline reflector (for jobs that must not use an LLM).
+        background: Start a thread that runs jobs as they are queued.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        curator: Curator,
+        reflector: Callable[[], Reflector],
+        offline_reflector: Callable[[], Reflector],
+        background: bool,
+    ) -> None:
+        self.store = store
+        self.curator = curator
+        self._reflector = reflector
+        self._offline = offline_reflector
+        self._closed = False
+        self._wake = threading.Event()
+        self._busy = threading.Lock()
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(
+                target=self._loop, name="hindsight-reviews", daemon=True
+            )
+            self._thread.start()
+
+    def wake(self) -> None:
+        """Tell the background thread a job was queued."""
+        self._wake.set()
+
+    # -- one review --------------------------------------------------------------------------
+    def chronicle(self, task_id: str, *, max_steps: int = 500) -> Chronicle:
+        """The chronicle of a stored task."""
+        task = self.store.get_task(task_id)
+        if task is None:
+            raise KeyError(
+                f"no task {task_id!r} in {self.store.url}; list them with 'hindsight tasks'"
+            )
+        return replay(task, self.store.events(task_id), max_steps=max_steps)
+
+    def reflect(
+        self,
+        task_id: str,
+        *,
+        reflector: Reflector | None = None,
+        kind: str = "full",
+        window: tuple[int, int] | list[int] | None = None,
+        trigger: str = "manual",
+    ) -> Reflection:
+        """Review one task now and curate what it teaches; a reflector's failure is stored as a
+        ``failed`` reflection and returned, never raised."""
+        # A local review's window is in run positions: replay it uncompressed so step indices
+        # are run positions (the reflector reads only the window, so the size does not matter).
+        chronicle = (
+            self.chronicle(task_id, max_steps=1 << 30) if window else self.chronicle(task_id)
+        )
+        reflector = reflector or self._reflector()
+        started = time.perf_counter()
+        try:
+            reflection = reflector.reflect(
+                chronicle,
+                kind=kind,  # type: ignore[arg-type]
+                window=tuple(window) if window else None,  # type: ignore[arg-type]
+            )
+        except Exception as exc:  # noqa: BLE001 - a reflection never breaks the caller
+            log.warning("hindsight: reflection of %s failed: %r", task_id, exc)
+            reflection = Reflection(
+                reflection_id=new_id("ref"),
+                task_id=task_id,
+                kind="local" if kind == "local" else "full",
+                status="failed",
+                reflector=getattr(reflector, "name", type(reflector).__name__),
+                error=f"{type(exc).__name__}: {exc}",
+                latency_ms=(time.perf_counter() - started) * 1000,
+            )
+        reflection.trigger = trigger
+        reflection.created_at = reflection.created_at or iso(utcnow())
+        if reflection.status == "ok":
+            for draft in reflection.lessons:
+                if not draft.source_task_ids:
+                    draft.source_task_ids = [task_id]
+                if not draft.scope or draft.scope == "global":
+                    draft.scope = chronicle.task.scope or "global"
+                try:
+                    reflection.lesson_ids.append(self.curator.add(draft).lesson.lesson_id)
+                except Exception as exc:  # noqa: BLE001
+                    log.exception("hindsight: curating a lesson failed")
+                    reflection.error = f"curation failed: {exc!r}"
+        self.store.save_reflection(reflection)
+        return reflection
+
+    # -- outcome feedback --------------------------------------------------------------------
+    def apply_outcome(self, task_id: str) -> int:
+        """Score the lessons injected into an ended task by its outcome. Returns how many."""
+        task = self.store.get_task(task_id)
+        if task is None or task.status == "running":
+            return 0
+        succeeded = task.status == "succeeded"
+        return len(self.score(task_id, dict.fromkeys(task.injected_lesson_ids, succeeded)))
+
+    def score(self, task_id: str, verdicts: dict[str, bool]) -> list[str]:
+        """Count each lesson as helpful (True) or harmful (False) in a task; returns the ids of
+        the lessons that exist."""
+        scored = []
+        for lesson_id, helped in verdicts.items():
+            # Read and write in one transaction: a CLI 'reject' or another worker's update of
+            # the same lesson in between would otherwise be overwritten.
+            with self.store.transaction():
+                lesson = self.store.get_lesson(lesson_id)
+                if lesson is not None:
+                    self.store.save_lesson(apply_outcome(lesson, succeeded=helped, task_id=task_id))
+                    scored.append(lesson_id)
+        return scored
+
+    # -- the queue ---------------------------------------------------------------------------
+    def run_pending(self, *, limit: int | None = None) -> int:
+        """Run queued jobs in this thread (what ``hindsight worker`` does). Returns how many."""
+        done = 0
+        while limit is None or done < limit:
+            with self._busy:
+                job = self.store.claim_review()
+                if job is None:
+                    return done
+                self._run(job)
+            done += 1
+        return done
+
+    def _run(self, job: ReviewJob) -> None:
+        try:
+            if job.kind == "outcome":
+                self.apply_outcome(job.task_id)
+            elif job.kind == "local" and self.store.has_pending_review(job.task_id, kind="full"):
+                # The task ended before its local review ran and a full review of the whole
+                # run is queued: that one sees everything the local one would.
+                self.store.finish_review(job.job_id, status="skipped", error="full review queued")
+                return
+            else:
+                reflector = self._reflector() if job.use_llm else self._offline()
+                r = self.reflect(
+                    job.task_id,
+                    reflector=reflector,
+                    kind=job.kind,
+                    window=job.window,
+                    trigger=job.trigger,
+                )
+                if r.status == "failed":
+                    self.store.finish_review(job.job_id, status="failed", error=r.error)
+                    return
+            self.store.finish_review(job.job_id, status="done")
+        except Exception as exc:  # noqa: BLE001 - the worker survives any one job
+            log.exception("hindsight: review job %s failed", job.job_id)
+            self.store.finish_review(job.job_id, status="failed", error=repr(exc))
+
+    def _loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(POLL_INTERVAL)
+            self._wake.clear()
+            if self._closed:
+                return
+            try:
+                self.run_pending()
+            except Exception:  # noqa: BLE001
+                log.exception("hindsight: review worker error")
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every job this process queued has run. True if all done."""
+        deadline = time.monotonic() + timeout
+        if self._thread is None or not self._thread.is_alive():
+            self.run_pending()
+            return self.store.pending_reviews(mine=True) == 0
+        while time.monotonic() < deadline:
+            self._wake.set()
+            with self._busy:
+                if self.store.pending_reviews(mine=True) == 0:
+                    return True
+            time.sleep(DRAIN_POLL)
+        return False
+
+    def stop(self) -> None:
+        """Ask the background thread to stop after the job in flight."""
+        self._closed = True
+        self._wake.set()
+
+    def join(self, timeout: float = 30.0) -> None:
+        """Wait for the background thread to stop (``stop()`` first)."""
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
