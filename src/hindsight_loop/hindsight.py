@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 
 from hindsight_loop.models import (
-    EVENT_BODY_FIELDS,
-    EVENT_TYPES,
     Chronicle,
     Lesson,
     Reflection,
     Task,
+    wire_event_problem,
 )
 from hindsight_loop.record import DEFAULT_MAX_TEXT, Recorder, warn
 from hindsight_loop.store import Store, open_store
@@ -219,10 +218,10 @@ class Hindsight:
         A refused event (not an object, unknown type, no task id) is written to the
         dead-letter file with the reason and a warning; it never raises.
         """
-        problem = _check_wire_event(event)
+        problem = wire_event_problem(event)
         if problem:
             warn(f"event refused: {problem}; kept in {self.recorder.dead_letter}")
-            self._keep_refused(event, problem)
+            self.recorder.keep_refused(event, problem)
             return False
         self._accept(event)
         return True
@@ -244,21 +243,6 @@ class Hindsight:
             seq=seq if type(seq) is int and -(2**63) <= seq < 2**63 else None,  # not a bool
         )
 
-    def _keep_refused(self, event: Any, problem: str) -> None:
-        try:
-            line = orjson.dumps(
-                {"refused": event, "_dead_letter_reason": problem},
-                default=repr,
-                option=orjson.OPT_NON_STR_KEYS,
-            )
-        except Exception:  # noqa: BLE001
-            line = orjson.dumps({"refused": repr(event)[:10_000], "_dead_letter_reason": problem})
-        try:
-            with open(self.recorder.dead_letter, "ab") as fh:
-                fh.write(line + b"\n")
-        except OSError as exc:
-            log.error("hindsight: could not keep a refused event: %s", exc)
-
     def import_jsonl(self, path: str | Path) -> tuple[int, list[str]]:
         """Load a file of wire-format events (any mix of tasks). Returns (accepted, problems)."""
         accepted, problems = 0, []
@@ -273,7 +257,7 @@ class Hindsight:
                 except orjson.JSONDecodeError as exc:
                     problems.append(f"line {lineno}: not JSON ({exc})")
                     continue
-                problem = _check_wire_event(event)
+                problem = wire_event_problem(event)
                 if problem:
                     problems.append(f"line {lineno}: {problem}")
                     continue
@@ -547,23 +531,6 @@ class Hindsight:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _check_wire_event(event: Any) -> str | None:
-    """What is wrong with a wire-format event, or None."""
-    if not isinstance(event, dict):
-        return f"an event must be a dict (a JSON object), got {type(event).__name__}"
-    etype = event.get("type")
-    if etype not in EVENT_TYPES:
-        return f"unknown event type {etype!r}; expected one of {', '.join(sorted(EVENT_TYPES))}"
-    task_id = event.get("task_id")
-    if not isinstance(task_id, str) or not task_id:
-        return "an event needs a non-empty string 'task_id'"
-    for name in EVENT_BODY_FIELDS:
-        value = event.get(name)
-        if value is not None and not isinstance(value, dict):
-            return f"event field {name!r} must be an object, got {type(value).__name__}"
-    return None
 
 
 __all__ = ["ActionCall", "Hindsight", "TaskRun", "current_task"]

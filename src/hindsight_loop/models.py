@@ -199,22 +199,11 @@ class Event:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Event:
         """Build an event from its wire form; raises ``ValueError`` naming what is wrong."""
-        if not isinstance(data, dict):
-            raise ValueError(f"an event must be a JSON object, got {type(data).__name__}")
-        etype = data.get("type")
-        if etype not in EVENT_TYPES:
-            raise ValueError(
-                f"unknown event type {etype!r}; expected one of {', '.join(sorted(EVENT_TYPES))}"
-            )
-        task_id = data.get("task_id")
-        if not isinstance(task_id, str) or not task_id:
-            raise ValueError("an event needs a non-empty string 'task_id'")
-        body: dict[str, Any] = {}
-        for name in EVENT_BODY_FIELDS:
-            value = data.get(name)
-            if value is not None and not isinstance(value, dict):
-                raise ValueError(f"event field {name!r} must be a JSON object")
-            body[name] = value
+        problem = wire_event_problem(data)
+        if problem:
+            raise ValueError(problem)
+        task_id, etype = data["task_id"], data["type"]
+        body = {name: data.get(name) for name in EVENT_BODY_FIELDS}
         known = WIRE_SCALARS | set(EVENT_BODY_FIELDS)
         extra = {k: v for k, v in data.items() if k not in known}
         seq = data.get("seq")
@@ -229,6 +218,24 @@ class Event:
             extra=extra,
             **body,
         )
+
+
+def wire_event_problem(event: Any) -> str | None:
+    """What is wrong with a wire-format event, or None: the one check of the wire format,
+    used by ``Event.from_dict``, ``hs.record`` and every import."""
+    if not isinstance(event, dict):
+        return f"an event must be a JSON object (a dict), got {type(event).__name__}"
+    etype = event.get("type")
+    if etype not in EVENT_TYPES:
+        return f"unknown event type {etype!r}; expected one of {', '.join(sorted(EVENT_TYPES))}"
+    task_id = event.get("task_id")
+    if not isinstance(task_id, str) or not task_id:
+        return "an event needs a non-empty string 'task_id'"
+    for name in EVENT_BODY_FIELDS:
+        value = event.get(name)
+        if value is not None and not isinstance(value, dict):
+            return f"event field {name!r} must be an object, got {type(value).__name__}"
+    return None
 
 
 @dataclass(kw_only=True, slots=True)

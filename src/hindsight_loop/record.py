@@ -628,6 +628,19 @@ class Recorder:
         )
         self._append_dead_letter(lines, reason)
 
+    def keep_refused(self, thing: Any, reason: str) -> None:
+        """Dead-letter something refused before it became an event (not an event at all, or
+        an event that fails the wire check), kept whole under ``refused`` with the reason."""
+        try:
+            line = orjson.dumps(
+                {"refused": thing, "_dead_letter_reason": reason},
+                default=repr,
+                option=orjson.OPT_NON_STR_KEYS,
+            )
+        except Exception:  # noqa: BLE001 - the dead letter must take anything
+            line = orjson.dumps({"refused": repr(thing)[:10_000], "_dead_letter_reason": reason})
+        self._append_dead_letter([line], reason)
+
     def _append_dead_letter(self, lines: Iterable[bytes], reason: str) -> None:
         # Written a thousand lines at a time: building a whole batch's lines first (and its
         # events as dicts) cost ~80 MB at the moment memory is tightest, the spill.

@@ -157,7 +157,7 @@ def run_demo(
             hs.drain()
             lessons = [
                 lesson
-                for lesson in hs.store.list_lessons(task_type=TASK_TYPE)
+                for lesson in hs.lessons(task_type=TASK_TYPE)
                 if lesson.status in ("active", "needs_review")
             ]
         finally:

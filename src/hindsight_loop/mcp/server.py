@@ -246,12 +246,12 @@ def build_server(hs: Hindsight, *, name: str = SERVER_NAME) -> MCPServer:
 
         def run() -> dict[str, Any]:
             hs.flush()
-            if hs.store.get_task(task_id) is None:
+            if hs.get_task(task_id) is None:
                 raise ToolError(
                     f"no task {task_id!r}: record it first with record_event (a task_start event)"
                 )
             reflection = hs.reflect(task_id)
-            lessons = [hs.store.get_lesson(x) for x in reflection.lesson_ids]
+            lessons = [hs.lesson(x) for x in reflection.lesson_ids]
             parsed = reflection.parsed or {}
             return {
                 "task_id": task_id,
@@ -284,7 +284,7 @@ def _lesson_view(lesson: Lesson) -> dict[str, Any]:
 def _credit(hs: Hindsight, task_id: str, lesson_ids: list[str]) -> None:
     """Add recalled lessons to a task that already started (its outcome is credited to them)."""
     hs.flush()
-    if hs.store.get_task(task_id) is None:
+    if hs.get_task(task_id) is None:
         return  # not started yet: added to its task_start when that arrives
     hs.credit_lessons(task_id, lesson_ids)
 
@@ -292,32 +292,13 @@ def _credit(hs: Hindsight, task_id: str, lesson_ids: list[str]) -> None:
 def _end_task(
     hs: Hindsight, task_id: str, status: str, summary: str, rated: dict[str, bool]
 ) -> list[str]:
-    from hindsight_loop.lessons import apply_outcome
-
-    hs.flush()
-    task = hs.store.get_task(task_id)
-    if task is None:
+    try:
+        return hs.report_outcome(task_id, status, summary=summary, rated=rated)  # type: ignore[arg-type]
+    except KeyError:
         raise ToolError(
             f"no task {task_id!r}: start it with record_event "
             "({'type': 'task_start', 'task_type': ..., 'goal': ...}) first"
-        )
-    if rated and any(x in rated for x in task.injected_lesson_ids):
-        # An explicit verdict replaces the automatic one, so no lesson is counted twice.
-        task.injected_lesson_ids = [x for x in task.injected_lesson_ids if x not in rated]
-        hs.store.upsert_task(task)
-    result: dict[str, Any] = {"status": status}
-    if summary:
-        result["summary" if status == "succeeded" else "error_message"] = summary
-    hs.record({"type": "task_end", "task_id": task_id, "result": result})
-    hs.flush()
-    updated = []
-    for lesson_id, helped in rated.items():
-        lesson = hs.store.get_lesson(lesson_id)
-        if lesson is None:
-            continue
-        hs.store.save_lesson(apply_outcome(lesson, succeeded=helped, task_id=task_id))
-        updated.append(lesson_id)
-    return updated
+        ) from None
 
 
 def _version() -> str:
