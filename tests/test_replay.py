@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 import pytest
 
-from hindsight_loop.models import Chronicle, Event, Task, iso
+from hindsight_loop.models import Chronicle, Event, KeyNodeKind, Task, iso
 from hindsight_loop.replay import (
+    DETECTORS,
+    LIVE_KINDS,
+    LOCAL_WINDOW_AFTER,
+    LOCAL_WINDOW_BEFORE,
     LOOP_REPEATS,
     NODE_SUMMARY_MAX,
     STEP_SUMMARY_MAX,
     AnomalyWatch,
+    local_window,
     looks_dissatisfied,
     replay,
 )
@@ -802,3 +807,54 @@ def test_watch_agrees_with_replay_on_the_live_triggers() -> None:
             assert watched.summary == "poll_job ×4 same args in a row"
         else:
             assert (watched.summary, watched.related) == (replayed.summary, replayed.related)
+
+
+def test_watch_and_replay_run_the_same_detectors() -> None:
+    # Cycles, a streak broken by a success, statuses in other cases, nameless calls, complaints:
+    # the live watch reports exactly the live nodes a replay finds, at the same call.
+    run = Run()
+    run.start()
+    for _ in range(4):
+        run.call("list_dir", path="/data")
+        run.call("read_csv", path="/data/a.csv")
+    run.call("read_csv", "FAILED", path="/b")
+    run.call("read_csv", " Failed ", path="/c")
+    run.call("read_csv", "Succeeded", path="/d")
+    run.add("action_executed", input={"path": "/x"}, result={"status": "failed"})
+    run.call("write", "failed", path="/e")
+    run.say("this is not what I asked for")
+    for _ in range(5):
+        run.call("poll", job=1)
+        run.decide("poll", [])
+    run.feedback("fine", score=-1)
+    run.end()
+
+    full = replay(TASK, run.events)
+    expected = [(n.kind, n.index, n.event_id) for n in full.key_nodes if n.kind in LIVE_KINDS]
+    got = [(n.kind, n.index, n.event_id) for n in watch_all(run.events)]
+    assert got == expected
+    assert {kind for kind, _, _ in got} == set(LIVE_KINDS)
+    # A cycle is a loop live too, reported at its fourth call.
+    loops = [n for n in watch_all(run.events) if n.kind == "loop"]
+    assert [(n.action, n.summary) for n in loops[:2]] == [
+        ("list_dir", "list_dir ×4 same args in the run"),
+        ("read_csv", "read_csv ×4 same args in the run"),
+    ]
+    # "FAILED" and " Failed " are failures by the one rule, for replay and the watch alike.
+    (streak, *_) = [n for n in full.key_nodes if n.kind == "consecutive_failures"]
+    assert streak.related == [9, 10]
+    assert nodes_of(full, "first_failure")[0].index == 9
+
+
+def test_every_key_node_kind_has_one_detector() -> None:
+    kinds_found = [factory().kind for factory in DETECTORS]
+    assert sorted(kinds_found) == sorted(get_args(KeyNodeKind))
+    assert set(LIVE_KINDS) <= set(kinds_found)
+
+
+def test_local_window_is_the_node_and_a_few_steps_around_it() -> None:
+    assert local_window([12, 10, 11]) == (10 - LOCAL_WINDOW_BEFORE, 12 + LOCAL_WINDOW_AFTER)
+    assert local_window([1]) == (0, 1 + LOCAL_WINDOW_AFTER)
+    assert local_window([5], last=6) == (5 - LOCAL_WINDOW_BEFORE, 6)
+    with pytest.raises(ValueError):
+        local_window([])

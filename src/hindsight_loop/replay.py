@@ -6,20 +6,29 @@ a recovery, the user getting annoyed …), each summarised in at most 50 charact
 run makes a small prompt. ``AnomalyWatch`` runs the live subset of the same rules one event at a
 time in the recorder's writer thread, so a local review can start before the run ends.
 
-Key nodes (``KeyNode.kind``), found in one linear pass:
+Key nodes (``KeyNode.kind``) are found in one linear pass by one small detector per kind, each
+holding the per-run state it needs (``Detector``: ``observe(seen)``, ``finish()``):
 
-- ``first_failure``: the first tool call that failed.
-- ``consecutive_failures``: two tool calls in a row failed (one node per streak).
-- ``recovery``: a call failed, then a different call (other tool or other arguments) succeeded
+- ``FirstFailure``: the first tool call that failed.
+- ``ConsecutiveFailures``: two tool calls in a row failed (one node per streak).
+- ``Recovery``: a call failed, then a different call (other tool or other arguments) succeeded
   at the same agent step; ``related`` is ``[failed, succeeded]``.
-- ``loop``: the same tool with the same arguments ``LOOP_REPEATS`` (4) or more times, in a row
+- ``Loop``: the same tool with the same arguments ``LOOP_REPEATS`` (4) or more times, in a row
   or cycling with a few other calls between (one node per loop).
-- ``hesitation``: at one step the agent left an action it had just weighed as an alternative,
+- ``Hesitation``: at one step the agent left an action it had just weighed as an alternative,
   or went A, B, A (back to the same call, or away from a B that failed).
-- ``anomaly``: an unusual result status, a result flagged ``anomaly`` / ``flagged``, or an
+- ``Anomaly``: an unusual result status, a result flagged ``anomaly`` / ``flagged``, or an
   output that is not the ``expected_type`` the result or the input named.
-- ``dissatisfaction``: a negative feedback score, or complaint words (English or Chinese) in
+- ``Dissatisfaction``: a negative feedback score, or complaint words (English or Chinese) in
   feedback or user input.
+
+``replay`` runs them all; ``AnomalyWatch`` runs the ``LIVE_KINDS`` among them. Whether a call
+failed is ``models.is_failure``, the one rule for it. ``local_window`` says which steps a local
+review of a key node reads.
+
+Each step carries a one-line ``summary`` and a bounded ``detail``: the user's words, the agent's
+reply, a tool's arguments and the gist of its result, an error message in full. The summary is
+what a list shows; the detail is what a reviewer reads.
 
 Everything here is a pure function of the events: no store, no clock, no I/O.
 """
@@ -28,33 +37,44 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from itertools import islice
 from operator import attrgetter
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from hindsight_loop.models import (
-    FAILED_STATUSES,
     KNOWN_STATUSES,
-    OK_STATUSES,
     Chronicle,
     Event,
     KeyNode,
     KeyNodeKind,
     Step,
     Task,
+    is_failure,
+    is_success,
     normal_status,
     parse_ts,
 )
 
 __all__ = [
+    "DETAIL_ARGS_MAX",
+    "DETAIL_OUTPUT_MAX",
+    "DETAIL_TEXT_MAX",
+    "DETECTORS",
+    "LIVE_KINDS",
+    "LOCAL_WINDOW_AFTER",
+    "LOCAL_WINDOW_BEFORE",
     "LOOP_REPEATS",
+    "LOOP_SPAN",
     "NODE_SUMMARY_MAX",
     "STEP_SUMMARY_MAX",
     "AnomalyWatch",
+    "Detector",
+    "Seen",
+    "local_window",
     "looks_dissatisfied",
     "replay",
 ]
@@ -65,6 +85,20 @@ STEP_SUMMARY_MAX = 80
 NODE_SUMMARY_MAX = 50
 #: The same action with the same arguments this many times is a loop ("more than three times").
 LOOP_REPEATS = 4
+#: Repetitions of one call form one loop while each comes at most this many actions after the
+#: previous: A,A,A,A and A,x,A,x,A,x,A are loops; a file read four times over a long run is not.
+LOOP_SPAN = 8
+#: A local review reads the steps of its key node plus this many steps before them …
+LOCAL_WINDOW_BEFORE = 3
+#: … and this many after (what the agent did next), within the run.
+LOCAL_WINDOW_AFTER = 3
+#: A step's ``detail`` keeps a user's words, an agent's reply or an error message up to this
+#: many characters (recording usually cut them shorter already).
+DETAIL_TEXT_MAX = 2000
+#: A tool call's arguments in a step's ``detail``, as compact JSON, up to this many characters.
+DETAIL_ARGS_MAX = 400
+#: The gist of a tool's output in a step's ``detail``: this many characters.
+DETAIL_OUTPUT_MAX = 300
 
 # A compressed chronicle keeps this many steps at each end so the reflector sees how the run
 # began and ended.
@@ -73,9 +107,6 @@ _TAIL_STEPS = 5
 # A loop of 5,000 repetitions must not keep 5,000 steps alive through compression: a node keeps
 # the first and last few of its related steps, which is all a reflector can use anyway.
 _RELATED_MAX = 20
-# Repetitions of one call form one loop while each comes at most this many actions after the
-# previous: A,A,A,A and A,x,A,x,A,x,A are loops; a file read four times over a long run is not.
-_LOOP_SPAN = 8
 
 # Bounds of the input / output / context views on a step. Recording already cuts long text
 # (max_text, default 500); these keep a chronicle of hundreds of steps prompt-sized.
@@ -86,21 +117,6 @@ _DEPTH_MAX = 3
 _SMALL_JSON = 256  # bytes of JSON under which a value is kept whole
 
 
-_KIND_ORDER: dict[str, int] = {
-    kind: n
-    for n, kind in enumerate(
-        (
-            "first_failure",
-            "consecutive_failures",
-            "recovery",
-            "loop",
-            "hesitation",
-            "anomaly",
-            "dissatisfaction",
-        )
-    )
-}
-
 # Complaint words. Look-behinds keep common praise and negations out ("nothing wrong",
 # "不错了" = "pretty good", "对不对" / "行不行" = "right?" / "OK?", "没用过" = "never used").
 _COMPLAINT = re.compile(
@@ -108,7 +124,7 @@ _COMPLAINT = re.compile(
         (
             # English
             # Look-behinds sit after the word they guard, so they run only where it matched
-            # (before it, they ran at every position: ~70 us on a 150-character text).
+            # (before it, they would run at every position).
             r"\bwrong\b(?<!nothing wrong)(?<!nothing is wrong)(?<!nothing's wrong)"
             r"(?<!nothing went wrong)(?<!not wrong)(?<!isn't wrong)(?<!anything wrong)"
             r"(?<!anything go wrong)(?<!can't go wrong)",
@@ -187,37 +203,28 @@ def replay(task: Task, events: Sequence[Event], *, max_steps: int = 500) -> Chro
 
 
 class AnomalyWatch:
-    """The live triggers of replay, fed one event at a time (one watch per task).
+    """The live detectors of replay, fed one event at a time (one watch per task).
 
-    ``observe`` returns the key nodes the event completes: ``consecutive_failures`` (two tool
-    failures in a row), ``dissatisfaction`` (negative feedback score or complaint words in
-    English or Chinese) and ``loop`` (the same action with the same arguments ``LOOP_REPEATS``
-    times in a row). Each streak or loop is reported once, when it starts. Indices count the
-    events observed so far (the first event is 0), which equals the step index of an
-    uncompressed replay when events arrive in order. Constant work per call; not thread-safe
-    (it is meant for the single writer thread).
+    ``observe`` returns the key nodes the event completes, of the ``LIVE_KINDS``:
+    ``consecutive_failures`` (two tool failures in a row), ``loop`` (the same action with the
+    same arguments ``LOOP_REPEATS`` times, reported at that call) and ``dissatisfaction``
+    (negative feedback score or complaint words in English or Chinese). They are the very
+    detectors ``replay`` runs, so the watch and a replay of the same events agree on kind,
+    index and event. Indices count the events observed so far (the first event is 0), which
+    equals the step index of an uncompressed replay when events arrive in order. Constant work
+    per call; not thread-safe (it is meant for the single writer thread).
     """
 
-    __slots__ = (
-        "_count",
-        "_last_action",
-        "_last_action_index",
-        "_last_failed",
-        "_streak_reported",
-        "_run_sig",
-        "_run",
-        "_run_reported",
-    )
+    __slots__ = ("_count", "_observers")
 
     def __init__(self) -> None:
         self._count = 0
-        self._last_action: str | None = None
-        self._last_action_index = -1
-        self._last_failed = False
-        self._streak_reported = False
-        self._run_sig: tuple[str, str] | None = None
-        self._run: list[int] = []
-        self._run_reported = False
+        detectors: list[Detector] = [
+            Loop(live=True) if factory is Loop else factory()
+            for factory in DETECTORS
+            if _KIND_OF[factory] in LIVE_KINDS
+        ]
+        self._observers = [d.observe for d in detectors]
 
     @property
     def count(self) -> int:
@@ -226,44 +233,34 @@ class AnomalyWatch:
 
     def observe(self, event: Event) -> list[KeyNode]:
         """Take the next event of the task; return the anomalies it completes (usually none)."""
-        i = self._count
+        seen = Seen(self._count, event)
         self._count += 1
-        etype = event.type
         found: list[KeyNode] = []
-        if etype == "action_executed":
-            failed = _status(event.result) in FAILED_STATUSES
-            name = event.action
-            if failed:
-                if self._last_failed and not self._streak_reported:
-                    found.append(
-                        _failures_node(event, i, self._last_action, self._last_action_index, name)
-                    )
-                    self._streak_reported = True
-            else:
-                self._streak_reported = False
-            sig = (name, _args_key(event.input)) if name is not None else None
-            if sig is not None and sig == self._run_sig:
-                if not self._run_reported:
-                    self._run.append(i)
-                    if len(self._run) >= LOOP_REPEATS:
-                        found.append(_loop_node(event, i, name, self._run, LOOP_REPEATS, True))
-                        self._run_reported = True
-            else:
-                self._run_sig = sig
-                self._run = [i]
-                self._run_reported = False
-            self._last_failed = failed
-            self._last_action = name
-            self._last_action_index = i
-        elif etype == "feedback" or etype == "user_input":
-            reason = _dissatisfaction(event)
-            if reason is not None:
-                found.append(
-                    _dissatisfaction_node(
-                        event, i, reason, self._last_action, self._last_action_index
-                    )
-                )
+        for observe in self._observers:
+            nodes = observe(seen)
+            if nodes:
+                found.extend(nodes)
         return found
+
+
+def local_window(steps: Iterable[int], *, last: int | None = None) -> tuple[int, int]:
+    """The steps a local review of a key node reads: its own steps and a few on each side.
+
+    Args:
+        steps: The node's step indices (``[node.index, *node.related]``).
+        last: The last step of the run, when known: the window stops there.
+
+    Returns:
+        ``(first, last)`` step indices, inclusive: ``LOCAL_WINDOW_BEFORE`` steps before the
+        node's first step to ``LOCAL_WINDOW_AFTER`` steps after its last one.
+    """
+    involved = [i for i in steps if i >= 0]
+    if not involved:
+        raise ValueError("local_window needs at least one step index")
+    hi = max(involved) + LOCAL_WINDOW_AFTER
+    if last is not None:
+        hi = max(min(hi, last), max(involved))
+    return max(0, min(involved) - LOCAL_WINDOW_BEFORE), hi
 
 
 def looks_dissatisfied(text: str) -> bool:
@@ -271,8 +268,8 @@ def looks_dissatisfied(text: str) -> bool:
     return bool(text) and _complaint(text) is not None
 
 
-# Literal cores of the complaint patterns: the regex (with its look-behinds, about 60 µs on a
-# 150-character text) runs only on text that contains at least one of them.
+# Literal cores of the complaint patterns: the regex (with its look-behinds, slow) runs only on
+# text that contains at least one of them.
 _COMPLAINT_HINTS = (
     "wrong",
     "not ",
@@ -337,170 +334,440 @@ def _parsed_order(ev: Event) -> tuple[datetime, int]:
         return _EPOCH, ev.seq
 
 
-# -- key nodes --------------------------------------------------------------------------------
+# -- key nodes: one detector per kind ---------------------------------------------------------
 
 
-def _detect(events: list[Event]) -> list[KeyNode]:
-    """One pass over the ordered events finding every key node (indices into ``events``)."""
-    nodes: list[KeyNode] = []
-    seen_failure = False
-    # consecutive_failures: the previous tool call
-    prev_failed = False
-    prev_name: str | None = None
-    prev_index = -1
-    streak_reported = False
-    # loop: per (action, args), the current chain of repetitions as [last action ordinal,
-    # step indices …]; a chain breaks when more than _LOOP_SPAN other actions pass.
-    chains: dict[tuple[str, str], list[int]] = {}
-    rows: set[tuple[str, str]] = set()  # chains that repeated LOOP_REPEATS times in a row
-    loops: list[tuple[str, list[int], bool]] = []
-    ordinal = 0
-    run_sig: tuple[str, str] | None = None
-    run_len = 0
-    # hesitation and recovery work per agent step label
-    weighing: dict[Any, dict[str, Any]] = {}  # per label, a decision that had alternatives
-    # per label, the last two different actions run there (plain tuples: this is the hot path)
-    # as (name, index, sig, failed, previous name, previous index, previous sig)
-    last_at: dict[Any, tuple[str, int, Any, bool, str | None, int, Any]] = {}
-    hesitations: dict[tuple[Any, frozenset[str]], KeyNode] = {}
-    unresolved: dict[Any, _Unresolved] = {}
+class Seen:
+    """One event as the detectors read it, worked out once per event and shared by them all."""
 
-    for i, ev in enumerate(events):
-        etype = ev.type
-        result = ev.result
-        status = result.get("status") if result else None
-        if status is not None and not isinstance(status, str):
-            status = None
+    __slots__ = ("index", "event", "type", "status", "name", "label", "sig", "failed")
+
+    def __init__(self, index: int, event: Event) -> None:
+        self.index = index
+        self.event = event
+        etype = self.type = event.type
+        result = event.result
+        #: The result's status as the rule reads it (``normal_status``), or None.
+        self.status = normal_status(result.get("status")) if result else None
+        #: The tool a call ran (``input.tool``, else the decision's chosen action).
+        self.name: str | None = None
+        #: The agent's ``current_step``, usable as a dict key.
+        self.label: Any = None
+        #: ``(tool, canonical arguments)``: equal calls have equal signatures.
+        self.sig: tuple[str, str] | None = None
+        self.failed = False
         if etype == "action_executed":
-            failed = status in FAILED_STATUSES
-            inp = ev.input
+            self.failed = is_failure(self.status)
+            inp = event.input
             name = inp.get("tool") if inp else None
             if not isinstance(name, str):
-                name = ev.action
-            state = ev.agent_state
-            label = state.get("current_step") if state else None
-            if label is not None and not isinstance(label, str):
-                label = _hashable(label)
-
-            if failed:
-                if not seen_failure:
-                    seen_failure = True
-                    nodes.append(_first_failure_node(ev, i, name))
-                if prev_failed and not streak_reported:
-                    nodes.append(_failures_node(ev, i, prev_name, prev_index, name))
-                    streak_reported = True
-            else:
-                streak_reported = False
-            prev_failed, prev_name, prev_index = failed, name, i
-
-            sig: tuple[str, str] | None = None
+                name = event.action
+            self.name = name
+            self.label = _label(event)
             if name is not None:
-                sig = (name, _args_key(inp))
-                ordinal += 1
-                chain = chains.get(sig)
-                if chain is not None and ordinal - chain[0] <= _LOOP_SPAN:
-                    chain[0] = ordinal
-                    chain.append(i)
-                else:
-                    if chain is not None and len(chain) > LOOP_REPEATS:
-                        loops.append((name, chain, sig in rows))
-                    if rows:
-                        rows.discard(sig)
-                    chains[sig] = [ordinal, i]
-                if sig == run_sig:
-                    run_len += 1
-                    if run_len == LOOP_REPEATS:
-                        rows.add(sig)
-                else:
-                    run_sig, run_len = sig, 1
-
-                weighed = weighing.pop(label, None) if weighing else None
-                if ev.decision and ev.decision.get("alternatives"):
-                    weighed = ev.decision
-                last = last_at.get(label)
-                if last is None:
-                    last_at[label] = (name, i, sig, failed, None, -1, None)
-                elif last[0] == name:
-                    last_at[label] = (name, i, sig, failed, last[4], last[5], last[6])
-                else:
-                    last_name, last_index, _, last_failed, before, before_index, before_sig = last
-                    related: list[int] | None = None
-                    if weighed is not None and _wavered(weighed, last_name, name):
-                        related = [last_index, i]
-                    elif before == name and (sig == before_sig or last_failed):
-                        related = [before_index, last_index, i]  # A, B, A
-                    if related is not None:
-                        _hesitation(hesitations, nodes, ev, i, label, last_name, name, related)
-                    last_at[label] = (name, i, sig, failed, last_name, last_index, last[2])
-            else:
-                run_sig = None
-
-            if failed:
-                pending = unresolved.get(label)
-                if pending is None:
-                    unresolved[label] = _Unresolved(i, sig)
-                elif pending.other_index < 0 and sig != pending.sig:
-                    pending.other_index, pending.other_sig = i, sig
-            elif status in OK_STATUSES and unresolved:
-                pending = unresolved.pop(label, None)
-                if pending is not None:
-                    fixed = -1
-                    if sig != pending.sig:
-                        fixed = pending.index
-                    elif pending.other_index >= 0 and sig != pending.other_sig:
-                        fixed = pending.other_index
-                    if fixed >= 0:
-                        nodes.append(_recovery_node(events, fixed, i))
+                self.sig = (name, _args_key(inp))
         elif etype == "llm_decision":
-            decision = ev.decision
-            if decision and decision.get("alternatives"):
-                weighing[_label(ev)] = decision
-        elif etype == "feedback" or etype == "user_input":
-            reason = _dissatisfaction(ev)
-            if reason is not None:
-                nodes.append(_dissatisfaction_node(ev, i, reason, prev_name, prev_index))
+            self.label = _label(event)
 
+
+class Detector(Protocol):
+    """Finds the key nodes of one kind in one run, fed its events in order."""
+
+    kind: KeyNodeKind
+
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        """The key nodes this event completes (usually none)."""
+        ...
+
+    def finish(self) -> Sequence[KeyNode]:
+        """The key nodes only the end of the run settles (a loop's full length)."""
+        ...
+
+
+_NONE: tuple[KeyNode, ...] = ()
+
+
+class FirstFailure:
+    """``first_failure``: the first tool call that failed."""
+
+    kind: KeyNodeKind = "first_failure"
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen = False
+
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        if not seen.failed or self._seen:
+            return _NONE
+        self._seen = True
+        ev = seen.event
+        result = ev.result or {}
+        why = _error_type(result) or _text(result.get("error_message")) or "error"
+        return (
+            _node(
+                "first_failure",
+                seen.index,
+                ev,
+                f"{_name(seen.name)} failed: {why}",
+                action=seen.name,
+                error_type=_error_type(result),
+            ),
+        )
+
+    def finish(self) -> Sequence[KeyNode]:
+        return _NONE
+
+
+class ConsecutiveFailures:
+    """``consecutive_failures``: two tool calls in a row failed (one node per streak)."""
+
+    kind: KeyNodeKind = "consecutive_failures"
+    __slots__ = ("_prev_failed", "_prev_name", "_prev_index", "_reported")
+
+    def __init__(self) -> None:
+        self._prev_failed = False
+        self._prev_name: str | None = None
+        self._prev_index = -1
+        self._reported = False
+
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        if seen.type != "action_executed":
+            return _NONE
+        found = _NONE
+        name, i = seen.name, seen.index
+        if not seen.failed:
+            self._reported = False
+        elif self._prev_failed and not self._reported:
+            self._reported = True
+            prev = self._prev_name
+            if prev == name:
+                text = f"{_name(name)} failed twice in a row"
+            else:
+                text = f"{_name(prev, 15)}, {_name(name, 15)} failed in a row"
+            ev = seen.event
+            found = (
+                _node(
+                    "consecutive_failures",
+                    i,
+                    ev,
+                    text,
+                    action=name,
+                    error_type=_error_type(ev.result or {}),
+                    related=[self._prev_index, i],
+                ),
+            )
+        self._prev_failed, self._prev_name, self._prev_index = seen.failed, name, i
+        return found
+
+    def finish(self) -> Sequence[KeyNode]:
+        return _NONE
+
+
+class Recovery:
+    """``recovery``: a call failed, then a different call succeeded at the same agent step.
+
+    "Different" is another tool or other arguments; ``related`` is ``[failed, succeeded]``,
+    pointing at the first failure that differs from the call that worked.
+    """
+
+    kind: KeyNodeKind = "recovery"
+    __slots__ = ("_unresolved",)
+
+    def __init__(self) -> None:
+        self._unresolved: dict[Any, _Unresolved] = {}
+
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        if seen.type != "action_executed":
+            return _NONE
+        unresolved = self._unresolved
+        if seen.failed:
+            pending = unresolved.get(seen.label)
+            if pending is None:
+                unresolved[seen.label] = _Unresolved(seen.index, seen.event, seen.sig)
+            elif pending.other is None and seen.sig != pending.sig:
+                pending.other, pending.other_sig = (seen.index, seen.event), seen.sig
+            return _NONE
+        if not unresolved or not is_success(seen.status):
+            return _NONE
+        pending = unresolved.pop(seen.label, None)
+        if pending is None:
+            return _NONE
+        if seen.sig != pending.sig:
+            fixed = (pending.index, pending.event)
+        elif pending.other is not None and seen.sig != pending.other_sig:
+            fixed = pending.other
+        else:
+            return _NONE  # the same call that failed, now working: no change of course
+        return (_recovery_node(fixed[1], fixed[0], seen),)
+
+    def finish(self) -> Sequence[KeyNode]:
+        return _NONE
+
+
+class _Unresolved:
+    """Failures at one step label not yet followed by a success there."""
+
+    __slots__ = ("index", "event", "sig", "other", "other_sig")
+
+    def __init__(self, index: int, event: Event, sig: tuple[str, str] | None) -> None:
+        self.index, self.event, self.sig = index, event, sig
+        # The first failure with other arguments, for when the success repeats the first call.
+        self.other: tuple[int, Event] | None = None
+        self.other_sig: tuple[str, str] | None = None
+
+
+class Loop:
+    """``loop``: the same tool with the same arguments ``LOOP_REPEATS`` or more times.
+
+    In a row, or cycling with a few other calls between (at most ``LOOP_SPAN`` actions from
+    one repetition to the next): A,A,A,A and A,x,A,x,A,x,A are loops; a file read four times
+    over a long run is not. One node per loop, at its ``LOOP_REPEATS``-th call.
+
+    Args:
+        live: Report a loop as soon as its ``LOOP_REPEATS``-th call comes (the live watch)
+            rather than when the run ends (replay, which then knows how long it ran).
+    """
+
+    kind: KeyNodeKind = "loop"
+    __slots__ = ("live", "_chains", "_ended", "_ordinal", "_run_sig", "_run_len")
+
+    def __init__(self, *, live: bool = False) -> None:
+        self.live = live
+        self._chains: dict[tuple[str, str], _Chain] = {}
+        self._ended: list[_Chain] = []
+        self._ordinal = 0  # actions so far
+        self._run_sig: tuple[str, str] | None = None
+        self._run_len = 0
+
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        if seen.type != "action_executed":
+            return _NONE
+        sig = seen.sig
+        if sig is None:
+            self._run_sig = None
+            return _NONE
+        self._ordinal += 1
+        chain = self._chains.get(sig)
+        if chain is not None and self._ordinal - chain.last <= LOOP_SPAN:
+            chain.last = self._ordinal
+            chain.indices.append(seen.index)
+        else:
+            if chain is not None and chain.at is not None:
+                self._ended.append(chain)
+            chain = self._chains[sig] = _Chain(sig[0], self._ordinal, seen.index)
+        if sig == self._run_sig:
+            self._run_len += 1
+            if self._run_len == LOOP_REPEATS:
+                chain.row = True
+        else:
+            self._run_sig, self._run_len = sig, 1
+        if len(chain.indices) == LOOP_REPEATS:
+            chain.at = seen.event
+            if self.live:
+                return (_loop_node(chain, LOOP_REPEATS),)
+        return _NONE
+
+    def finish(self) -> Sequence[KeyNode]:
+        if self.live:
+            return _NONE  # each loop was reported when it began
+        chains = [*self._ended, *(c for c in self._chains.values() if c.at is not None)]
+        return [_loop_node(chain, len(chain.indices)) for chain in chains]
+
+
+class _Chain:
+    """Repetitions of one call close enough together to be one loop."""
+
+    __slots__ = ("name", "last", "indices", "row", "at")
+
+    def __init__(self, name: str, ordinal: int, index: int) -> None:
+        self.name = name
+        self.last = ordinal  # the action ordinal of the latest repetition
+        self.indices = [index]
+        self.row = False  # LOOP_REPEATS of them came in a row
+        self.at: Event | None = None  # the repetition that made it a loop
+
+
+class Hesitation:
+    """``hesitation``: the agent wavered between two actions at one step.
+
+    It left an action it had just weighed as an alternative, or went A, B, A (back to the same
+    call, or away from a B that failed). One node per pair of actions at a step; a longer
+    A,B,A,B … grows the node instead of repeating it.
+    """
+
+    kind: KeyNodeKind = "hesitation"
+    __slots__ = ("_weighing", "_last_at", "_found")
+
+    def __init__(self) -> None:
+        # per label, a decision that had alternatives
+        self._weighing: dict[Any, dict[str, Any]] = {}
+        # per label, the last two different actions run there (plain tuples: the hot path)
+        # as (name, index, sig, failed, previous name, previous index, previous sig)
+        self._last_at: dict[Any, tuple[str, int, Any, bool, str | None, int, Any]] = {}
+        self._found: dict[tuple[Any, frozenset[str]], KeyNode] = {}
+
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        etype = seen.type
+        if etype == "llm_decision":
+            decision = seen.event.decision
+            if decision and decision.get("alternatives"):
+                self._weighing[seen.label] = decision
+            return _NONE
+        name = seen.name
+        if etype != "action_executed" or name is None:
+            return _NONE
+        label, i, sig = seen.label, seen.index, seen.sig
+        weighed = self._weighing.pop(label, None) if self._weighing else None
+        decision = seen.event.decision
+        if decision and decision.get("alternatives"):
+            weighed = decision
+        last = self._last_at.get(label)
+        if last is None:
+            self._last_at[label] = (name, i, sig, seen.failed, None, -1, None)
+            return _NONE
+        if last[0] == name:
+            self._last_at[label] = (name, i, sig, seen.failed, last[4], last[5], last[6])
+            return _NONE
+        last_name, last_index, last_sig, last_failed, before, before_index, before_sig = last
+        self._last_at[label] = (name, i, sig, seen.failed, last_name, last_index, last_sig)
+        related: list[int] | None = None
+        if weighed is not None and _wavered(weighed, last_name, name):
+            related = [last_index, i]
+        elif before == name and (sig == before_sig or last_failed):
+            related = [before_index, last_index, i]  # A, B, A
+        if related is None:
+            return _NONE
+        key = (label, frozenset((last_name, name)))
+        node = self._found.get(key)
+        if node is not None:
+            node.related.append(i)
+            return _NONE
+        where = f" at {label}" if label is not None else ""
+        text = f"wavered {_name(last_name, 15)} ↔ {_name(name, 15)}{where}"
+        node = self._found[key] = _node(
+            "hesitation", i, seen.event, text, action=name, related=related
+        )
+        return (node,)
+
+    def finish(self) -> Sequence[KeyNode]:
+        return _NONE
+
+
+class Anomaly:
+    """``anomaly``: an unusual status, a result flagged as odd, or output of an unexpected type.
+
+    The type is the ``expected_type`` the result or the input named.
+    """
+
+    kind: KeyNodeKind = "anomaly"
+    __slots__ = ()
+
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        ev = seen.event
+        result = ev.result
         # Most results are plain successes and failures: only look closer at the rest.
-        if result and (
-            (status is not None and status not in KNOWN_STATUSES)
+        if not result or not (
+            (seen.status is not None and seen.status not in KNOWN_STATUSES)
             or "anomaly" in result
             or "flagged" in result
             or "expected_type" in result
             or (ev.input and "expected_type" in ev.input)
         ):
-            reason = _anomaly(ev, result)
-            if reason is not None:
-                nodes.append(
-                    _node(
-                        "anomaly", i, ev, reason, action=ev.action, error_type=_error_type(result)
-                    )
-                )
+            return _NONE
+        reason = _anomaly(ev, result)
+        if reason is None:
+            return _NONE
+        return (
+            _node(
+                "anomaly",
+                seen.index,
+                ev,
+                reason,
+                action=ev.action,
+                error_type=_error_type(result),
+            ),
+        )
 
-    for sig, chain in chains.items():
-        if len(chain) > LOOP_REPEATS:
-            loops.append((sig[0], chain, sig in rows))
-    for name, chain, row in loops:
-        seen = chain[1:]
-        at = seen[LOOP_REPEATS - 1]
-        nodes.append(_loop_node(events[at], at, name, seen, len(seen), row))
+    def finish(self) -> Sequence[KeyNode]:
+        return _NONE
+
+
+class Dissatisfaction:
+    """``dissatisfaction``: a negative feedback score, or complaint words in English or Chinese.
+
+    In feedback or user input; ``related`` is ``[the last tool call, this event]``.
+    """
+
+    kind: KeyNodeKind = "dissatisfaction"
+    __slots__ = ("_last_action", "_last_index")
+
+    def __init__(self) -> None:
+        self._last_action: str | None = None
+        self._last_index = -1
+
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        etype = seen.type
+        if etype == "action_executed":
+            self._last_action, self._last_index = seen.name, seen.index
+            return _NONE
+        if etype != "feedback" and etype != "user_input":
+            return _NONE
+        reason = _dissatisfaction(seen.event)
+        if reason is None:
+            return _NONE
+        i, last = seen.index, self._last_index
+        return (
+            _node(
+                "dissatisfaction",
+                i,
+                seen.event,
+                reason,
+                action=self._last_action,
+                related=[last, i] if last >= 0 else [],
+            ),
+        )
+
+    def finish(self) -> Sequence[KeyNode]:
+        return _NONE
+
+
+#: Every detector replay runs, in the order its nodes are listed at one step.
+DETECTORS: tuple[Callable[[], Detector], ...] = (
+    FirstFailure,
+    ConsecutiveFailures,
+    Recovery,
+    Loop,
+    Hesitation,
+    Anomaly,
+    Dissatisfaction,
+)
+#: The kinds the live watch reports during the run: each can start a local review (most
+#: telling first: a review of several names the first).
+LIVE_KINDS: tuple[KeyNodeKind, ...] = ("consecutive_failures", "dissatisfaction", "loop")
+
+_KIND_OF: dict[Callable[[], Detector], KeyNodeKind] = {f: f().kind for f in DETECTORS}
+_KIND_ORDER: dict[str, int] = {kind: n for n, kind in enumerate(_KIND_OF.values())}
+
+
+def _detect(events: list[Event]) -> list[KeyNode]:
+    """One pass over the ordered events running every detector (indices into ``events``)."""
+    detectors = [factory() for factory in DETECTORS]
+    observers = [d.observe for d in detectors]
+    nodes: list[KeyNode] = []
+    for i, ev in enumerate(events):
+        seen = Seen(i, ev)
+        for observe in observers:
+            found = observe(seen)
+            if found:
+                nodes.extend(found)
+    for detector in detectors:
+        nodes.extend(detector.finish())
     for node in nodes:
         if len(node.related) > _RELATED_MAX:
             half = _RELATED_MAX // 2
             node.related = node.related[:half] + node.related[-half:]
     nodes.sort(key=lambda k: (k.index, _KIND_ORDER[k.kind]))
     return nodes
-
-
-class _Unresolved:
-    """Failures at one step label not yet followed by a success there (for recovery)."""
-
-    __slots__ = ("index", "sig", "other_index", "other_sig")
-
-    def __init__(self, index: int, sig: tuple[str, str] | None) -> None:
-        self.index, self.sig = index, sig
-        # The first failure with other arguments, for when the success repeats the first call.
-        self.other_index = -1
-        self.other_sig: tuple[str, str] | None = None
 
 
 def _wavered(decision: dict[str, Any], before: str, after: str) -> bool:
@@ -516,78 +783,23 @@ def _wavered(decision: dict[str, Any], before: str, after: str) -> bool:
     return before == chosen or before in alternatives or (after in alternatives and after != chosen)
 
 
-def _hesitation(
-    found: dict[tuple[Any, frozenset[str]], KeyNode],
-    nodes: list[KeyNode],
-    ev: Event,
-    i: int,
-    label: Any,
-    before: str,
-    after: str,
-    related: list[int],
-) -> None:
-    # One node per pair of actions the agent wavered between at a step; a longer A,B,A,B …
-    # grows the node instead of repeating it.
-    key = (label, frozenset((before, after)))
-    node = found.get(key)
-    if node is not None:
-        node.related.append(i)
-        return
-    where = f" at {label}" if label is not None else ""
-    text = f"wavered {_name(before, 15)} ↔ {_name(after, 15)}{where}"
-    node = _node("hesitation", i, ev, text, action=after, related=related)
-    found[key] = node
-    nodes.append(node)
-
-
-def _first_failure_node(ev: Event, i: int, name: str | None) -> KeyNode:
-    result = ev.result or {}
-    why = _error_type(result) or _text(result.get("error_message")) or "error"
-    return _node(
-        "first_failure",
-        i,
-        ev,
-        f"{_name(name)} failed: {why}",
-        action=name,
-        error_type=_error_type(result),
-    )
-
-
-def _failures_node(
-    ev: Event, i: int, prev_name: str | None, prev_index: int, name: str | None
-) -> KeyNode:
-    if prev_name == name:
-        text = f"{_name(name)} failed twice in a row"
-    else:
-        text = f"{_name(prev_name, 15)}, {_name(name, 15)} failed in a row"
-    return _node(
-        "consecutive_failures",
-        i,
-        ev,
-        text,
-        action=name,
-        error_type=_error_type(ev.result or {}),
-        related=[prev_index, i],
-    )
-
-
-def _loop_node(
-    ev: Event, i: int, name: str | None, seen: list[int], times: int, row: bool
-) -> KeyNode:
-    how = "in a row" if row else "in the run"
+def _loop_node(chain: _Chain, times: int) -> KeyNode:
+    how = "in a row" if chain.row else "in the run"
+    ev = chain.at
+    assert ev is not None
     return _node(
         "loop",
-        i,
+        chain.indices[LOOP_REPEATS - 1],
         ev,
-        f"{_name(name)} ×{times} same args {how}",
-        action=name,
+        f"{_name(chain.name)} ×{times} same args {how}",
+        action=chain.name,
         error_type=_error_type(ev.result or {}),
-        related=list(seen),
+        related=list(chain.indices),
     )
 
 
-def _recovery_node(events: list[Event], failed_index: int, i: int) -> KeyNode:
-    bad, good = events[failed_index], events[i]
+def _recovery_node(bad: Event, failed_index: int, seen: Seen) -> KeyNode:
+    good = seen.event
     bad_name, good_name = bad.action, good.action
     if bad_name == good_name:
         changed = _changed_args(bad.input, good.input)
@@ -596,25 +808,12 @@ def _recovery_node(events: list[Event], failed_index: int, i: int) -> KeyNode:
         text = f"{_name(good_name, 18)} ok after {_name(bad_name, 18)} failed"
     return _node(
         "recovery",
-        i,
+        seen.index,
         good,
         text,
         action=good_name,
         error_type=_error_type(bad.result or {}),
-        related=[failed_index, i],
-    )
-
-
-def _dissatisfaction_node(
-    ev: Event, i: int, reason: str, last_action: str | None, last_index: int
-) -> KeyNode:
-    return _node(
-        "dissatisfaction",
-        i,
-        ev,
-        reason,
-        action=last_action,
-        related=[last_index, i] if last_index >= 0 else [],
+        related=[failed_index, seen.index],
     )
 
 
@@ -726,7 +925,7 @@ def _anomaly(ev: Event, result: dict[str, Any]) -> str | None:
     flag = result.get("anomaly")
     if flag or result.get("flagged"):
         return f"{what} flagged: {flag}" if isinstance(flag, str) else f"{what} result flagged"
-    if status in FAILED_STATUSES:
+    if is_failure(status):
         return None  # a failure is its own key node, not also a type mismatch
     expected = result.get("expected_type")
     if expected is None and ev.input:
@@ -810,7 +1009,7 @@ def _summarize(ev: Event) -> str:
         tail = ""
         if status:
             why = _error_type(result)
-            if not why and status in FAILED_STATUSES:
+            if not why and is_failure(status):
                 why = _text(result.get("error_message"))
             tail = " " + _clip(f"-> {status} {why}" if why else f"-> {status}", 39)
         name = _clip(ev.action or "action", 30)
@@ -867,8 +1066,8 @@ def _args_key(inp: dict[str, Any] | None) -> str:
             return ""
         args = {k: v for k, v in inp.items() if k != "tool"}
     try:
-        # Decoded at once: keeping thousands of orjson's bytes objects alive costs ten times
-        # more than the dumps itself.
+        # Decoded at once: keeping thousands of orjson's bytes objects alive costs more than
+        # the dumps itself.
         return orjson.dumps(args, default=repr, option=_SORT_OPTS).decode()
     except TypeError:  # orjson.JSONEncodeError: nesting too deep, odd keys …
         return repr(args)

@@ -47,12 +47,14 @@ from hindsight_loop.models import (
     new_id,
     utcnow,
 )
+from hindsight_loop.replay import LIVE_KINDS, local_window
 from hindsight_loop.text import detect_language
 
 log = logging.getLogger(__name__)
 
 ReviewKind = Literal["full", "local"]
-ANOMALY_KINDS = ("consecutive_failures", "dissatisfaction", "loop")
+# The kinds that start a local review (the live watch's), most telling first.
+ANOMALY_KINDS = LIVE_KINDS
 _ANOMALY_WORDS = {
     "consecutive_failures": "two tool failures in a row",
     "dissatisfaction": "the user showed dissatisfaction",
@@ -62,8 +64,6 @@ _ANOMALY_WORDS = {
     "anomaly": "an anomaly",
     "recovery": "the agent recovered from a failure",
 }
-# Steps on each side of an anomaly when a local review is asked for without a window.
-LOCAL_CONTEXT_STEPS = 3
 MAX_SUGGESTIONS = 5
 _NULLS = {"", "null", "none", "n/a", "na", "无", "-"}
 
@@ -422,16 +422,14 @@ def _record_usage(reflection: Reflection, completions: list[Completion]) -> None
 
 
 def _default_window(chronicle: Chronicle) -> tuple[int, int]:
+    """The window around the last anomaly (``replay.local_window``), or the whole run."""
     indices = [s.index for s in chronicle.steps] or [0]
     nodes = [k for k in chronicle.key_nodes if k.kind in ANOMALY_KINDS] or chronicle.key_nodes
     if not nodes:
         return min(indices), max(indices)
     node = max(nodes, key=lambda k: k.index)
-    involved = [node.index, *node.related]
-    return (
-        max(min(indices), min(involved) - LOCAL_CONTEXT_STEPS),
-        min(max(indices), max(involved) + LOCAL_CONTEXT_STEPS),
-    )
+    first, last = local_window([node.index, *node.related], last=max(indices))
+    return max(min(indices), first), last
 
 
 def _nodes_in(chronicle: Chronicle, window: tuple[int, int] | None) -> list[KeyNode]:
