@@ -124,3 +124,33 @@ def test_a_review_left_running_by_a_dead_worker_is_taken_back(db_path: Path) -> 
     finally:
         dead.close()
         alive.close()
+
+
+def test_a_reflection_round_trips_through_its_wire_form_and_the_store(tmp_path) -> None:
+    from hindsight_loop.models import Features, LessonDraft, Reflection, Structured
+    from hindsight_loop.store.sqlite import SQLiteStore
+
+    reflection = Reflection(
+        reflection_id="ref_1",
+        task_id="tsk_1",
+        status="ok",
+        parsed={"root_cause": "wrong encoding"},
+        lessons=[
+            LessonDraft(
+                task_type="csv",
+                advice="You should try gbk first.",
+                features=Features(tools=["read_csv"], error_type="UnicodeDecodeError"),
+                structured=Structured(
+                    when={"tool": "read_csv"},
+                    prefer={"tool": "read_csv", "args": {"encoding": "gbk"}},
+                ),
+            )
+        ],
+        lesson_ids=["les_1"],
+        created_at="2024-01-01T00:00:00.000Z",
+    )
+    assert Reflection.from_dict(reflection.to_dict()) == reflection
+    store = SQLiteStore(tmp_path / "s.db")
+    store.save_reflection(reflection)
+    assert store.reflections("tsk_1") == [reflection]
+    store.close()

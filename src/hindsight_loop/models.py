@@ -436,20 +436,7 @@ class Lesson:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Lesson:
-        kwargs = {k: v for k, v in data.items() if k in _LESSON_FIELDS}
-        feats = kwargs.get("features")
-        if isinstance(feats, dict):
-            kwargs["features"] = Features(
-                **{k: v for k, v in feats.items() if k in Features.__dataclass_fields__}
-            )
-        elif feats is None:
-            kwargs.pop("features", None)
-        st = kwargs.get("structured")
-        if isinstance(st, dict):
-            kwargs["structured"] = Structured(
-                **{k: v for k, v in st.items() if k in Structured.__dataclass_fields__}
-            )
-        return cls(**kwargs)
+        return cls(**_lesson_kwargs(data, _LESSON_FIELDS))
 
     def is_live(self, now: datetime | None = None) -> bool:
         """Active and not past ``valid_until`` (pinned lessons never expire)."""
@@ -461,6 +448,25 @@ class Lesson:
 
 
 _LESSON_FIELDS = frozenset(f.name for f in dataclasses.fields(Lesson))
+
+
+def _lesson_kwargs(data: dict[str, Any], names: frozenset[str]) -> dict[str, Any]:
+    """The fields of a lesson (or a draft) from its wire form, nested values rebuilt and
+    unknown keys dropped (a newer writer may add fields)."""
+    kwargs = {k: v for k, v in data.items() if k in names}
+    feats = kwargs.get("features")
+    if isinstance(feats, dict):
+        kwargs["features"] = Features(
+            **{k: v for k, v in feats.items() if k in Features.__dataclass_fields__}
+        )
+    elif feats is None:
+        kwargs.pop("features", None)
+    st = kwargs.get("structured")
+    if isinstance(st, dict):
+        kwargs["structured"] = Structured(
+            **{k: v for k, v in st.items() if k in Structured.__dataclass_fields__}
+        )
+    return kwargs
 
 
 # -- reflection -------------------------------------------------------------------------------
@@ -481,6 +487,13 @@ class LessonDraft:
     scope: str = "global"
     source_task_ids: list[str] = field(default_factory=list)
     language: str = "en"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LessonDraft:
+        return cls(**_lesson_kwargs(data, _DRAFT_FIELDS))
+
+
+_DRAFT_FIELDS = frozenset(f.name for f in dataclasses.fields(LessonDraft))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -512,3 +525,12 @@ class Reflection:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Reflection:
+        kwargs = {k: v for k, v in data.items() if k in _REFLECTION_FIELDS}
+        kwargs["lessons"] = [LessonDraft.from_dict(d) for d in kwargs.get("lessons") or []]
+        return cls(**kwargs)
+
+
+_REFLECTION_FIELDS = frozenset(f.name for f in dataclasses.fields(Reflection))

@@ -423,9 +423,6 @@ class SQLiteStore:
         )
 
     def reflections(self, task_id: str | None = None, *, limit: int = 100) -> list[Reflection]:
-        from hindsight_loop.models import Features, LessonDraft, Structured
-        from hindsight_loop.models import Reflection as R
-
         if task_id:
             rows = self._db.execute(
                 "SELECT body FROM reflections WHERE task_id=? ORDER BY created_at, rowid LIMIT ?",
@@ -436,18 +433,7 @@ class SQLiteStore:
                 "SELECT body FROM reflections ORDER BY created_at DESC, rowid DESC LIMIT ?",
                 (limit,),
             )
-        out = []
-        for (body,) in rows:
-            data = orjson.loads(body)
-            drafts = []
-            for d in data.pop("lessons", []) or []:
-                feats = d.get("features") or {}
-                st = d.get("structured")
-                d["features"] = Features(**feats)
-                d["structured"] = Structured(**st) if isinstance(st, dict) else None
-                drafts.append(LessonDraft(**d))
-            out.append(R(**data, lessons=drafts))
-        return out
+        return [Reflection.from_dict(orjson.loads(body)) for (body,) in rows]
 
     def enqueue_review(
         self,
