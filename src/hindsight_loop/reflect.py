@@ -40,9 +40,10 @@ from hindsight_loop.models import (
     new_id,
     utcnow,
 )
+from hindsight_loop.patterns import review_runs
 from hindsight_loop.text import detect_language
 
-__all__ = ["OfflineReflector", "Reflector", "needs_review"]
+__all__ = ["OfflineReflector", "Reflector", "needs_review", "review_runs"]
 
 ReviewKind = Literal["full", "local"]
 
