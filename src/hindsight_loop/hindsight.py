@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 
 from hindsight_loop.models import (
+    MAX_LESSONS,
     Chronicle,
     Lesson,
     Reflection,
@@ -40,9 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hindsight_loop")
 
-#: Most lessons recall hands back, whatever ``limit`` asks: a prompt with more advice than this
-#: is read less, not more (DESIGN.md, "at most 3").
-MAX_LESSONS = 3
 #: How long ``drain`` waits for queued reviews by default, in seconds.
 DRAIN_TIMEOUT = 120.0
 

@@ -39,6 +39,13 @@ WIRE_SCALARS: frozenset[str] = frozenset({"event_id", "task_id", "seq", "timesta
 
 DEFAULT_VALIDITY = timedelta(days=30)
 
+#: Most lessons recall hands to one task: a prompt with more advice than this is read less, not
+#: more (DESIGN.md: "at most 3"). Every surface (library, CLI, MCP, gateway) caps at this.
+MAX_LESSONS = 3
+#: Most keywords a lesson is matched by, and most suggestions it carries (DESIGN.md: 3-5).
+MAX_KEYWORDS = 10
+MAX_SUGGESTIONS = 5
+
 
 # -- outcomes: the one rule for "did this fail?" -----------------------------------------------
 

@@ -36,7 +36,7 @@ import bm25s
 import numpy as np
 
 from hindsight_loop.embed import Embedder, lesson_text, matvec
-from hindsight_loop.models import Intent, Lesson, parse_ts
+from hindsight_loop.models import MAX_LESSONS, Intent, Lesson, parse_ts
 from hindsight_loop.text import detect_language, tokenize
 
 __all__ = [
@@ -555,7 +555,7 @@ class LessonIndex:
         self,
         q: RecallQuery,
         *,
-        limit: int = 3,
+        limit: int = MAX_LESSONS,
         now: datetime | None = None,
         min_score: float | None = None,
     ) -> LessonSet:

@@ -59,7 +59,7 @@ from hindsight_loop.mcp.events import (
     classify_result_error,
     summarize_content,
 )
-from hindsight_loop.models import new_id
+from hindsight_loop.models import MAX_LESSONS, new_id
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -496,7 +496,9 @@ class Gateway:
         """Lessons for a failed call (at most 3); never raises, never waits long."""
 
         def recall() -> list[Any]:
-            return self.hs.recall(task_type=session.task_type, tools=[tool], query=error, limit=3)
+            return self.hs.recall(
+                task_type=session.task_type, tools=[tool], query=error, limit=MAX_LESSONS
+            )
 
         try:
             with anyio.move_on_after(_RECALL_BUDGET_S):

@@ -21,7 +21,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from hindsight_loop.models import Event, Lesson, new_id
+from hindsight_loop.models import MAX_LESSONS, Event, Lesson, new_id
 
 if TYPE_CHECKING:
     from hindsight_loop.hindsight import Hindsight
@@ -95,8 +95,11 @@ def build_server(hs: Hindsight, *, name: str = SERVER_NAME) -> MCPServer:
             ),
         ] = None,
         limit: Annotated[
-            int, Field(ge=1, le=3, description="At most this many lessons (1-3).")
-        ] = 3,
+            int,
+            Field(
+                ge=1, le=MAX_LESSONS, description=f"At most this many lessons (1-{MAX_LESSONS})."
+            ),
+        ] = MAX_LESSONS,
     ) -> dict[str, Any]:
         """Get the few lessons learned from earlier runs that fit the task you are about to do.
 
