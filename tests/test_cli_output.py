@@ -159,3 +159,17 @@ def test_errors_go_to_stderr_with_the_fix_and_stay_safe(db_path: Path) -> None:
     assert result.stdout == ""
     assert result.stderr.startswith("Error: no task") and "hindsight tasks" in result.stderr
     _assert_safe(result.stderr)
+
+
+def test_import_reports_nasty_problems_on_stderr(db_path: Path, tmp_path: Path) -> None:
+    events = [
+        {"type": "task_start", "task_id": "tsk_n", "task_type": "t", "goal": NASTY},
+        {"type": NASTY, "task_id": "tsk_n"},
+        {"type": "task_end", "task_id": "tsk_n", "result": {"status": "failed"}},
+    ]
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(b"\n".join(orjson.dumps(e) for e in events))
+    result = _run("import", str(path), "--db", str(db_path))
+    assert "imported 2 events" in result.stdout
+    assert "skipped" in result.stderr and "[/a-z]+" in result.stderr
+    assert "[/a-z]+" in _run("tasks", "--db", str(db_path)).stdout

@@ -191,7 +191,7 @@ def import_(
             "(run 'hindsight worker --once')"
         )
         for p in problems[:50]:
-            say(("skipped", "yellow"), f" {p}")
+            say(("skipped", "yellow"), f" {p}", err=True)
     if problems and not accepted:
         raise typer.Exit(1)
 
