@@ -439,3 +439,163 @@ def test_the_facade_stores_the_offline_lessons(tmp_path: Path) -> None:
         assert lesson is not None and lesson.structured is not None
         assert lesson.structured.prefer == {"tool": "read_csv", "args": {"encoding": "utf-16"}}
         assert lesson.kind == "full_review" and lesson.source_task_ids == [task.task_id]
+
+
+# -- batch review: patterns across runs ------------------------------------------------------------
+
+
+def _run(
+    n: int,
+    *,
+    goal: str,
+    user: str,
+    calls: list[tuple[str, dict[str, Any], str | None]],
+    status: str = "succeeded",
+) -> Chronicle:
+    """A run of ``calls`` ``(tool, args, error message or None)`` after one user message."""
+    steps = [
+        Step(index=0, event_id=f"e{n}_0", type="user_input", input={"text": user}, summary="user")
+    ]
+    for i, (tool, args, error) in enumerate(calls, start=1):
+        steps.append(
+            Step(
+                index=i,
+                event_id=f"e{n}_{i}",
+                type="action_executed",
+                action=tool,
+                status="failed" if error else "succeeded",
+                error_type="ToolError" if error else None,
+                input={"tool": tool, "args": args},
+                output=error,
+            )
+        )
+    task = Task(task_id=f"tsk_{n}", task_type="shop_orders", goal=goal, status=status)  # type: ignore[arg-type]
+    return Chronicle(task=task, steps=steps, key_nodes=[], event_count=len(steps))
+
+
+def _pay_runs(zh: bool = False) -> list[Chronicle]:
+    runs = []
+    for n, (total, paid, voucher, card) in enumerate(
+        [
+            (120, 100, "voucher_55012", "card_88121"),
+            (340, 300, "voucher_77310", "card_99002"),
+            (75, 50, "voucher_12345", "card_31337"),
+        ]
+    ):
+        msg = (
+            f"错误：付款金额不符，总价 {total}，实付 {paid}"
+            if zh
+            else f"Error: amounts do not add up, total is {total}, but paid {paid}"
+        )
+        user = (
+            "我想用代金券下单买两本书"
+            if zh
+            else f"I want to order two books with my voucher, ref {voucher}"
+        )
+        pay = [{"method": voucher, "amount": paid}]
+        fixed = [{"method": voucher, "amount": paid}, {"method": card, "amount": total - paid}]
+        runs.append(
+            _run(
+                n,
+                goal=f"order task {n}",
+                user=user,
+                calls=[
+                    ("find_item", {"query": "books"}, None),
+                    ("place_order", {"items": 2, "payments": pay}, msg),
+                    ("place_order", {"items": 2, "payments": fixed}, None),
+                ],
+            )
+        )
+    runs.append(
+        _run(
+            9,
+            goal="look up",
+            user="What is the status of my parcel?",
+            calls=[("track_parcel", {"parcel": "PX1234"}, None)],
+        )
+    )
+    return runs
+
+
+def test_review_runs_groups_failures_by_tool_and_template_and_abstracts_values() -> None:
+    from hindsight_loop.patterns import render_pattern, review_runs
+
+    drafts = review_runs(_pay_runs())
+    assert len(drafts) == 1
+    d = drafts[0]
+    assert d.structured is not None
+    assert d.structured.when == {
+        "tool": "place_order",
+        "error_template": "Error: amounts do not add up, total is <num>, but paid <num>",
+        "error_type": "ToolError",
+    }
+    assert d.structured.prefer is not None
+    assert {"rule": "sum", "arg": "payments[].amount", "label": "total"} in (
+        d.structured.prefer["changes"]
+    )
+    # Advice quotes the template, counts evidence, and says what the structured form says.
+    assert '"Error: amounts do not add up, total is <num>, but paid <num>"' in d.advice
+    assert "failed this way in 3 runs of 3 tasks; recovered in 3" in d.advice
+    assert render_pattern(d.structured, "en") in d.advice
+    assert "amount values that add up to the total" in d.advice
+    # No value of any run, no repr: ids became kinds (or were left out), numbers are gone.
+    for value in ("voucher_55012", "card_88121", "120", "100", "{'", "[{"):
+        assert value not in d.advice
+    assert d.features.tools == ["place_order"] and d.features.error_type == "ToolError"
+    assert sorted(d.source_task_ids) == ["tsk_0", "tsk_1", "tsk_2"]
+    assert d.language == "en"
+
+
+def test_review_runs_needs_two_runs_and_keeps_one_run_values_out() -> None:
+    from hindsight_loop.patterns import review_runs
+
+    one = _pay_runs()[:1]
+    assert review_runs(one) == []
+    assert len(review_runs(one, min_runs=1)) == 1
+    # A literal option used by one task only never enters advice.
+    runs = [
+        _run(
+            n,
+            goal=f"g{n}",
+            user="upload my report",
+            calls=[
+                ("upload", {"mode": "fast"}, "Error: quota exceeded (used 98%)"),
+                ("upload", {"mode": mode}, None),
+            ],
+        )
+        for n, mode in enumerate(["chunked", "chunked", "resumable"])
+    ]
+    (d,) = review_runs(runs)
+    assert "mode='chunked'" in d.advice and "resumable" not in d.advice
+
+
+def test_review_runs_speaks_chinese_for_chinese_runs() -> None:
+    from hindsight_loop.patterns import render_pattern, review_runs
+
+    (d,) = review_runs(_pay_runs(zh=True))
+    assert d.language == "zh" and detect_language(d.advice) == "zh"
+    assert d.structured is not None
+    assert d.structured.when["error_template"] == "错误:付款金额不符,总价 <num>,实付 <num>"
+    assert render_pattern(d.structured, "zh") in d.advice
+    assert "3 个任务的 3 次运行" in d.advice
+
+
+def test_a_pattern_lesson_is_recalled_before_the_failing_call(tmp_path: Path) -> None:
+    from hindsight_loop.patterns import review_runs
+
+    hs = Hindsight(tmp_path / "hs.db", background=False)
+    try:
+        for d in review_runs(_pay_runs()):
+            hs.add_lesson(d)
+        found = hs.recall(
+            task_type="shop_orders",
+            tools=["place_order"],
+            query="Hi, I'd like to order a lamp and pay with a voucher",
+        )
+        assert len(found) == 1 and found[0].features.tools == ["place_order"]
+        quiet = hs.recall(
+            task_type="shop_orders", tools=["track_parcel"], query="Where is my parcel?"
+        )
+        assert len(quiet) == 0
+    finally:
+        hs.close()
