@@ -69,9 +69,9 @@ _MATVEC_ROWS = 1024
 def matvec(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
     """``matrix @ vector`` in blocks of 1024 rows: similarities of many vectors to one.
 
-    OpenBLAS runs a larger matrix-vector product on several threads; on a 2-core machine
-    whose other core is busy (the agent itself) one such call was measured at 8 ms at the
-    median instead of 0.06 ms single-threaded. Blocks this small stay on the calling thread.
+    OpenBLAS runs a larger matrix-vector product on several threads, which on a small machine
+    whose other cores are busy (the agent itself) waits for them far longer than the product
+    takes alone. Blocks this small stay on the calling thread.
     """
     rows = matrix.shape[0]
     if rows <= _MATVEC_ROWS:
@@ -125,8 +125,7 @@ class HashEmbedder:
     hash is a fixed function of the code points, so vectors are the same in every process and
     can be stored.
 
-    It is vectorized in numpy (about 40 µs for a one-sentence query) because recall embeds the
-    query on every call.
+    It is vectorized in numpy because recall embeds the query on every call.
     """
 
     def __init__(self, dim: int = 256, *, ngrams: Sequence[int] = (2, 3, 4)) -> None:

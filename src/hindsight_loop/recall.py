@@ -678,7 +678,7 @@ _LESSON_FIELDS = tuple(f.name for f in dataclasses.fields(Lesson))
 
 
 def _with_score(lesson: Lesson, score: float) -> Lesson:
-    # dataclasses.replace re-runs __init__ over ~25 fields (~20 µs); a slot copy is ~3 µs.
+    # A slot copy, not dataclasses.replace: that re-runs __init__ over every field, per result.
     copy = object.__new__(Lesson)
     for name in _LESSON_FIELDS:
         object.__setattr__(copy, name, getattr(lesson, name))

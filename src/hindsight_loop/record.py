@@ -97,9 +97,8 @@ _SECRET_PATTERNS: list[tuple[re.Pattern[bytes], bytes]] = [
         b"[REDACTED PRIVATE KEY]",
     ),
 ]
-# Running every pattern (or the single pre-check this module used to run) over every event cost
-# 80-300 µs per 1 KB event: Python's ``re`` tries each alternative at each position. So each
-# pattern runs only when a cheap test (substring search on the lowercased event, a literal-
+# Running every pattern over every event is slow (Python's ``re`` tries each alternative at
+# each position) and most events hold no secret. So each pattern runs only when a cheap test (substring search on the lowercased event, a literal-
 # prefixed ``re`` scan) finds something that all of its matches contain. Each guard is a
 # superset of its pattern, so the result is exactly that of running every pattern.
 _SECRET_KEY = re.compile(rf"(?:{_SECRET_WORDS})", re.I)
@@ -109,7 +108,7 @@ _AWS = re.compile(rb"A[KS]IA")
 _GITHUB = re.compile(rb"g(?:h[opsu]|ithub_pat|lpat)")  # one literal prefix each: fast scans
 _SLACK = re.compile(rb"xox")
 # Literal cores of the secret words: every match of the key and text patterns contains one.
-# One regex over the lowercased event (~3.5 µs for 600 B) beats a substring test per core.
+# One regex over the lowercased event beats a substring test per core (one scan, not many).
 _WORD_CORES = re.compile(
     b"pass|pwd|secret|key|token|auth|cookie|credential|" + "密码|口令|密钥|令牌|秘钥".encode()
 )
@@ -152,7 +151,7 @@ _GUARDS: tuple[Callable[[bytes], bool], ...] = (
 
 
 def redact(blob: bytes, *, secret_key: bool | None = None) -> bytes:
-    """Remove secrets from serialized JSON. A clean 1 KB event costs a few µs.
+    """Remove secrets from serialized JSON; an event with no secret is only scanned by guards.
 
     ``secret_key``: whether some key of the event names a secret (``"api_key"``), when the
     caller already knows (the writer learns it while sanitizing); None looks in ``blob``.
@@ -337,7 +336,7 @@ Item = tuple[str, int, Any, str, dict[str, Any], str | None]
 Row = tuple[str, str, int, str, str, bytes]
 # A batch on its way to the store: how many events, their rows, and, if they could not be
 # prepared, the raw items and why. The items themselves are not kept once prepared: as Python
-# objects an event takes ~4x the memory of its row.
+# objects an event takes several times the memory of its row.
 # (items, rows, raw items if they could not be prepared, the problem, sanitized payloads)
 _Batch = tuple[int, list[Row] | None, list[Item] | None, str, list[Any]]
 #: Event types whose sanitized payload is handed to ``on_batch`` (the live anomaly rules read
@@ -643,7 +642,7 @@ class Recorder:
 
     def _append_dead_letter(self, lines: Iterable[bytes], reason: str) -> None:
         # Written a thousand lines at a time: building a whole batch's lines first (and its
-        # events as dicts) cost ~80 MB at the moment memory is tightest, the spill.
+        # events as dicts) would take memory at the moment it is tightest, the spill.
         written = 0
         try:
             with self.dead_letter.open("ab") as fh:
