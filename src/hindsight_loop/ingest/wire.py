@@ -132,7 +132,11 @@ def tool_result(
     if found is not None:
         kind, text = found
     else:
-        kind = (_typed(text) if text else None) or GENERIC_ERROR_TYPE
+        kind = (
+            (_typed(text) if text else None)
+            or (_typed(error_message) if error_message else None)
+            or GENERIC_ERROR_TYPE
+        )
     return {
         "status": "failed",
         "error_type": error_type or kind,
