@@ -335,7 +335,7 @@ class Hindsight:
         """Apply ``edit`` to a stored lesson in one transaction; None if there is no such one."""
         return self.curator.change(lesson_id, edit)
 
-    def expire_due(self) -> int:
+    def expire_due(self) -> list[Lesson]:
         """Expire the lessons past their ``valid_until`` (an explicit step: recall never writes)."""
         return self.curator.expire_due()
 

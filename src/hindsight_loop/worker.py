@@ -81,13 +81,13 @@ class Curator:
         vec = embedder.embed([lesson_text(lesson)])[0].astype(np.float32)
         self.store.save_lesson(lesson, embedding=vec.tobytes(), embed_model=embedder.name)
 
-    def expire_due(self) -> int:
-        """Mark lessons past ``valid_until`` expired (kept, never deleted). Returns how many."""
+    def expire_due(self) -> list[Lesson]:
+        """Mark lessons past ``valid_until`` expired (kept, never deleted); returns them."""
         with self._lock, self.store.transaction():
             expired = expire_due(self.store.list_lessons(status="active"))
             for lesson in expired:
                 self.store.save_lesson(lesson)
-        return len(expired)
+        return expired
 
     def reembed(self) -> int:
         """Store embeddings for lessons whose stored one is missing or from another model."""

@@ -50,7 +50,7 @@ def _who(by: str | None) -> str:
 
 
 def _find(hs: Any, lesson_id: str, db: str) -> Lesson:
-    lesson = hs.store.get_lesson(lesson_id)
+    lesson = hs.lesson(lesson_id)
     if lesson is not None:
         return lesson
     raise fail(
@@ -78,14 +78,15 @@ def _done(lesson: Lesson, json: bool, message: str) -> None:
 def _change(
     db: str, lesson_id: str, json: bool, message: str, apply: Callable[[Lesson], Lesson]
 ) -> None:
-    """Load a lesson, apply one change to it, save it (re-embedded), report it."""
+    """Apply one change to a lesson (read, change and save in one transaction), report it."""
     with open_hs(db) as hs:
-        lesson = _find(hs, lesson_id, db)
         try:
-            changed = apply(lesson)
+            changed = hs.change_lesson(lesson_id, apply)
         except ValueError as exc:
             raise fail(str(exc)) from None
-        hs.save_lesson(changed)
+        if changed is None:
+            _find(hs, lesson_id, db)  # says which lesson is missing and how to list them
+            return
     _done(changed, json, message)
 
 
@@ -110,7 +111,7 @@ def list_(
     """List lessons, best value first, with status, scope, support and outcomes."""
     _check_status(status)
     with open_hs(db) as hs:
-        found = hs.store.list_lessons(status=status, task_type=task_type)
+        found = hs.lessons(status=status, task_type=task_type)
     if scope is not None:
         found = [x for x in found if x.scope == scope]
     found.sort(key=lambda x: (x.status != "active", -x.value_score, x.created_at))
@@ -188,7 +189,7 @@ def show(lesson_id: IdArgument, db: DbOption = "hindsight.db", json: JsonOption 
 def review(db: DbOption = "hindsight.db", json: JsonOption = False) -> None:
     """List what needs a person: conflicts, suspect quality, lessons that keep hurting."""
     with open_hs(db) as hs:
-        every = {x.lesson_id: x for x in hs.store.list_lessons()}
+        every = {x.lesson_id: x for x in hs.lessons()}
     queue = []
     for lesson in every.values():
         reasons = book_ops.review_reasons(lesson, every)
@@ -228,13 +229,15 @@ def confirm(
     json: JsonOption = False,
 ) -> None:
     """Vouch for a lesson: it goes live (again) and its harm count starts afresh."""
+    who = _who(by)
     with open_hs(db) as hs:
-        lesson = book_ops.confirm(_find(hs, lesson_id, db), by=_who(by))
-        hs.save_lesson(lesson)
+        _find(hs, lesson_id, db)
+        lesson = hs.change_lesson(lesson_id, lambda x: book_ops.confirm(x, by=who))
+        assert lesson is not None
         live = [
             other.lesson_id
             for cid in lesson.conflicts
-            if (other := hs.store.get_lesson(cid)) is not None and other.status == "active"
+            if (other := hs.lesson(cid)) is not None and other.status == "active"
         ]
     _done(lesson, json, "confirmed")
     if live and not json:
@@ -298,11 +301,15 @@ def expire(
         raise fail("name the lessons to expire, or pass --due to expire all past valid_until")
     who = _who(by)
     with open_hs(db) as hs:
-        changed = [book_ops.expire(_find(hs, i, db), by=who) for i in lesson_ids or []]
+        for lesson_id in lesson_ids or []:
+            _find(hs, lesson_id, db)  # every id is checked before anything changes
+        changed = [
+            lesson
+            for i in lesson_ids or []
+            if (lesson := hs.change_lesson(i, lambda x: book_ops.expire(x, by=who))) is not None
+        ]
         if due:
-            changed += book_ops.expire_due(hs.store.list_lessons(status="active"))
-        for lesson in changed:
-            hs.save_lesson(lesson)
+            changed += hs.expire_due()
     if json:
         print_json([x.to_dict() for x in changed])
         return
@@ -390,7 +397,7 @@ def export(
         raise fail(f"unknown format {format_!r}; use --format md or --format jsonl")
     _check_status(status)
     with open_hs(db) as hs:
-        found = hs.store.list_lessons(status=status)
+        found = hs.lessons(status=status)
     text = book_ops.export_jsonl(found) if format_ == "jsonl" else book_ops.export_markdown(found)
     if output is None:
         sys.stdout.write(text)
@@ -447,18 +454,14 @@ def import_(
 
     outcome: dict[str, list[str]] = {"added": [], "merged": [], "conflicts": [], "restored": []}
     with open_hs(db, create=True) as hs:
-        book = {x.lesson_id: x for x in hs.store.list_lessons()}
         for lesson, exported in parsed:
             if exported:
-                saves, key = [lesson], "restored"
-            else:
-                change = book_ops.curate(lesson, list(book.values()), embedder=hs.embedder)
-                saves = change.saves
-                key = {"add": "added", "merge": "merged", "conflict": "conflicts"}[change.action]
-            for saved in saves:
-                book[saved.lesson_id] = saved
-                hs.save_lesson(saved)
-            outcome[key].append(saves[0].lesson_id)
+                hs.save_lesson(lesson)
+                outcome["restored"].append(lesson.lesson_id)
+                continue
+            change = hs.curate(lesson)
+            key = {"add": "added", "merge": "merged", "conflict": "conflicts"}[change.action]
+            outcome[key].append(change.saves[0].lesson_id)
     if json:
         print_json(outcome)
         return

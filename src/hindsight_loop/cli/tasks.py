@@ -32,7 +32,7 @@ def tasks(
 ) -> None:
     """List recorded tasks, newest first."""
     with open_hs(db) as hs:
-        found = hs.store.list_tasks(limit=limit, task_type=task_type, status=status)
+        found = hs.tasks(limit=limit, task_type=task_type, status=status)
     if json:
         print_json([t.to_dict() for t in found])
         return
@@ -95,7 +95,7 @@ def reflect(
 ) -> None:
     """Review a task now and curate its lessons into the book; shows failed reviews too."""
     with open_hs(db) as hs:
-        if hs.store.get_task(task_id) is None:
+        if hs.get_task(task_id) is None:
             raise fail(f"no task {task_id!r} in {db}; list them with 'hindsight tasks --db {db}'")
         reflector = hs.reflector if llm else hs.offline_reflector
         if llm and reflector is hs.offline_reflector and not json:
@@ -104,7 +104,7 @@ def reflect(
                 "using the offline reflector"
             )
         reflection = hs.reflect(task_id, reflector=reflector, kind=kind)
-        lessons = [hs.store.get_lesson(i) for i in reflection.lesson_ids]
+        lessons = [hs.lesson(i) for i in reflection.lesson_ids]
     if json:
         out = reflection.to_dict()
         out["lessons"] = [x.to_dict() for x in lessons if x is not None]
@@ -140,7 +140,7 @@ def reflections(
 ) -> None:
     """List stored reviews (ok, suspect and failed) with model, latency and tokens."""
     with open_hs(db) as hs:
-        found = hs.store.reflections(task_id, limit=limit)
+        found = hs.reflections(task_id, limit=limit)
     if json:
         print_json([r.to_dict() for r in found])
         return
@@ -182,7 +182,7 @@ def import_(
     """Load a file of events (one JSON object a line, any mix of tasks)."""
     with open_hs(db, create=True) as hs:
         accepted, problems = hs.import_jsonl(file)
-        pending = hs.store.pending_reviews()
+        pending = hs.pending_reviews()
     if json:
         print_json({"accepted": accepted, "problems": problems, "reviews_queued": pending})
     else:
