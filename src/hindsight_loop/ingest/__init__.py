@@ -74,7 +74,8 @@ def runs_from(
         data: one run (a list of messages, or an object with ``messages`` / ``traj`` /
             ``trajectory``), a list of runs, OTLP/JSON trace data, or wire-format events.
         format: one of ``FORMATS``; ``auto`` guesses with ``detect_format``.
-        task_type, goal, outcome, scope: given to every run, over what the run says itself.
+        task_type, goal, outcome, scope: given to every run, over what the run says itself
+            (wire-format events already carry their own and pass through unchanged).
         source: where the runs came from (a file name), kept in ``task_start``
             ``context.import_source``.
 
