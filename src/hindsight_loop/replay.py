@@ -35,6 +35,7 @@ Everything here is a pure function of the events: no store, no clock, no I/O.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -94,7 +95,7 @@ LOCAL_WINDOW_BEFORE = 3
 LOCAL_WINDOW_AFTER = 3
 #: A step's ``detail`` keeps a user's words, an agent's reply or an error message up to this
 #: many characters (recording usually cut them shorter already).
-DETAIL_TEXT_MAX = 2000
+DETAIL_TEXT_MAX = 1000
 #: A tool call's arguments in a step's ``detail``, as compact JSON, up to this many characters.
 DETAIL_ARGS_MAX = 400
 #: The gist of a tool's output in a step's ``detail``: this many characters.
@@ -868,8 +869,11 @@ def _around(text: str, limit: int) -> str:
     return head + after
 
 
+_USER_TEXT_KEYS = ("text", "message", "content", "comment")
+
+
 def _user_text(inp: dict[str, Any]) -> str:
-    for key in ("text", "message", "content", "comment"):
+    for key in _USER_TEXT_KEYS:
         value = inp.get(key)
         if isinstance(value, str) and value:
             return value
@@ -984,19 +988,119 @@ def _compress(n: int, nodes: list[KeyNode], max_steps: int) -> list[int]:
 def _step(index: int, ev: Event) -> Step:
     result = ev.result
     label = ev.agent_state.get("current_step") if ev.agent_state else None
+    etype = ev.type
+    inp = ev.input
+    if inp is not None:
+        inp = _said(inp) if etype == "user_input" or etype == "feedback" else _bound(inp)
     return Step(
         index=index,
         event_id=ev.event_id,
-        type=ev.type,
+        type=etype,
         action=ev.action,
         status=_status(result),
         step=None if label is None else str(label),
         summary=_summarize(ev),
         error_type=_error_type(result) if result else None,
-        input=_bound(ev.input) if ev.input is not None else None,
+        input=inp,
         context=_bound(ev.context) if ev.context is not None else None,
-        output=_bound(result.get("output")) if result else None,
+        output=_output(ev),
     )
+
+
+def _said(inp: dict[str, Any]) -> dict[str, Any]:
+    """A user input or feedback, bounded, its words kept up to ``DETAIL_TEXT_MAX``."""
+    out = _bound(inp)
+    for key in _USER_TEXT_KEYS:
+        value = inp.get(key)
+        if isinstance(value, str) and len(value) > _TEXT_MAX:
+            out[key] = _cut(value, DETAIL_TEXT_MAX)
+    return out
+
+
+def _output(ev: Event) -> Any:
+    """What came out of a step: a decision's text, a tool's output, its error message.
+
+    A decision's output is the text the model wrote (its reply). A call that did not succeed
+    and carries an ``error_message`` has ``{"error_message": …}`` as its output (with
+    ``"output"`` beside it when it also returned one): the error is what came out of it.
+    """
+    if ev.type == "llm_decision" and ev.decision:
+        text = _decision_text(ev.decision)
+        if text:
+            return _cut(text, DETAIL_TEXT_MAX)
+    result = ev.result
+    if not result:
+        return None
+    out = result.get("output")
+    message = result.get("error_message")
+    if isinstance(message, str) and message and not is_success(result.get("status")):
+        error = _cut(message, DETAIL_TEXT_MAX)
+        if out is None:
+            return {"error_message": error}
+        return {"output": _bound(out), "error_message": error}
+    return None if out is None else _bound(out)
+
+
+def step_detail(step: Step) -> str:
+    """What a reviewer reads of a step beyond its summary; ``""`` when the summary says it all.
+
+    One or more lines: the user's words, the agent's reply, a tool call's arguments
+    (``args: …``), its error message in full (``error: …``) or the gist of its output
+    (``output: …``), each bounded (``DETAIL_TEXT_MAX``, ``DETAIL_ARGS_MAX``,
+    ``DETAIL_OUTPUT_MAX``).
+    """
+    lines: list[str] = []
+    etype = step.type
+    if etype == "user_input" or etype == "feedback":
+        text = _user_text(step.input or {})
+        if text:
+            lines.append(_cut(text, DETAIL_TEXT_MAX))
+    elif etype == "llm_decision":
+        if isinstance(step.output, str) and step.output:
+            lines.append(_cut(step.output, DETAIL_TEXT_MAX))
+    else:
+        if step.input and (step.action or "args" in step.input):
+            args = _args(step.input)
+            if args not in (None, "", {}, []):
+                lines.append("args: " + _compact(args, DETAIL_ARGS_MAX))
+        out = step.output
+        if isinstance(out, dict) and "error_message" in out and not is_success(step.status):
+            error = _cut(str(out["error_message"]), DETAIL_TEXT_MAX)
+            lines.append(
+                f"error: {step.error_type}: {error}" if step.error_type else f"error: {error}"
+            )
+            out = out.get("output")
+        if out not in (None, "", {}, []):
+            lines.append("output: " + _compact(out, DETAIL_OUTPUT_MAX))
+    detail = "\n".join(lines)
+    if detail and " ".join(detail.split()) in step.summary:
+        return ""  # short enough to be in the summary whole
+    return detail
+
+
+def _decision_text(decision: dict[str, Any]) -> str:
+    """The text a model wrote with its decision: its reply, or its reasons."""
+    for key in ("message", "content", "text", "reasoning", "rationale"):
+        value = decision.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return ""
+
+
+def _compact(value: Any, limit: int) -> str:
+    """A value as text of at most ``limit`` characters: text as is, the rest as compact JSON."""
+    if isinstance(value, str):
+        return _cut(value, limit)
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):  # circular, or keys JSON cannot hold
+        text = repr(value)
+    return _cut(text, limit)
+
+
+def _cut(text: str, limit: int) -> str:
+    """At most ``limit`` characters of ``text``, lines kept, ending in "…" when cut."""
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
 def _summarize(ev: Event) -> str:
@@ -1018,6 +1122,11 @@ def _summarize(ev: Event) -> str:
         return _clip(head, STEP_SUMMARY_MAX - len(tail)) + tail
     if etype == "llm_decision":
         decision = ev.decision or {}
+        chosen = decision.get("chosen_action")
+        if chosen is None or chosen == "reply":
+            said = _decision_text(decision)
+            if said:
+                return _clip(f"reply: {said}", STEP_SUMMARY_MAX)
         text = f"decide {_short(decision.get('chosen_action'), 30)}"
         alternatives = decision.get("alternatives")
         if isinstance(alternatives, list) and alternatives:

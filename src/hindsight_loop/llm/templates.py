@@ -5,14 +5,13 @@ use ``string.Template`` placeholders (``$name``); a placeholder without a value,
 without a placeholder, is an error, so a renamed variable cannot silently reach a model. The
 date is passed in at call time, never baked in at import.
 
-The chronicle is rendered into lines and cut to a token budget: first the arguments and outputs of
-ordinary steps go, then ordinary steps from the middle of the run; the key nodes, the steps they
-involve, and the first and last steps always stay.
+The chronicle is rendered into lines, each step's summary with its detail under it, and cut to a
+token budget from the middle of the run out: ordinary steps lose their detail, then go; the key
+nodes, the steps they involve, the user's request and the first and last steps stay.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from functools import cache
 from importlib.resources import files
@@ -21,17 +20,19 @@ from typing import Any
 
 from hindsight_loop.llm import estimate_tokens
 from hindsight_loop.models import Chronicle, KeyNode, Step
+from hindsight_loop.replay import step_detail
 
 LANGUAGE_INSTRUCTIONS = {
     "en": "Write every text value in English.",
     "zh": "所有文本值都用中文书写（工具名、参数名和错误类型保持原样）。",
 }
 DEFAULT_BUDGET_TOKENS = 6000
-# Always kept, so the model sees how the run started and how it ended.
+#: Steps always kept at each end, so the model sees how the run started and how it ended.
 EDGE_STEPS = 2
-ARG_CHARS = 160
-OUTPUT_CHARS = 120
+#: A step's line (its summary and labels) is cut at this many characters.
 LINE_CHARS = 240
+#: A step's detail lines are indented by this under its line.
+DETAIL_INDENT = "    "
 
 
 class TemplateError(KeyError):
@@ -78,6 +79,13 @@ def render_chronicle(
 ) -> str:
     """The chronicle's steps and key nodes as text of at most ``budget_tokens`` (estimated).
 
+    Each step is its one-line summary followed by its detail (``replay.step_detail``: what the
+    user asked, what the agent replied, a call's arguments, its full error or the gist of its
+    output). Over budget, the run is trimmed from the middle out: ordinary steps lose their
+    detail and then go, each gap saying how many steps it stands for; the key nodes, the steps they point at, the first user request and the first
+    and last ``EDGE_STEPS`` steps stay whole as long as anything can. English and Chinese are
+    both counted (``estimate_tokens``: one token per CJK character).
+
     Args:
         chronicle: The replayed run.
         budget_tokens: Upper bound on the estimated tokens of the result.
@@ -92,48 +100,130 @@ def render_chronicle(
     node_text = _node_lines(nodes)
     anchors = {k.index for k in nodes} | {i for k in nodes for i in k.related}
     anchors |= {s.index for s in steps[:EDGE_STEPS]} | {s.index for s in steps[-EDGE_STEPS:]}
+    request = next((s for s in steps if s.type == "user_input"), None)
+    if request is not None:
+        anchors.add(request.index)
 
-    # 1. everything, with arguments and outputs
-    lines = [_step_line(s, detail=True) for s in steps]
-    text = _assemble(lines, set(), node_text, chronicle)
-    if estimate_tokens(text) <= budget_tokens:
-        return text
-    # 2. details only where the key nodes are
-    lines = [_step_line(s, detail=s.index in anchors) for s in steps]
-    text = _assemble(lines, set(), node_text, chronicle)
-    if estimate_tokens(text) <= budget_tokens:
-        return text
-    # 3. drop ordinary steps, farthest from any kept step first, the middle of the run first;
-    # the fewest drops that fit, by bisection (the estimate shrinks as more steps go).
-    kept_pos = [i for i, s in enumerate(steps) if s.index in anchors]
+    heads = [_step_line(s) for s in steps]
+    details = [_detail_lines(s) for s in steps]
+    view = _View(heads, details, node_text, chronicle)
+    # Trimming moves, applied in order: (position, level) with 1 = summary only, 0 = left out.
     middle = (len(steps) - 1) / 2
-    order = sorted(
-        (i for i, s in enumerate(steps) if s.index not in anchors),
-        key=lambda i: (-min((abs(i - k) for k in kept_pos), default=0), abs(i - middle)),
+    ordinary = sorted(
+        (p for p, s in enumerate(steps) if s.index not in anchors), key=lambda p: abs(p - middle)
     )
-    for candidate in (lines, [_step_line(s, detail=False) for s in steps]):
-        lines = candidate
-        if estimate_tokens(_assemble(lines, set(order), node_text, chronicle)) > budget_tokens:
-            continue  # even with every ordinary step gone: try again without any details
-        lo, hi = 0, len(order)
+    kept = sorted(
+        (p for p, s in enumerate(steps) if s.index in anchors), key=lambda p: abs(p - middle)
+    )
+    # Ordinary steps go from the middle out, each losing its detail before it goes itself;
+    # only then do the kept steps lose their details, also from the middle out.
+    moves = [move for p in ordinary for move in (((p, 1), (p, 0)) if details[p] else ((p, 0),))]
+    moves += [(p, 1) for p in kept if details[p]]
+    # The fewest moves that fit, by bisection (the estimate shrinks as moves are applied).
+    lo, hi = 0, len(moves)
+    if view.tokens(moves[:hi]) <= budget_tokens:
         while lo < hi:
             mid = (lo + hi) // 2
-            if (
-                estimate_tokens(_assemble(lines, set(order[:mid]), node_text, chronicle))
-                <= budget_tokens
-            ):
+            if view.tokens(moves[:mid]) <= budget_tokens:
                 hi = mid
             else:
                 lo = mid + 1
-        return _assemble(lines, set(order[:hi]), node_text, chronicle)
-    # 4. the key nodes alone are over budget: cut the middle of the steps, keep the key-node list
+        return view.text(moves[:hi])
+    # The key nodes alone are over budget: cut the middle of the steps, keep the key-node list.
     nodes_part = _cut("\n".join(_nodes_header(node_text)), budget_tokens // 2)
-    steps_part = _assemble(lines, set(order), [], chronicle, with_nodes=False)
+    steps_part = view.text(moves, with_nodes=False)
     steps_part = _cut(steps_part, budget_tokens - estimate_tokens(nodes_part) - 1, middle=True)
     return f"{steps_part}\n{nodes_part}"
 
 
-def _step_line(step: Step, *, detail: bool) -> str:
+class _View:
+    """The chronicle's text at some level of trimming, and its estimated size."""
+
+    def __init__(
+        self,
+        heads: list[str],
+        details: list[str],
+        node_lines: list[str],
+        chronicle: Chronicle,
+    ) -> None:
+        self.heads, self.details, self.node_lines = heads, details, node_lines
+        self.chronicle = chronicle
+        # Per-piece estimates (each line with its newline): their sum bounds the estimate of
+        # the joined text from above, so a view that fits by the sum fits for real.
+        self.head_tokens = [estimate_tokens(h + "\n") for h in heads]
+        self.detail_tokens = [estimate_tokens(d + "\n") if d else 0 for d in details]
+        self.fixed_tokens = estimate_tokens(
+            "\n".join(self._preamble(0)) + "\n\n" + "\n".join(_nodes_header(node_lines))
+        )
+
+    def _levels(self, moves: Sequence[tuple[int, int]]) -> list[int]:
+        levels = [2] * len(self.heads)
+        for pos, level in moves:
+            levels[pos] = level
+        return levels
+
+    def _preamble(self, dropped: int) -> list[str]:
+        out = []
+        chronicle = self.chronicle
+        if chronicle.compressed:
+            out.append(
+                f"(replay kept {len(chronicle.steps)} steps of {chronicle.event_count} events)"
+            )
+        if dropped:
+            out.append(
+                f"({dropped} of {len(self.heads)} steps left out from the middle of the run to fit;"
+                " key nodes are whole)"
+            )
+        return out
+
+    def tokens(self, moves: Sequence[tuple[int, int]]) -> int:
+        levels = self._levels(moves)
+        total = self.fixed_tokens
+        gap = dropped = 0
+        for pos, level in enumerate(levels):
+            if level == 0:
+                gap += 1
+                dropped += 1
+                continue
+            if gap:
+                total += estimate_tokens(_gap_line(gap) + "\n")
+                gap = 0
+            total += self.head_tokens[pos]
+            if level == 2:
+                total += self.detail_tokens[pos]
+        if gap:
+            total += estimate_tokens(_gap_line(gap) + "\n")
+        if dropped:
+            total += estimate_tokens("\n".join(self._preamble(dropped)) + "\n")
+        return total
+
+    def text(self, moves: Sequence[tuple[int, int]], *, with_nodes: bool = True) -> str:
+        levels = self._levels(moves)
+        out = self._preamble(levels.count(0))
+        gap = 0
+        for pos, level in enumerate(levels):
+            if level == 0:
+                gap += 1
+                continue
+            if gap:
+                out.append(_gap_line(gap))
+                gap = 0
+            out.append(self.heads[pos])
+            if level == 2 and self.details[pos]:
+                out.append(self.details[pos])
+        if gap:
+            out.append(_gap_line(gap))
+        if with_nodes:
+            out.append("")
+            out.extend(_nodes_header(self.node_lines))
+        return "\n".join(out)
+
+
+def _gap_line(count: int) -> str:
+    return f"… ({count} step{'s' if count > 1 else ''} omitted) …"
+
+
+def _step_line(step: Step) -> str:
     parts = [f"#{step.index} {step.type}"]
     if step.action:
         parts.append(step.action)
@@ -146,14 +236,15 @@ def _step_line(step: Step, *, detail: bool) -> str:
     line = " ".join(parts)
     if step.summary:
         line += f": {step.summary}"
-    # A user's text is already the summary; only tool calls have arguments worth showing.
-    if detail and step.input and (step.action or "args" in step.input):
-        args = step.input.get("args", step.input)
-        if args:
-            line += f" | args {_compact(args, ARG_CHARS)}"
-    if detail and step.output not in (None, "", {}, []):
-        line += f" | output {_compact(step.output, OUTPUT_CHARS)}"
-    return line[:LINE_CHARS]
+    return _cut_chars(line, LINE_CHARS)
+
+
+def _detail_lines(step: Step) -> str:
+    """The step's detail, indented under its line."""
+    detail = step_detail(step)
+    if not detail:
+        return ""
+    return "\n".join(DETAIL_INDENT + line for line in detail.splitlines() if line.strip())
 
 
 def _node_lines(nodes: Sequence[KeyNode]) -> list[str]:
@@ -169,40 +260,11 @@ def _node_lines(nodes: Sequence[KeyNode]) -> list[str]:
     return out
 
 
-def _assemble(
-    lines: Sequence[str],
-    dropped: set[int],
-    node_lines: Sequence[str],
-    chronicle: Chronicle,
-    *,
-    with_nodes: bool = True,
-) -> str:
-    out: list[str] = []
-    if chronicle.compressed:
-        out.append(f"(replay kept {len(chronicle.steps)} steps of {chronicle.event_count} events)")
-    gap = 0
-    for pos, line in enumerate(lines):
-        if pos in dropped:
-            gap += 1
-            continue
-        if gap:
-            out.append(f"… ({gap} steps omitted) …")
-            gap = 0
-        out.append(line)
-    if gap:
-        out.append(f"… ({gap} steps omitted) …")
-    if with_nodes:
-        out.append("")
-        out.extend(_nodes_header(node_lines))
-    return "\n".join(out)
-
-
 def _nodes_header(node_lines: Sequence[str]) -> list[str]:
     return ["Key nodes:", *node_lines] if node_lines else ["Key nodes: none flagged"]
 
 
-def _compact(value: Any, limit: int) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+def _cut_chars(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
