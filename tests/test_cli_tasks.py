@@ -103,7 +103,7 @@ def test_import_and_worker(db_path: Path, tmp_path: Path) -> None:
     assert data["accepted"] == 3 and data["problems"] == [] and data["reviews_queued"] >= 1
     assert "ran" in _run("worker", "--once", "--db", str(db_path))
     with Hindsight(db_path, background=False) as hs:
-        assert hs.store.pending_reviews() == 0
+        assert hs.store.pending_jobs() == 0
         assert hs.store.reflections("tsk_i")
 
 

@@ -71,7 +71,7 @@ def test_trigger_replay_reflector_and_store_agree(tmp_path: Path, status: str, o
         assert (task.status == "failed") is expected
 
         # The trigger: a run this short is reviewed only because a call failed or it failed.
-        queued = [j for j in hs.store.review_jobs() if j["task_id"] == task_id]
+        queued = [j for j in hs.store.jobs() if j["task_id"] == task_id]
         assert any(j["kind"] == "full" for j in queued) is expected
 
         # Replay: the first failure is a key node.

@@ -168,7 +168,7 @@ def test_two_failures_in_a_row_queue_a_local_review(hs: Hindsight) -> None:
             )
         task.fail("gave up")
     hs.flush()
-    jobs = hs.store.review_jobs()
+    jobs = hs.store.jobs()
     assert {(j["kind"], j["trigger"]) for j in jobs} >= {
         ("local", "consecutive_failures"),
         ("full", "task_end"),
@@ -278,7 +278,7 @@ def test_run_task_with_feedback_reviews_a_runner_that_raised(hs: Hindsight) -> N
     [task] = hs.store.list_tasks()
     assert task.status == "failed"
     assert hs.store.reflections(task.task_id)  # reviewed after task_end was recorded
-    assert hs.store.pending_reviews() == 0
+    assert hs.store.pending_jobs() == 0
 
 
 def test_a_tool_name_given_as_a_string_is_one_tool(hs: Hindsight) -> None:

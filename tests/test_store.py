@@ -32,7 +32,7 @@ def test_upgrade_from_the_first_schema_keeps_data(db_path: Path) -> None:
     try:
         assert store.meta()["migrations"] == [name for name, _ in MIGRATIONS]
         assert store.get_task("tsk_old").task_type == "legacy"
-        assert store.enqueue_review("tsk_old") > 0
+        assert store.enqueue_job("tsk_old") > 0
     finally:
         store.close()
 
@@ -75,16 +75,16 @@ def test_review_queue_claims_each_job_once(db_path: Path) -> None:
     try:
         a.upsert_task(Task(task_id="tsk_1", task_type="t"))
         ids = [
-            a.enqueue_review("tsk_1", kind="local", trigger="loop", window=[2, 5]) for _ in range(3)
+            a.enqueue_job("tsk_1", kind="local", trigger="loop", window=[2, 5]) for _ in range(3)
         ]
-        claimed = [a.claim_review(), b.claim_review(), a.claim_review(), b.claim_review()]
+        claimed = [a.claim_job(), b.claim_job(), a.claim_job(), b.claim_job()]
         assert sorted(j.job_id for j in claimed if j) == ids
         assert claimed[-1] is None
         assert claimed[0].window == [2, 5]
-        assert a.pending_reviews() == 3  # running counts as pending until finished
+        assert a.pending_jobs() == 3  # running counts as pending until finished
         for j in claimed[:3]:
-            a.finish_review(j.job_id, status="done")
-        assert a.pending_reviews() == 0
+            a.finish_job(j.job_id, status="done")
+        assert a.pending_jobs() == 0
     finally:
         a.close()
         b.close()
@@ -114,13 +114,13 @@ def test_a_review_left_running_by_a_dead_worker_is_taken_back(db_path: Path) -> 
     dead, alive = SQLiteStore(db_path), SQLiteStore(db_path)
     try:
         dead.upsert_task(Task(task_id="tsk_1", task_type="t"))
-        job_id = dead.enqueue_review("tsk_1")
-        assert dead.claim_review().job_id == job_id  # ...and then its process dies
-        assert alive.pending_reviews(mine=True) == 0  # not ours to wait for
-        assert alive.claim_review() is None  # still within its lease
-        taken = alive.claim_review(lease=0.0)
+        job_id = dead.enqueue_job("tsk_1")
+        assert dead.claim_job().job_id == job_id  # ...and then its process dies
+        assert alive.pending_jobs(mine=True) == 0  # not ours to wait for
+        assert alive.claim_job() is None  # still within its lease
+        taken = alive.claim_job(lease=0.0)
         assert taken is not None and taken.job_id == job_id and taken.attempts == 2
-        assert alive.pending_reviews(mine=True) == 1
+        assert alive.pending_jobs(mine=True) == 1
     finally:
         dead.close()
         alive.close()

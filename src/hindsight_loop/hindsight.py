@@ -287,9 +287,9 @@ class Hindsight:
         """Stored reflections, newest first (of one task when ``task_id`` is given)."""
         return self.store.reflections(task_id, limit=limit)
 
-    def pending_reviews(self) -> int:
+    def pending_jobs(self) -> int:
         """Review jobs queued or running, from any process."""
-        return self.store.pending_reviews()
+        return self.store.pending_jobs()
 
     # -- reflection and the lesson book ------------------------------------------------------
     def reflect(

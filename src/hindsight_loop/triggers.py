@@ -110,12 +110,12 @@ class Triggers:
             return False
         queued = False
         if task.injected_lesson_ids:
-            self.store.enqueue_review(task_id, kind="outcome", trigger="task_end")
+            self.store.enqueue_job(task_id, kind="outcome", trigger="task_end")
             queued = True
         if needs_review(
             task, task.event_count, min_events=self.review_min_events, had_failure=had_failure
         ):
-            self.store.enqueue_review(task_id, kind="full", trigger="task_end")
+            self.store.enqueue_job(task_id, kind="full", trigger="task_end")
             queued = True
         return queued
 
@@ -132,7 +132,7 @@ class Triggers:
                 run.positions[i] for i in (node.index, *node.related) if 0 <= i < len(run.positions)
             ]
             first, last = max(0, min(steps) - LOCAL_WINDOW_BEFORE), max(steps)
-            self.store.enqueue_review(
+            self.store.enqueue_job(
                 event.task_id, kind="local", trigger=node.kind, window=[first, last]
             )
             queued = True

@@ -2,7 +2,7 @@
 
 Everything that turns a finished run into lessons happens here, off the agent's hot path: a
 background thread of the agent's process, or a ``hindsight worker`` process on the same store.
-Jobs come from the ``review_jobs`` queue, of three kinds:
+Jobs come from the store's job queue, of three kinds:
 
 - ``full``: reflect on a whole run (queued when a task ends);
 - ``local``: reflect on a window around an anomaly (queued mid-run by the triggers);
@@ -26,7 +26,7 @@ from hindsight_loop.embed import lesson_text
 from hindsight_loop.lessons import Change, apply_outcome, curate, expire_due
 from hindsight_loop.models import Chronicle, Lesson, Reflection, iso, new_id, utcnow
 from hindsight_loop.replay import replay
-from hindsight_loop.store import ReviewJob, Store
+from hindsight_loop.store import Job, Store
 
 if TYPE_CHECKING:
     from hindsight_loop.embed import Embedder
@@ -110,7 +110,7 @@ class Curator:
 
 
 class Worker:
-    """Runs review jobs: in a background thread (``background=True``) or when asked.
+    """Runs queued jobs: in a background thread (``background=True``) or when asked.
 
     Args:
         store: Where jobs, tasks, events and reflections live.
@@ -138,9 +138,7 @@ class Worker:
         self._busy = threading.Lock()
         self._thread: threading.Thread | None = None
         if background:
-            self._thread = threading.Thread(
-                target=self._loop, name="hindsight-reviews", daemon=True
-            )
+            self._thread = threading.Thread(target=self._loop, name="hindsight-jobs", daemon=True)
             self._thread.start()
 
     def wake(self) -> None:
@@ -237,21 +235,21 @@ class Worker:
         done = 0
         while limit is None or done < limit:
             with self._busy:
-                job = self.store.claim_review()
+                job = self.store.claim_job()
                 if job is None:
                     return done
                 self._run(job)
             done += 1
         return done
 
-    def _run(self, job: ReviewJob) -> None:
+    def _run(self, job: Job) -> None:
         try:
             if job.kind == "outcome":
                 self.apply_outcome(job.task_id)
-            elif job.kind == "local" and self.store.has_pending_review(job.task_id, kind="full"):
+            elif job.kind == "local" and self.store.has_pending_job(job.task_id, kind="full"):
                 # The task ended before its local review ran and a full review of the whole
                 # run is queued: that one sees everything the local one would.
-                self.store.finish_review(job.job_id, status="skipped", error="full review queued")
+                self.store.finish_job(job.job_id, status="skipped", error="full review queued")
                 return
             else:
                 reflector = self._reflector() if job.use_llm else self._offline()
@@ -263,12 +261,12 @@ class Worker:
                     trigger=job.trigger,
                 )
                 if r.status == "failed":
-                    self.store.finish_review(job.job_id, status="failed", error=r.error)
+                    self.store.finish_job(job.job_id, status="failed", error=r.error)
                     return
-            self.store.finish_review(job.job_id, status="done")
+            self.store.finish_job(job.job_id, status="done")
         except Exception as exc:  # noqa: BLE001 - the worker survives any one job
-            log.exception("hindsight: review job %s failed", job.job_id)
-            self.store.finish_review(job.job_id, status="failed", error=repr(exc))
+            log.exception("hindsight: job %s failed", job.job_id)
+            self.store.finish_job(job.job_id, status="failed", error=repr(exc))
 
     def _loop(self) -> None:
         while not self._closed:
@@ -279,18 +277,18 @@ class Worker:
             try:
                 self.run_pending()
             except Exception:  # noqa: BLE001
-                log.exception("hindsight: review worker error")
+                log.exception("hindsight: job worker error")
 
     def drain(self, timeout: float) -> bool:
         """Wait until every job this process queued has run. True if all done."""
         deadline = time.monotonic() + timeout
         if self._thread is None or not self._thread.is_alive():
             self.run_pending()
-            return self.store.pending_reviews(mine=True) == 0
+            return self.store.pending_jobs(mine=True) == 0
         while time.monotonic() < deadline:
             self._wake.set()
             with self._busy:
-                if self.store.pending_reviews(mine=True) == 0:
+                if self.store.pending_jobs(mine=True) == 0:
                     return True
             time.sleep(DRAIN_POLL)
         return False

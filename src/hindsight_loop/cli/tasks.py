@@ -182,7 +182,7 @@ def import_(
     """Load a file of events (one JSON object a line, any mix of tasks)."""
     with open_hs(db, create=True) as hs:
         accepted, problems = hs.import_jsonl(file)
-        pending = hs.pending_reviews()
+        pending = hs.pending_jobs()
     if json:
         print_json({"accepted": accepted, "problems": problems, "reviews_queued": pending})
     else:

@@ -15,7 +15,7 @@ from hindsight_loop.models import Event, Lesson, Reflection, Task
 
 
 @dataclass(kw_only=True, slots=True)
-class ReviewJob:
+class Job:
     """A queued reflection, claimed by a worker thread or a ``hindsight worker`` process."""
 
     job_id: int
@@ -84,12 +84,12 @@ class Store(Protocol):
     def book_version(self) -> int:
         """A number that changes whenever any lesson changes (lets recall cache its index)."""
 
-    # reflections and the review queue ----------------------------------------------------
+    # reflections and the job queue -------------------------------------------------------
     def save_reflection(self, reflection: Reflection) -> None: ...
 
     def reflections(self, task_id: str | None = None, *, limit: int = 100) -> list[Reflection]: ...
 
-    def enqueue_review(
+    def enqueue_job(
         self,
         task_id: str,
         *,
@@ -99,16 +99,16 @@ class Store(Protocol):
         use_llm: bool = True,
     ) -> int: ...
 
-    def claim_review(self) -> ReviewJob | None:
+    def claim_job(self) -> Job | None:
         """Take the oldest pending job (atomically, so two workers never take the same one),
         or one left running past its lease by a worker that died."""
 
-    def finish_review(self, job_id: int, *, status: str, error: str | None = None) -> None: ...
+    def finish_job(self, job_id: int, *, status: str, error: str | None = None) -> None: ...
 
-    def has_pending_review(self, task_id: str, *, kind: str) -> bool:
+    def has_pending_job(self, task_id: str, *, kind: str) -> bool:
         """Whether a job of this kind for this task is waiting to run."""
 
-    def pending_reviews(self, *, mine: bool = False) -> int:
+    def pending_jobs(self, *, mine: bool = False) -> int:
         """Jobs waiting or running (``mine``: only those this store object runs)."""
 
     # misc --------------------------------------------------------------------------------
@@ -133,4 +133,4 @@ def open_store(url: str) -> Store:
     return SQLiteStore(url)
 
 
-__all__ = ["ReviewJob", "Store", "open_store"]
+__all__ = ["Job", "Store", "open_store"]

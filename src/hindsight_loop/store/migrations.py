@@ -112,6 +112,15 @@ def m003_review_claims(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE review_jobs ADD COLUMN claimed_by TEXT")
 
 
+@migration
+def m004_jobs(db: sqlite3.Connection) -> None:
+    # The queue holds reflections and outcome scoring alike: "review" now means only what a
+    # person reviews (lessons that need review), so the queue is named for what it holds.
+    db.execute("ALTER TABLE review_jobs RENAME TO jobs")
+    db.execute("DROP INDEX review_jobs_pending")
+    db.execute("CREATE INDEX jobs_pending ON jobs(status, job_id)")
+
+
 def applied(db: sqlite3.Connection) -> list[str]:
     db.execute(
         "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"

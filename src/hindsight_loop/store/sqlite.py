@@ -28,12 +28,12 @@ from hindsight_loop.models import (
     task_outcome,
     utcnow,
 )
-from hindsight_loop.store import ReviewJob
+from hindsight_loop.store import Job
 from hindsight_loop.store.migrations import migrate
 
-#: Seconds a claimed review may run before another worker takes it back (a reflection with
+#: Seconds a claimed job may run before another worker takes it back (a reflection with
 #: retries takes a few minutes at most).
-REVIEW_LEASE = 600.0
+JOB_LEASE = 600.0
 #: Claims of one job before it is given up (it kept killing its worker).
 MAX_ATTEMPTS = 3
 
@@ -81,7 +81,7 @@ class SQLiteStore:
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
-        #: Names this store object's claims on review jobs.
+        #: Names this store object's claims on jobs.
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -406,7 +406,7 @@ class SQLiteStore:
             self._db.execute("SELECT value FROM meta WHERE key='book_version'").fetchone()[0]
         )
 
-    # -- reflections and reviews -----------------------------------------------------------
+    # -- reflections and jobs --------------------------------------------------------------
     def save_reflection(self, reflection: Reflection) -> None:
         self._db.execute(
             """INSERT INTO reflections(reflection_id, task_id, status, created_at, body)
@@ -435,7 +435,7 @@ class SQLiteStore:
             )
         return [Reflection.from_dict(orjson.loads(body)) for (body,) in rows]
 
-    def enqueue_review(
+    def enqueue_job(
         self,
         task_id: str,
         *,
@@ -445,7 +445,7 @@ class SQLiteStore:
         use_llm: bool = True,
     ) -> int:
         cur = self._db.execute(
-            """INSERT INTO review_jobs(task_id, kind, trigger, window, use_llm, created_at)
+            """INSERT INTO jobs(task_id, kind, trigger, window, use_llm, created_at)
                VALUES (?, ?, ?, ?, ?, ?)""",
             (
                 task_id,
@@ -458,21 +458,21 @@ class SQLiteStore:
         )
         return int(cur.lastrowid or 0)
 
-    def claim_review(self, *, lease: float = REVIEW_LEASE) -> ReviewJob | None:
+    def claim_job(self, *, lease: float = JOB_LEASE) -> Job | None:
         # A job still 'running' past its lease belongs to a process that died mid-review: take
         # it back. One that has been claimed MAX_ATTEMPTS times is given up as failed instead.
         now = time.time()
         db = self._db
         with self.transaction():
             db.execute(
-                """UPDATE review_jobs SET status='failed', error='given up after repeated crashes',
+                """UPDATE jobs SET status='failed', error='given up after repeated crashes',
                        finished_at=? WHERE status='running' AND claimed_at < ? AND attempts >= ?""",
                 (iso(utcnow()), now - lease, MAX_ATTEMPTS),
             )
             row = db.execute(
-                """UPDATE review_jobs SET status='running', attempts=attempts+1, claimed_at=?,
+                """UPDATE jobs SET status='running', attempts=attempts+1, claimed_at=?,
                        claimed_by=?
-                   WHERE job_id = (SELECT job_id FROM review_jobs
+                   WHERE job_id = (SELECT job_id FROM jobs
                                    WHERE status='pending'
                                       OR (status='running' AND claimed_at < ?)
                                    ORDER BY job_id LIMIT 1)
@@ -481,7 +481,7 @@ class SQLiteStore:
             ).fetchone()
         if row is None:
             return None
-        return ReviewJob(
+        return Job(
             job_id=row[0],
             task_id=row[1],
             kind=row[2],
@@ -491,38 +491,38 @@ class SQLiteStore:
             use_llm=bool(row[6]),
         )
 
-    def finish_review(self, job_id: int, *, status: str, error: str | None = None) -> None:
+    def finish_job(self, job_id: int, *, status: str, error: str | None = None) -> None:
         self._db.execute(
-            "UPDATE review_jobs SET status=?, error=?, finished_at=? WHERE job_id=?",
+            "UPDATE jobs SET status=?, error=?, finished_at=? WHERE job_id=?",
             (status, error, iso(utcnow()), job_id),
         )
 
-    def has_pending_review(self, task_id: str, *, kind: str) -> bool:
+    def has_pending_job(self, task_id: str, *, kind: str) -> bool:
         return (
             self._db.execute(
-                "SELECT 1 FROM review_jobs WHERE task_id=? AND kind=? AND status='pending' LIMIT 1",
+                "SELECT 1 FROM jobs WHERE task_id=? AND kind=? AND status='pending' LIMIT 1",
                 (task_id, kind),
             ).fetchone()
             is not None
         )
 
-    def pending_reviews(self, *, mine: bool = False) -> int:
+    def pending_jobs(self, *, mine: bool = False) -> int:
         """Jobs waiting or running; with ``mine``, only those this store object is running
         (a job another process runs, or left behind when it died, is not ours to wait for)."""
         if mine:
             sql = (
-                "SELECT count(*) FROM review_jobs WHERE status='pending' "
+                "SELECT count(*) FROM jobs WHERE status='pending' "
                 "OR (status='running' AND claimed_by=?)"
             )
             return self._db.execute(sql, (self.owner,)).fetchone()[0]
         return self._db.execute(
-            "SELECT count(*) FROM review_jobs WHERE status IN ('pending', 'running')"
+            "SELECT count(*) FROM jobs WHERE status IN ('pending', 'running')"
         ).fetchone()[0]
 
-    def review_jobs(self, *, limit: int = 100) -> list[dict[str, Any]]:
+    def jobs(self, *, limit: int = 100) -> list[dict[str, Any]]:
         cols = ("job_id", "task_id", "kind", "trigger", "status", "attempts", "error", "created_at")
         rows = self._db.execute(
-            f"SELECT {', '.join(cols)} FROM review_jobs ORDER BY job_id DESC LIMIT ?", (limit,)
+            f"SELECT {', '.join(cols)} FROM jobs ORDER BY job_id DESC LIMIT ?", (limit,)
         )
         return [dict(zip(cols, r, strict=True)) for r in rows]
 
