@@ -11,6 +11,7 @@ import pytest
 
 from hindsight_loop.models import Chronicle, Event, KeyNodeKind, Task, iso
 from hindsight_loop.replay import (
+    DETAIL_TEXT_MAX,
     DETECTORS,
     LIVE_KINDS,
     LOCAL_WINDOW_AFTER,
@@ -22,6 +23,7 @@ from hindsight_loop.replay import (
     local_window,
     looks_dissatisfied,
     replay,
+    step_detail,
 )
 
 TASK = Task(
@@ -858,3 +860,40 @@ def test_local_window_is_the_node_and_a_few_steps_around_it() -> None:
     assert local_window([5], last=6) == (5 - LOCAL_WINDOW_BEFORE, 6)
     with pytest.raises(ValueError):
         local_window([])
+
+
+def test_steps_keep_what_was_said_and_the_error_in_full() -> None:
+    request = "请把销售数据按月汇总，并且和财务报表核对一下总数。" * 12  # longer than a view's text
+    error = "codec can't decode byte 0xed in position 1832: invalid continuation byte " * 5
+    reply = "I will read the file first and then aggregate the sales by month. " * 4
+    run = Run()
+    run.say(request)
+    run.add("llm_decision", decision={"chosen_action": "reply", "message": reply})
+    run.add(
+        "action_executed",
+        input={"tool": "read_csv", "args": {"path": "/data/a.csv"}},
+        result={"status": "failed", "error_type": "UnicodeDecodeError", "error_message": error},
+    )
+    run.call("read_csv", path="/data/a.csv", encoding="gbk", output={"rows": 3})
+    chronicle = replay(TASK, run.events)
+    said, answered, failed, worked = chronicle.steps
+
+    assert said.input == {"text": request}
+    assert step_detail(said) == request
+    assert answered.summary.startswith("reply: I will read the file first")
+    assert answered.output == reply.strip()
+    assert step_detail(answered) == reply.strip()
+    assert failed.output == {"error_message": error}
+    assert step_detail(failed).endswith(f"error: UnicodeDecodeError: {error}")
+    assert worked.output == {"rows": 3}  # a plain output is as it was
+    assert step_detail(worked).splitlines() == [
+        'args: {"path": "/data/a.csv", "encoding": "gbk"}',
+        'output: {"rows": 3}',
+    ]
+    assert_consistent(chronicle)
+    # Every view is bounded, however long the text.
+    run.say("x" * 50_000)
+    long = replay(TASK, run.events).steps[-1]
+    assert len(long.input["text"]) == DETAIL_TEXT_MAX
+    assert len(step_detail(long)) == DETAIL_TEXT_MAX
+    assert Chronicle.from_dict(orjson.loads(orjson.dumps(chronicle.to_dict()))) == chronicle
