@@ -13,6 +13,7 @@ import pytest
 from hindsight_loop.llm import Completion, LLMError, LLMRequest, estimate_tokens
 from hindsight_loop.llm.reflector import LLMReflector, RetryPolicy
 from hindsight_loop.reflect import Reflector
+from hindsight_loop.replay import LOCAL_WINDOW_AFTER, local_window
 from hindsight_loop.testing.llm import FunctionLLM, ScriptedLLM, sample_chronicle
 
 FULL = {
@@ -325,3 +326,14 @@ def test_closing_the_reflector_cuts_a_backoff_short() -> None:
     assert r.status == "failed" and "closed" in (r.error or "")
     assert len(llm.requests) == 1
     assert slow.reflect(sample_chronicle()).status == "failed"  # closed for good
+
+
+def test_a_window_past_the_end_of_the_run_is_cut_to_it() -> None:
+    # A live trigger asks for local_window() steps after the anomaly, which may not exist yet.
+    llm = ScriptedLLM([LOCAL])
+    chronicle = sample_chronicle()
+    last = chronicle.steps[-1].index
+    first, end = local_window([2, 3])
+    reflector(llm).reflect(chronicle, kind="local", window=(first, last + 5))
+    assert f"Steps {first} to {last}" in llm.last.prompt
+    assert (first, end) == (0, 3 + LOCAL_WINDOW_AFTER)

@@ -220,7 +220,7 @@ class LLMReflector:
         now: datetime,
     ) -> None:
         if kind == "local":
-            window = window or _default_window(chronicle)
+            window = _within(window, chronicle) if window else _default_window(chronicle)
             reflection.trigger = _anomaly_kind(chronicle, window) or "anomaly"
         language = self.language or run_language(chronicle)
         system = render(
@@ -430,6 +430,14 @@ def _default_window(chronicle: Chronicle) -> tuple[int, int]:
     node = max(nodes, key=lambda k: k.index)
     first, last = local_window([node.index, *node.related], last=max(indices))
     return max(min(indices), first), last
+
+
+def _within(window: tuple[int, int] | list[int], chronicle: Chronicle) -> tuple[int, int]:
+    """A window cut to the steps the chronicle has (a live trigger may ask past the run's end)."""
+    first, last = window
+    if chronicle.steps:
+        last = min(last, chronicle.steps[-1].index)
+    return first, max(first, last)
 
 
 def _nodes_in(chronicle: Chronicle, window: tuple[int, int] | None) -> list[KeyNode]:
