@@ -717,3 +717,51 @@ def test_imported_run_replays_with_its_failure(tmp_path: Path) -> None:
         assert first.event_id == _actions(run)[0]["event_id"]
     finally:
         hs.close()
+
+
+def test_import_transcript_twice_stores_each_event_once(tmp_path: Path) -> None:
+    with Hindsight(tmp_path / "h.db", background=False) as hs:
+        first = hs.import_transcript(OPENAI_RUN, task_type="weather")
+        again = hs.import_transcript(OPENAI_RUN, task_type="weather")
+        [run] = runs_from(OPENAI_RUN, task_type="weather")
+        assert first.runs == 1 and first.accepted == len(run.events) and first.duplicates == 0
+        assert again.accepted == 0 and again.duplicates == len(run.events)
+        assert hs.store.event_count(run.task_id) == len(run.events)
+        task = hs.get_task(run.task_id)
+        assert task is not None and task.task_type == "weather" and task.status == "failed"
+        # An ended imported run is queued for reflection like a live one.
+        assert any(j["task_id"] == run.task_id for j in hs.store.jobs())
+
+
+@pytest.mark.parametrize("name", ["openai", "anthropic", "otlp"])
+def test_hindsight_import_reads_each_format_from_a_file(tmp_path: Path, name: str) -> None:
+    from typer.testing import CliRunner
+
+    from hindsight_loop.cli.app import app
+
+    data = {"openai": OPENAI_RUN, "anthropic": ANTHROPIC_RUN, "otlp": OTLP_TRACE}[name]
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    db = str(tmp_path / "h.db")
+    runner = CliRunner()
+    out = runner.invoke(app, ["import", str(path), "--db", db, "--json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.stdout)
+    assert report["accepted"] > 0 and report["duplicates"] == 0 and report["problems"] == []
+    out = runner.invoke(app, ["import", str(path), "--db", db, "--json", "--format", name])
+    assert out.exit_code == 0, out.output
+    again = json.loads(out.stdout)
+    assert again["accepted"] == 0 and again["duplicates"] == report["accepted"]
+
+
+def test_hindsight_import_names_the_format_option_when_it_cannot_tell(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from hindsight_loop.cli.app import app
+
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps({"rows": [1, 2, 3]}), encoding="utf-8")
+    out = CliRunner().invoke(app, ["import", str(path), "--db", str(tmp_path / "h.db")])
+    assert out.exit_code != 0
+    assert "--format" in out.output
+    assert "Traceback" not in out.output

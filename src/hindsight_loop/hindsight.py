@@ -14,12 +14,14 @@ import atexit
 import logging
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
 from hindsight_loop.models import (
+    EVENT_TYPES,
     MAX_LESSONS,
     Chronicle,
     Lesson,
@@ -43,6 +45,20 @@ log = logging.getLogger("hindsight_loop")
 
 #: How long ``drain`` waits for queued reviews by default, in seconds.
 DRAIN_TIMEOUT = 120.0
+
+
+@dataclass(kw_only=True)
+class ImportReport:
+    """What an import stored."""
+
+    runs: int = 0
+    """Runs read (a JSONL file of wire events counts as one)."""
+    accepted: int = 0
+    """Events recorded."""
+    duplicates: int = 0
+    """Events skipped because the store already had them (same ``event_id``)."""
+    problems: list[str] = field(default_factory=list)
+    """Events refused, and why (with the line number for a JSONL file)."""
 
 
 class Hindsight:
@@ -241,28 +257,92 @@ class Hindsight:
             seq=seq if type(seq) is int and -(2**63) <= seq < 2**63 else None,  # not a bool
         )
 
+    def import_transcript(
+        self,
+        data: Any,
+        *,
+        format: str = "auto",  # noqa: A002 - the CLI's word
+        task_type: str | None = None,
+        goal: str | None = None,
+        outcome: str | None = None,
+        scope: str | None = None,
+        source: str = "",
+    ) -> ImportReport:
+        """Record runs an agent already produced: OpenAI or Anthropic messages, OTLP GenAI
+        traces or wire-format events (``format``: ``auto``, ``openai``, ``anthropic``,
+        ``otlp``, ``wire``). One run (a message list) or many; what the caller passes wins over
+        what a run says about itself. Events already stored are skipped, so importing the same
+        transcript twice stores it once. Ended runs are queued for reflection like live ones.
+
+        Raises:
+            ValueError: the format cannot be told (the message names ``format=``) or the data
+                is not in the format given.
+        """
+        from hindsight_loop.ingest import runs_from
+        from hindsight_loop.lessons import check_scope
+
+        if scope is not None:
+            scope = check_scope(scope)
+        runs = runs_from(
+            data,
+            format,
+            task_type=task_type,
+            goal=goal,
+            outcome=outcome,
+            scope=scope,
+            source=source,
+        )
+        return self._import_runs([(run.task_id, run.events) for run in runs])
+
+    def import_file(self, path: str | Path, *, format: str = "auto", **fields: Any) -> ImportReport:  # noqa: A002
+        """``import_transcript`` for a JSON or JSONL file (``hindsight import FILE``).
+
+        A JSONL file of wire-format events is read line by line: a bad line is reported with
+        its number and the rest is imported.
+        """
+        from hindsight_loop.ingest import load_json_or_jsonl
+
+        if format in ("auto", "wire"):
+            lines = _wire_lines(path, sniff=format == "auto")
+            if lines is not None:
+                events = [e for e, _ in lines if e is not None]
+                report = self._import_runs([(None, events)], checked=True)
+                report.problems = [p for _, p in lines if p] + report.problems
+                return report
+        fields.setdefault("source", Path(path).name)
+        return self.import_transcript(load_json_or_jsonl(path), format=format, **fields)
+
     def import_jsonl(self, path: str | Path) -> tuple[int, list[str]]:
         """Load a file of wire-format events (any mix of tasks). Returns (accepted, problems)."""
-        accepted, problems = 0, []
-        with open(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, 1):
-                if lineno == 1:
-                    raw = raw.removeprefix(b"\xef\xbb\xbf")  # a BOM from Windows tools
-                if not raw.strip():
-                    continue
-                try:
-                    event = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    problems.append(f"line {lineno}: not JSON ({exc})")
-                    continue
-                problem = wire_event_problem(event)
+        report = self.import_file(path, format="wire")
+        return report.accepted, report.problems
+
+    def _import_runs(
+        self, runs: list[tuple[str | None, list[Any]]], *, checked: bool = False
+    ) -> ImportReport:
+        """Record the events of runs, skipping those already stored (``checked``: the events
+        passed the wire check already)."""
+        report = ImportReport(runs=len(runs))
+        stored: dict[str, set[str]] = {}
+        self.flush()  # what was recorded before counts as stored
+        for _, events in runs:
+            for event in events:
+                problem = None if checked else wire_event_problem(event)
                 if problem:
-                    problems.append(f"line {lineno}: {problem}")
+                    report.problems.append(problem)
                     continue
+                task_id, event_id = event["task_id"], event.get("event_id")
+                if task_id not in stored:
+                    stored[task_id] = self.store.event_ids(task_id)
+                if isinstance(event_id, str):
+                    if event_id in stored[task_id]:
+                        report.duplicates += 1
+                        continue
+                    stored[task_id].add(event_id)
                 self._accept(event)
-                accepted += 1
+                report.accepted += 1
         self.flush()
-        return accepted, problems
+        return report
 
     def flush(self, timeout: float | None = None) -> bool:
         """Return once every event accepted so far is durable."""
@@ -531,4 +611,32 @@ class Hindsight:
         self.close()
 
 
-__all__ = ["ActionCall", "Hindsight", "TaskRun", "current_task"]
+def _looks_wire(event: Any) -> bool:
+    return isinstance(event, dict) and event.get("type") in EVENT_TYPES
+
+
+def _wire_lines(path: str | Path, *, sniff: bool) -> list[tuple[Any, str]] | None:
+    """A JSONL file of wire-format events as (event or None, problem) per line; with ``sniff``,
+    None when the file does not look like one (its first line is not a wire event)."""
+    out: list[tuple[Any, str]] = []
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if lineno == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a BOM from Windows tools
+            if not raw.strip():
+                continue
+            try:
+                event = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                if sniff and not out:
+                    return None  # one JSON document spread over lines, not JSONL
+                out.append((None, f"line {lineno}: not JSON ({exc})"))
+                continue
+            if sniff and not out and not _looks_wire(event):
+                return None
+            problem = wire_event_problem(event)
+            out.append((None, f"line {lineno}: {problem}") if problem else (event, ""))
+    return out
+
+
+__all__ = ["ActionCall", "Hindsight", "ImportReport", "TaskRun", "current_task"]

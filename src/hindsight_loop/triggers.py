@@ -17,11 +17,8 @@ import orjson
 from hindsight_loop.models import Event, is_failure
 from hindsight_loop.record import WATCHED_TYPES, Row
 from hindsight_loop.reflect import needs_review
-from hindsight_loop.replay import AnomalyWatch
+from hindsight_loop.replay import AnomalyWatch, local_window
 from hindsight_loop.store import Store
-
-#: Steps before the anomaly's first step that a local review also reads (how the run got there).
-LOCAL_WINDOW_BEFORE = 2
 
 #: Most local reviews one task may ask for: a run that keeps failing needs one look, not fifty.
 MAX_LOCAL_REVIEWS = 3
@@ -131,7 +128,7 @@ class Triggers:
             steps = [
                 run.positions[i] for i in (node.index, *node.related) if 0 <= i < len(run.positions)
             ]
-            first, last = max(0, min(steps) - LOCAL_WINDOW_BEFORE), max(steps)
+            first, last = local_window(steps)
             self.store.enqueue_job(
                 event.task_id, kind="local", trigger=node.kind, window=[first, last]
             )

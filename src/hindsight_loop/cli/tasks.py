@@ -70,14 +70,24 @@ def replay(
     for node in chronicle.key_nodes:
         marks.setdefault(node.index, []).append(node.kind)
     if steps:
+        from hindsight_loop.replay import step_detail
+
         for s in chronicle.steps:
             tag = f"  <- {', '.join(marks[s.index])}" if s.index in marks else ""
             say(f"  {s.index:>4} {s.summary}", (tag, "yellow"))
+            # What the reviewer reads too: the request, the reply, arguments, the full error.
+            detail = step_detail(s)
+            if detail:
+                say(_indent(detail, " " * 10), multiline=True)
     heading("key nodes")
     if not chronicle.key_nodes:
         say("  (none)")
     for node in chronicle.key_nodes:
         say(f"  {node.index:>4} {node.kind:<22} {node.summary}")
+
+
+def _indent(text: str, prefix: str) -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
 
 
 def reflect(
@@ -174,25 +184,65 @@ def reflections(
 def import_(
     file: Annotated[
         Path,
-        typer.Argument(help="A JSONL file of wire-format events.", exists=True, dir_okay=False),
+        typer.Argument(
+            help="A transcript or trace: JSON or JSONL (wire events, OpenAI or Anthropic "
+            "messages, OTLP JSON).",
+            exists=True,
+            dir_okay=False,
+        ),
     ],
     db: DbOption = "hindsight.db",
+    format_: Annotated[
+        str,
+        typer.Option(
+            "--format", "-f", help="auto, wire, openai, anthropic or otlp (auto tells them apart)."
+        ),
+    ] = "auto",
+    task_type: Annotated[
+        str | None, typer.Option("--task-type", help="Task type of every imported run.")
+    ] = None,
+    outcome: Annotated[
+        str | None,
+        typer.Option(help="Outcome of every run (succeeded or failed), over what it says itself."),
+    ] = None,
+    scope: Annotated[
+        str | None, typer.Option(help="Scope of every run: global, project:NAME or user:NAME.")
+    ] = None,
     json: JsonOption = False,
 ) -> None:
-    """Load a file of events (one JSON object a line, any mix of tasks)."""
+    """Load runs an agent already produced; events already stored are skipped."""
+    from hindsight_loop.ingest import FORMATS
+
+    if format_ not in FORMATS:
+        raise fail(f"unknown format {format_!r}; use --format {'|'.join(FORMATS)}")
+    fields = {"task_type": task_type, "outcome": outcome, "scope": scope}
     with open_hs(db, create=True) as hs:
-        accepted, problems = hs.import_jsonl(file)
+        try:
+            report = hs.import_file(
+                file, format=format_, **{k: v for k, v in fields.items() if v is not None}
+            )
+        except ValueError as exc:
+            raise fail(f"cannot import {file}: {exc}") from None
         pending = hs.pending_jobs()
     if json:
-        print_json({"accepted": accepted, "problems": problems, "reviews_queued": pending})
+        print_json(
+            {
+                "runs": report.runs,
+                "accepted": report.accepted,
+                "duplicates": report.duplicates,
+                "problems": report.problems,
+                "reviews_queued": pending,
+            }
+        )
     else:
+        already = f" ({report.duplicates} already stored)" if report.duplicates else ""
         say(
-            f"imported {accepted} events into {db}; {pending} reviews queued "
+            f"imported {report.accepted} events{already} into {db}; {pending} reviews queued "
             "(run 'hindsight worker --once')"
         )
-        for p in problems[:50]:
+        for p in report.problems[:50]:
             say(("skipped", "yellow"), f" {p}", err=True)
-    if problems and not accepted:
+    if report.problems and not report.accepted:
         raise typer.Exit(1)
 
 
