@@ -59,6 +59,7 @@ from hindsight_loop.models import (
     normal_status,
     parse_ts,
 )
+from hindsight_loop.text import detect_language
 
 __all__ = [
     "DETAIL_ARGS_MAX",
@@ -76,6 +77,7 @@ __all__ = [
     "Detector",
     "Seen",
     "local_window",
+    "run_language",
     "looks_dissatisfied",
     "replay",
 ]
@@ -242,6 +244,23 @@ class AnomalyWatch:
             if nodes:
                 found.extend(nodes)
         return found
+
+
+def run_language(chronicle: Chronicle, steps: Iterable[Step] | None = None) -> str:
+    """The language a run was in (``en`` or ``zh``): the one rule every reflector follows.
+
+    Read from the people's words (the goal, what the user said, their feedback), not from tool
+    names and arguments, which are English identifiers in a Chinese run too.
+
+    Args:
+        chronicle: The run.
+        steps: Only these steps (a local review's window); default every step.
+    """
+    texts = [chronicle.task.goal or ""]
+    for step in chronicle.steps if steps is None else steps:
+        if step.type in ("user_input", "feedback"):
+            texts.append(str((step.input or {}).get("text") or step.summary or ""))
+    return detect_language(" ".join(t for t in texts if t))
 
 
 def local_window(steps: Iterable[int], *, last: int | None = None) -> tuple[int, int]:

@@ -37,6 +37,8 @@ from hindsight_loop.llm.templates import (
     render_chronicle,
 )
 from hindsight_loop.models import (
+    MAX_KEYWORDS,
+    MAX_SUGGESTIONS,
     Chronicle,
     Features,
     KeyNode,
@@ -47,7 +49,7 @@ from hindsight_loop.models import (
     new_id,
     utcnow,
 )
-from hindsight_loop.replay import LIVE_KINDS, local_window
+from hindsight_loop.replay import LIVE_KINDS, local_window, run_language
 from hindsight_loop.text import detect_language
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,6 @@ _ANOMALY_WORDS = {
     "anomaly": "an anomaly",
     "recovery": "the agent recovered from a failure",
 }
-MAX_SUGGESTIONS = 5
 _NULLS = {"", "null", "none", "n/a", "na", "无", "-"}
 
 
@@ -371,7 +372,7 @@ class LLMReflector:
                 intent=task.intent,
                 step=_node_step(chronicle, nodes),
                 error_type=_error_type(as_text(lesson.get("error_type")), nodes),
-                keywords=as_list(lesson.get("keywords"))[:8],
+                keywords=as_list(lesson.get("keywords"))[:MAX_KEYWORDS],
             ),
             root_cause=as_text(lesson.get("root_cause")),
             suggestions=as_list(lesson.get("suggestions"))[:MAX_SUGGESTIONS],
@@ -397,16 +398,6 @@ def reflector_from_env(environ: dict[str, str] | None = None, **kwargs: Any) -> 
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-def run_language(chronicle: Chronicle) -> str:
-    """The language the run was in: its goal, what the user said, and the step summaries."""
-    texts = [chronicle.task.goal]
-    for step in chronicle.steps:
-        texts.append(step.summary)
-        if step.type in ("user_input", "feedback") and step.input:
-            texts.append(str(step.input.get("text") or ""))
-    return detect_language(" ".join(t for t in texts if t))
 
 
 def _record_usage(reflection: Reflection, completions: list[Completion]) -> None:
