@@ -14,14 +14,10 @@ import atexit
 import logging
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import orjson
-
 from hindsight_loop.models import (
-    EVENT_TYPES,
     MAX_LESSONS,
     Chronicle,
     Lesson,
@@ -31,10 +27,18 @@ from hindsight_loop.models import (
 )
 from hindsight_loop.record import DEFAULT_MAX_TEXT, Recorder, warn
 from hindsight_loop.store import Store, open_store
-from hindsight_loop.task import ActionCall, TaskRun, current_task, goal_text, tool, tool_list
+from hindsight_loop.task import (
+    ActionCall,
+    TaskRun,
+    current_task,
+    run_with_feedback,
+    tool,
+    tool_list,
+)
 
 if TYPE_CHECKING:
     from hindsight_loop.embed import Embedder
+    from hindsight_loop.ingest import ImportReport
     from hindsight_loop.lessons import Change
     from hindsight_loop.recall import LessonSet, RecallCache
     from hindsight_loop.reflect import Reflector
@@ -45,20 +49,6 @@ log = logging.getLogger("hindsight_loop")
 
 #: How long ``drain`` waits for queued reviews by default, in seconds.
 DRAIN_TIMEOUT = 120.0
-
-
-@dataclass(kw_only=True)
-class ImportReport:
-    """What an import stored."""
-
-    runs: int = 0
-    """Runs read (a JSONL file of wire events counts as one)."""
-    accepted: int = 0
-    """Events recorded."""
-    duplicates: int = 0
-    """Events skipped because the store already had them (same ``event_id``)."""
-    problems: list[str] = field(default_factory=list)
-    """Events refused, and why (with the line number for a JSONL file)."""
 
 
 class Hindsight:
@@ -292,7 +282,7 @@ class Hindsight:
             scope=scope,
             source=source,
         )
-        return self._import_runs([(run.task_id, run.events) for run in runs])
+        return self._import_runs([run.events for run in runs])
 
     def import_file(self, path: str | Path, *, format: str = "auto", **fields: Any) -> ImportReport:  # noqa: A002
         """``import_transcript`` for a JSON or JSONL file (``hindsight import FILE``).
@@ -301,12 +291,13 @@ class Hindsight:
         its number and the rest is imported.
         """
         from hindsight_loop.ingest import load_json_or_jsonl
+        from hindsight_loop.ingest.wire import read_wire_lines
 
         if format in ("auto", "wire"):
-            lines = _wire_lines(path, sniff=format == "auto")
+            lines = read_wire_lines(path, sniff=format == "auto")
             if lines is not None:
                 events = [e for e, _ in lines if e is not None]
-                report = self._import_runs([(None, events)], checked=True)
+                report = self._import_runs([events], checked=True)
                 report.problems = [p for _, p in lines if p] + report.problems
                 return report
         fields.setdefault("source", Path(path).name)
@@ -318,29 +309,14 @@ class Hindsight:
         return report.accepted, report.problems
 
     def _import_runs(
-        self, runs: list[tuple[str | None, list[Any]]], *, checked: bool = False
+        self, runs: list[list[dict[str, Any]]], *, checked: bool = False
     ) -> ImportReport:
-        """Record the events of runs, skipping those already stored (``checked``: the events
-        passed the wire check already)."""
-        report = ImportReport(runs=len(runs))
-        stored: dict[str, set[str]] = {}
+        from hindsight_loop.ingest import record_runs
+
         self.flush()  # what was recorded before counts as stored
-        for _, events in runs:
-            for event in events:
-                problem = None if checked else wire_event_problem(event)
-                if problem:
-                    report.problems.append(problem)
-                    continue
-                task_id, event_id = event["task_id"], event.get("event_id")
-                if task_id not in stored:
-                    stored[task_id] = self.store.event_ids(task_id)
-                if isinstance(event_id, str):
-                    if event_id in stored[task_id]:
-                        report.duplicates += 1
-                        continue
-                    stored[task_id].add(event_id)
-                self._accept(event)
-                report.accepted += 1
+        report = record_runs(
+            runs, stored_ids=self.store.event_ids, accept=self._accept, checked=checked
+        )
         self.flush()
         return report
 
@@ -456,19 +432,10 @@ class Hindsight:
     def credit_lessons(self, task_id: str, lesson_ids: Sequence[str]) -> None:
         """Count lessons as injected into a task that already started (recalled mid-run, or by
         an MCP client): the task's outcome will move their helpful / harmful counts."""
-        if not lesson_ids:
-            return
-        self.flush()
-        with self.store.transaction():
-            task = self.store.get_task(task_id)
-            if task is None:
+        if lesson_ids:
+            self.flush()
+            if not self.worker.credit(task_id, lesson_ids):
                 warn(f"credit_lessons: no task {task_id!r}; start it first")
-                return
-            fresh = [x for x in lesson_ids if x not in task.injected_lesson_ids]
-            if fresh:
-                task.injected_lesson_ids = [*task.injected_lesson_ids, *fresh]
-                self.store.upsert_task(task)
-                self.store.bump_hits(fresh)
 
     def inject(
         self,
@@ -507,13 +474,7 @@ class Hindsight:
         """
         rated = rated or {}
         self.flush()
-        with self.store.transaction():
-            task = self.store.get_task(task_id)
-            if task is None:
-                raise KeyError(task_id)
-            if rated and any(x in rated for x in task.injected_lesson_ids):
-                task.injected_lesson_ids = [x for x in task.injected_lesson_ids if x not in rated]
-                self.store.upsert_task(task)
+        self.worker.uncredit(task_id, rated)
         result: dict[str, Any] = {"status": status}
         if summary:
             result["summary" if status == "succeeded" else "error_message"] = summary
@@ -537,40 +498,12 @@ class Hindsight:
 
         If ``task_input`` is a dict with ``messages`` (an OpenAI-style list), the advice is
         injected into them. ``event_callback`` takes wire-format event dicts (no task id
-        needed). A runner that returns a dict with ``{"status": "failed"}`` or raises marks
-        the task failed; the exception is re-raised after the review is stored.
+        needed). A runner that returns a dict with a failed ``status`` or raises marks the task
+        failed; the exception is re-raised after the review is stored.
         """
-        text_goal = goal if goal is not None else goal_text(task_input)
-        try:
-            with self.task(
-                task_type, goal=text_goal, tools=tools, scope=scope, intent=intent
-            ) as task:
-                if isinstance(task_input, dict) and isinstance(task_input.get("messages"), list):
-                    task_input = {
-                        **task_input,
-                        "messages": self.inject(task_input["messages"], task.lessons),
-                    }
-
-                def event_callback(event: dict[str, Any]) -> None:
-                    if isinstance(event, dict):
-                        self.record({**event, "task_id": task.task_id})
-                    else:
-                        self.record(event)  # refused with a warning, kept in the dead letter
-
-                result = runner(task_input, event_callback)
-                if isinstance(result, dict) and result.get("status") == "failed":
-                    task.fail(str(result.get("error") or "runner reported failure"))
-        finally:
-            # After task_end is recorded, also when the runner raised: the review sees the
-            # whole run, then the exception goes on.
-            self._after_task()
-        return result
-
-    def _after_task(self) -> None:
-        try:
-            self.drain()
-        except Exception:  # noqa: BLE001 - reviewing never breaks the task
-            log.exception("hindsight: review after the task failed")
+        return run_with_feedback(
+            self, task_type, runner, task_input, goal=goal, tools=tools, scope=scope, intent=intent
+        )
 
     # -- reviews off the hot path ------------------------------------------------------------
     def run_pending(self, *, limit: int | None = None) -> int:
@@ -611,32 +544,4 @@ class Hindsight:
         self.close()
 
 
-def _looks_wire(event: Any) -> bool:
-    return isinstance(event, dict) and event.get("type") in EVENT_TYPES
-
-
-def _wire_lines(path: str | Path, *, sniff: bool) -> list[tuple[Any, str]] | None:
-    """A JSONL file of wire-format events as (event or None, problem) per line; with ``sniff``,
-    None when the file does not look like one (its first line is not a wire event)."""
-    out: list[tuple[Any, str]] = []
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            if lineno == 1:
-                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a BOM from Windows tools
-            if not raw.strip():
-                continue
-            try:
-                event = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                if sniff and not out:
-                    return None  # one JSON document spread over lines, not JSONL
-                out.append((None, f"line {lineno}: not JSON ({exc})"))
-                continue
-            if sniff and not out and not _looks_wire(event):
-                return None
-            problem = wire_event_problem(event)
-            out.append((None, f"line {lineno}: {problem}") if problem else (event, ""))
-    return out
-
-
-__all__ = ["ActionCall", "Hindsight", "ImportReport", "TaskRun", "current_task"]
+__all__ = ["ActionCall", "Hindsight", "TaskRun", "current_task"]

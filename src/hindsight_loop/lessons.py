@@ -280,8 +280,17 @@ def _has_fix(lesson: Lesson | LessonDraft) -> bool:
     return lesson.structured is not None and lesson.structured.prefer is not None
 
 
+def _is_pattern(structured: Structured | None) -> bool:
+    return structured is not None and bool(structured.when.get("error_template"))
+
+
 def _structured_relation(a: Structured | None, b: Structured | None) -> str | None:
     """``same``, ``conflict``, ``different`` or None (cannot tell) from the structured forms."""
+    if a is not None and b is not None and _is_pattern(a) and _is_pattern(b):
+        # Lessons of a batch review (``patterns.review_runs``): one per tool and error template.
+        # The same pair is the same lesson with newer evidence; another pair never merges.
+        key = ("tool", "error_template")
+        return "same" if all(a.when.get(k) == b.when.get(k) for k in key) else "different"
     if a is None or b is None or _canon(a.when) != _canon(b.when):
         return None
     a_prefer, a_avoid, b_prefer, b_avoid = (
@@ -490,9 +499,16 @@ def _merge(
     lesson = copy.deepcopy(kept)
     old_advice = lesson.advice
     new_advice = draft.advice.strip()
+    # A newer batch review of the same failure pattern (``patterns.review_runs``) counted it over
+    # more runs: its text, counts and structured form replace the old ones whole, since mixing
+    # the two would let the text and the structured form disagree; sources and support add up.
+    pattern = _is_pattern(kept.structured) and _is_pattern(draft.structured)
     fix_new, fix_old = _has_fix(draft), _has_fix(kept)
-    advice = new_advice if _better(fix_new, new_advice, fix_old, old_advice) else old_advice
-    if merge_text is not None and new_advice != old_advice:
+    if pattern:
+        advice = new_advice
+    else:
+        advice = new_advice if _better(fix_new, new_advice, fix_old, old_advice) else old_advice
+    if merge_text is not None and new_advice != old_advice and not pattern:
         try:
             merged = merge_text(old_advice, new_advice).strip()
         except Exception:  # noqa: BLE001 - an LLM failure must not lose the merge
@@ -501,19 +517,25 @@ def _merge(
     lesson.advice = advice
     if advice != old_advice:
         lesson.language = detect_language(advice)
-    for name in ("root_cause", "general_rule"):
-        mine, theirs = getattr(lesson, name), getattr(draft, name)
-        if theirs and _better(fix_new, theirs, fix_old, mine):
-            setattr(lesson, name, theirs)
-    lesson.suggestions = _merge_list(lesson.suggestions, draft.suggestions, limit=5)
-    f, g = lesson.features, draft.features
-    f.tools = _merge_list(f.tools, g.tools)
-    f.keywords = _merge_list(f.keywords, g.keywords, limit=12)
-    f.intent = f.intent or g.intent
-    f.step = f.step or g.step
-    f.error_type = f.error_type or g.error_type
-    if draft.structured is not None and (lesson.structured is None or fix_new > fix_old):
+    if pattern:
+        lesson.root_cause, lesson.general_rule = draft.root_cause, draft.general_rule
+        lesson.suggestions = list(draft.suggestions)
         lesson.structured = copy.deepcopy(draft.structured)
+        lesson.features = copy.deepcopy(draft.features)
+    else:
+        for name in ("root_cause", "general_rule"):
+            mine, theirs = getattr(lesson, name), getattr(draft, name)
+            if theirs and _better(fix_new, theirs, fix_old, mine):
+                setattr(lesson, name, theirs)
+        lesson.suggestions = _merge_list(lesson.suggestions, draft.suggestions, limit=5)
+        f, g = lesson.features, draft.features
+        f.tools = _merge_list(f.tools, g.tools)
+        f.keywords = _merge_list(f.keywords, g.keywords, limit=12)
+        f.intent = f.intent or g.intent
+        f.step = f.step or g.step
+        f.error_type = f.error_type or g.error_type
+        if draft.structured is not None and (lesson.structured is None or fix_new > fix_old):
+            lesson.structured = copy.deepcopy(draft.structured)
     added_sources = [t for t in draft.source_task_ids if t not in lesson.source_task_ids]
     lesson.source_task_ids += added_sources
     lesson.support += draft.support if isinstance(draft, Lesson) else 1

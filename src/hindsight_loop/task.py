@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from hindsight_loop.models import is_failure
 from hindsight_loop.record import warn
 
 if TYPE_CHECKING:
@@ -346,6 +347,47 @@ class ActionCall:
         self._task._emit("action_executed", payload)
 
 
+def run_with_feedback(
+    hs: Hindsight,
+    task_type: str,
+    runner: Callable[[Any, Callable[[dict[str, Any]], None]], Any],
+    task_input: Any,
+    *,
+    goal: str | None,
+    tools: Sequence[str],
+    scope: str,
+    intent: str | None,
+) -> Any:
+    """The whole loop in one call (``hs.run_task_with_feedback``): recall and inject, run,
+    record the outcome, then wait for the reviews so the next run has their lessons."""
+    text_goal = goal if goal is not None else goal_text(task_input)
+    try:
+        with hs.task(task_type, goal=text_goal, tools=tools, scope=scope, intent=intent) as task:
+            if isinstance(task_input, dict) and isinstance(task_input.get("messages"), list):
+                task_input = {
+                    **task_input,
+                    "messages": hs.inject(task_input["messages"], task.lessons),
+                }
+
+            def event_callback(event: dict[str, Any]) -> None:
+                if isinstance(event, dict):
+                    hs.record({**event, "task_id": task.task_id})
+                else:
+                    hs.record(event)  # refused with a warning, kept in the dead letter
+
+            result = runner(task_input, event_callback)
+            if isinstance(result, dict) and is_failure(result.get("status")):
+                task.fail(str(result.get("error") or "runner reported failure"))
+    finally:
+        # After task_end is recorded, also when the runner raised: the review sees the whole
+        # run, then the exception goes on.
+        try:
+            hs.drain()
+        except Exception:  # noqa: BLE001 - reviewing never breaks the task
+            log.exception("hindsight: review after the task failed")
+    return result
+
+
 # -- helpers ------------------------------------------------------------------------------------
 
 
@@ -392,4 +434,12 @@ def goal_text(task_input: Any) -> str:
     return repr(task_input)[:500]
 
 
-__all__ = ["ActionCall", "TaskRun", "current_task", "goal_text", "tool", "tool_list"]
+__all__ = [
+    "ActionCall",
+    "TaskRun",
+    "current_task",
+    "goal_text",
+    "run_with_feedback",
+    "tool",
+    "tool_list",
+]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -214,6 +214,36 @@ class Worker:
             return 0
         succeeded = task.status == "succeeded"
         return len(self.score(task_id, dict.fromkeys(task.injected_lesson_ids, succeeded)))
+
+    def credit(self, task_id: str, lesson_ids: Sequence[str]) -> bool:
+        """Count lessons as injected into a started task (its outcome will score them, and
+        each counts a hit). False if there is no such task."""
+        with self.store.transaction():
+            task = self.store.get_task(task_id)
+            if task is None:
+                return False
+            fresh = [x for x in lesson_ids if x not in task.injected_lesson_ids]
+            if fresh:
+                task.injected_lesson_ids = [*task.injected_lesson_ids, *fresh]
+                self.store.upsert_task(task)
+                self.store.bump_hits(fresh)
+        return True
+
+    def uncredit(self, task_id: str, lesson_ids: Iterable[str]) -> None:
+        """Take lessons out of a task's automatic outcome scoring (a person or a client rated
+        them explicitly, so none is counted twice).
+
+        Raises:
+            KeyError: there is no such task.
+        """
+        drop = set(lesson_ids)
+        with self.store.transaction():
+            task = self.store.get_task(task_id)
+            if task is None:
+                raise KeyError(task_id)
+            if drop & set(task.injected_lesson_ids):
+                task.injected_lesson_ids = [x for x in task.injected_lesson_ids if x not in drop]
+                self.store.upsert_task(task)
 
     def score(self, task_id: str, verdicts: dict[str, bool]) -> list[str]:
         """Count each lesson as helpful (True) or harmful (False) in a task; returns the ids of

@@ -27,7 +27,8 @@ Decisions every mapping shares (``wire.RunBuilder``):
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -42,10 +43,20 @@ from hindsight_loop.ingest.wire import (
     tool_error,
     wire_runs,
 )
+from hindsight_loop.models import wire_event_problem
 
 FORMATS = ("auto", "wire", "openai", "anthropic", "otlp")
 
-__all__ = ["FORMATS", "Run", "detect_format", "read_runs", "runs_from", "tool_error"]
+__all__ = [
+    "FORMATS",
+    "ImportReport",
+    "Run",
+    "detect_format",
+    "read_runs",
+    "record_runs",
+    "runs_from",
+    "tool_error",
+]
 
 
 @dataclass(kw_only=True)
@@ -56,6 +67,57 @@ class Run:
     """The Hindsight task the events belong to."""
     events: list[dict[str, Any]]
     """Wire-format events, ``task_start`` first and ``task_end`` last (wire input: as given)."""
+
+
+@dataclass(kw_only=True)
+class ImportReport:
+    """What an import stored."""
+
+    runs: int = 0
+    """Runs read (a JSONL file of wire events counts as one)."""
+    accepted: int = 0
+    """Events recorded."""
+    duplicates: int = 0
+    """Events skipped because the store already had them (same ``event_id``)."""
+    problems: list[str] = field(default_factory=list)
+    """Events refused, and why (with the line number for a JSONL file)."""
+
+
+def record_runs(
+    runs: Iterable[list[dict[str, Any]]],
+    *,
+    stored_ids: Callable[[str], set[str]],
+    accept: Callable[[dict[str, Any]], None],
+    checked: bool = False,
+) -> ImportReport:
+    """Hand the events of runs to ``accept``, skipping those already stored.
+
+    Args:
+        runs: Each run's wire-format events.
+        stored_ids: The ids of a task's stored events (asked once per task).
+        accept: Records one checked event.
+        checked: The events passed ``models.wire_event_problem`` already.
+    """
+    report = ImportReport()
+    stored: dict[str, set[str]] = {}
+    for events in runs:
+        report.runs += 1
+        for event in events:
+            problem = None if checked else wire_event_problem(event)
+            if problem:
+                report.problems.append(problem)
+                continue
+            task_id, event_id = event["task_id"], event.get("event_id")
+            if task_id not in stored:
+                stored[task_id] = stored_ids(task_id)
+            if isinstance(event_id, str):
+                if event_id in stored[task_id]:
+                    report.duplicates += 1
+                    continue
+                stored[task_id].add(event_id)
+            accept(event)
+            report.accepted += 1
+    return report
 
 
 def runs_from(

@@ -11,6 +11,7 @@ Everything here is a pure function of the data it is handed: no store, no clock,
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,7 +19,14 @@ from typing import Any
 
 import orjson
 
-from hindsight_loop.models import EVENT_TYPES, is_failure, iso, normal_status, parse_ts
+from hindsight_loop.models import (
+    EVENT_TYPES,
+    is_failure,
+    iso,
+    normal_status,
+    parse_ts,
+    wire_event_problem,
+)
 
 #: Where synthesized timestamps start when a source has none: fixed, so importing the same run
 #: twice gives the same events (and the same ids), one millisecond apart in run order.
@@ -443,6 +451,31 @@ def is_wire_event(item: Any) -> bool:
         and isinstance(item.get("task_id"), str)
         and bool(item["task_id"])
     )
+
+
+def read_wire_lines(path: str | os.PathLike[str], *, sniff: bool) -> list[tuple[Any, str]] | None:
+    """A JSONL file of wire-format events as ``(event or None, problem)`` per line, each checked
+    by ``models.wire_event_problem``; with ``sniff``, None when the file does not look like one
+    (its first line is not a wire event), so another format can be tried."""
+    out: list[tuple[Any, str]] = []
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if lineno == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a BOM from Windows tools
+            if not raw.strip():
+                continue
+            try:
+                event = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                if sniff and not out:
+                    return None  # one JSON document spread over lines, not JSONL
+                out.append((None, f"line {lineno}: not JSON ({exc})"))
+                continue
+            if sniff and not out and not is_wire_event(event):
+                return None
+            problem = wire_event_problem(event)
+            out.append((None, f"line {lineno}: {problem}") if problem else (event, ""))
+    return out
 
 
 def join_text(parts: list[str]) -> str:
