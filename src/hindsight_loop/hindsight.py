@@ -49,6 +49,8 @@ log = logging.getLogger("hindsight_loop")
 
 #: How long ``drain`` waits for queued reviews by default, in seconds.
 DRAIN_TIMEOUT = 120.0
+#: How long ``close`` waits for the review in flight before leaving the store open for it.
+CLOSE_WAIT = 600.0
 
 
 class Hindsight:
@@ -533,8 +535,16 @@ class Hindsight:
                     closer()
                 except Exception:  # noqa: BLE001
                     log.exception("hindsight: closing the reflector failed")
-            self.worker.join()
-            self.store.close()
+            # The job in flight finishes (a model call ends at its timeout; its retries were
+            # just cut short): the store is closed only once no thread of ours can use it.
+            if self.worker.join(CLOSE_WAIT):
+                self.store.close()
+            else:
+                log.error(
+                    "hindsight: a review is still running after %.0f s; the store is left open "
+                    "for it (its job is taken back after the lease if the process exits)",
+                    CLOSE_WAIT,
+                )
             atexit.unregister(self._atexit)
 
     def __enter__(self) -> Hindsight:

@@ -263,7 +263,8 @@ class Worker:
     def run_pending(self, *, limit: int | None = None) -> int:
         """Run queued jobs in this thread (what ``hindsight worker`` does). Returns how many."""
         done = 0
-        while limit is None or done < limit:
+        # A stopped worker takes no new job: close() waits for the one in flight only.
+        while (limit is None or done < limit) and not self._closed:
             with self._busy:
                 job = self.store.claim_job()
                 if job is None:
@@ -328,7 +329,10 @@ class Worker:
         self._closed = True
         self._wake.set()
 
-    def join(self, timeout: float = 30.0) -> None:
-        """Wait for the background thread to stop (``stop()`` first)."""
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the background thread to stop (``stop()`` first). True once it has: only
+        then may the store it uses be closed."""
         if self._thread is not None:
             self._thread.join(timeout=timeout)
+            return not self._thread.is_alive()
+        return True

@@ -10,7 +10,6 @@ arguments, error messages and advice come from agents and models: they may hold 
 
 from __future__ import annotations
 
-import os
 import sys
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -22,8 +21,6 @@ from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
 
-DEFAULT_DB = "hindsight.db"
-
 DbOption = Annotated[
     str,
     typer.Option(
@@ -33,10 +30,6 @@ DbOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
-
-def db_default() -> str:
-    return os.environ.get("HINDSIGHT_DB", DEFAULT_DB)
 
 
 def open_hs(db: str, *, create: bool = False, **kwargs: Any):  # noqa: ANN201 - lazy import

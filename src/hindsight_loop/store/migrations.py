@@ -121,6 +121,38 @@ def m004_jobs(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX jobs_pending ON jobs(status, job_id)")
 
 
+@migration
+def m005_job_owners(db: sqlite3.Connection) -> None:
+    # Who queued a job: drain() waits for the reviews of this process's runs, not for every
+    # process sharing the store.
+    db.execute("ALTER TABLE jobs ADD COLUMN queued_by TEXT")
+
+
+class SchemaError(ValueError):
+    """The file is not a store this version of Hindsight can open."""
+
+
+def check_schema(db: sqlite3.Connection, path: str) -> None:
+    """Refuse, before writing anything, a file that is another application's database or a
+    store written by a newer Hindsight (its migrations are unknown here)."""
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if not tables:
+        return  # a new file
+    if "_migrations" not in tables:
+        raise SchemaError(
+            f"{path!r} is an SQLite database that Hindsight did not create (tables: "
+            f"{', '.join(sorted(tables)[:5])}); left untouched. Pass another path with --db or "
+            "HINDSIGHT_DB"
+        )
+    known = {name for name, _ in MIGRATIONS}
+    newer = [r[0] for r in db.execute("SELECT name FROM _migrations") if r[0] not in known]
+    if newer:
+        raise SchemaError(
+            f"{path!r} was written by a newer Hindsight (schema {newer[-1]!r}); upgrade with "
+            "'pip install -U hindsight-loop' to open it"
+        )
+
+
 def applied(db: sqlite3.Connection) -> list[str]:
     db.execute(
         "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"

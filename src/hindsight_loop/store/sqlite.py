@@ -29,7 +29,7 @@ from hindsight_loop.models import (
     utcnow,
 )
 from hindsight_loop.store import Job
-from hindsight_loop.store.migrations import migrate
+from hindsight_loop.store.migrations import check_schema, migrate
 
 #: Seconds a claimed job may run before another worker takes it back (a reflection with
 #: retries takes a few minutes at most).
@@ -85,6 +85,14 @@ class SQLiteStore:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            if Path(self.path).exists():
+                # Read the file as it is before anything (WAL mode, a migrations table) is
+                # written into it: another application's database or a newer store stays as is.
+                probe = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+                try:
+                    check_schema(probe, self.path)
+                finally:
+                    probe.close()
         migrate(self._db)
 
     # -- connections -----------------------------------------------------------------------
@@ -445,8 +453,8 @@ class SQLiteStore:
         use_llm: bool = True,
     ) -> int:
         cur = self._db.execute(
-            """INSERT INTO jobs(task_id, kind, trigger, window, use_llm, created_at)
-               VALUES (?, ?, ?, ?, ?, ?)""",
+            """INSERT INTO jobs(task_id, kind, trigger, window, use_llm, created_at, queued_by)
+               VALUES (?, ?, ?, ?, ?, ?, ?)""",
             (
                 task_id,
                 kind,
@@ -454,6 +462,7 @@ class SQLiteStore:
                 _dumps(window) if window else None,
                 int(use_llm),
                 iso(utcnow()),
+                self.owner,
             ),
         )
         return int(cur.lastrowid or 0)
@@ -507,14 +516,17 @@ class SQLiteStore:
         )
 
     def pending_jobs(self, *, mine: bool = False) -> int:
-        """Jobs waiting or running; with ``mine``, only those this store object is running
-        (a job another process runs, or left behind when it died, is not ours to wait for)."""
+        """Jobs waiting or running; with ``mine``, only those this store object queued or is
+        running (another process's jobs, or one left behind when it died, are not ours to wait
+        for)."""
         if mine:
             sql = (
-                "SELECT count(*) FROM jobs WHERE status='pending' "
-                "OR (status='running' AND claimed_by=?)"
+                "SELECT count(*) FROM jobs WHERE (status='pending' AND queued_by=?) "
+                "OR (status='running' AND (claimed_by=? OR (queued_by=? AND claimed_at>?)))"
             )
-            return self._db.execute(sql, (self.owner,)).fetchone()[0]
+            fresh = time.time() - JOB_LEASE
+            args = (self.owner, self.owner, self.owner, fresh)
+            return self._db.execute(sql, args).fetchone()[0]
         return self._db.execute(
             "SELECT count(*) FROM jobs WHERE status IN ('pending', 'running')"
         ).fetchone()[0]
