@@ -599,3 +599,22 @@ def test_a_pattern_lesson_is_recalled_before_the_failing_call(tmp_path: Path) ->
         assert len(quiet) == 0
     finally:
         hs.close()
+
+
+def test_a_later_batch_review_updates_the_pattern_lesson_instead_of_adding_one(
+    tmp_path: Path,
+) -> None:
+    from hindsight_loop.patterns import review_runs
+
+    runs = _pay_runs()
+    hs = Hindsight(tmp_path / "hs.db", background=False)
+    try:
+        (first,) = [hs.add_lesson(d) for d in review_runs(runs[:2])]
+        assert "in 2 runs of 2 tasks" in first.advice
+        (again,) = [hs.add_lesson(d) for d in review_runs(runs)]
+        assert again.lesson_id == first.lesson_id
+        assert "in 3 runs of 3 tasks" in again.advice and "2 runs" not in again.advice
+        assert again.structured is not None and "tsk_2" in again.source_task_ids
+        assert len([x for x in hs.store.list_lessons() if x.status == "active"]) == 1
+    finally:
+        hs.close()
