@@ -38,6 +38,11 @@ log = logging.getLogger("hindsight_loop")
 POLL_INTERVAL = 0.25
 #: How often ``drain`` checks whether the jobs it waits for are done.
 DRAIN_POLL = 0.01
+#: Most recent ended runs of a task type that a batch review reads.
+BATCH_RUNS = 200
+#: A batch review of a task type runs once this many of its runs ended since the last one
+#: (and at every ``drain``): replaying the recent runs is not worth doing after each task.
+BATCH_EVERY = 5
 
 
 class Curator:
@@ -134,6 +139,8 @@ class Worker:
         self._reflector = reflector
         self._offline = offline_reflector
         self._closed = False
+        # Runs ended (and reviewed one by one) per task type since its last batch review.
+        self._unbatched: dict[str, int] = {}
         self._wake = threading.Event()
         self._busy = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -206,6 +213,33 @@ class Worker:
         self.store.save_reflection(reflection)
         return reflection
 
+    def reflect_runs(self, task_type: str, *, limit: int = BATCH_RUNS) -> list[Lesson]:
+        """Review the recent ended runs of a task type together (``patterns.review_runs``) and
+        curate the lessons about the failures that recur among them. Runs of different scopes
+        are reviewed apart, so a project's or a user's runs never teach another scope."""
+        from hindsight_loop.patterns import review_runs
+
+        tasks = [
+            t
+            for t in self.store.list_tasks(limit=limit, task_type=task_type)
+            if t.status != "running"
+        ]
+        by_scope: dict[str, list[Chronicle]] = {}
+        events: dict[str, Any] = {}
+        for task in tasks:
+            run = self.store.events(task.task_id)
+            events.update((e.event_id, e) for e in run if e.type == "action_executed")
+            by_scope.setdefault(task.scope or "global", []).append(replay(task, run))
+        lessons = []
+        for scope, chronicles in by_scope.items():
+            for draft in review_runs(chronicles, events=events):
+                draft.scope = scope
+                try:
+                    lessons.append(self.curator.add(draft).lesson)
+                except Exception:  # noqa: BLE001 - one bad draft must not lose the others
+                    log.exception("hindsight: curating a batch lesson failed")
+        return lessons
+
     # -- outcome feedback --------------------------------------------------------------------
     def apply_outcome(self, task_id: str) -> int:
         """Score the lessons injected into an ended task by its outcome. Returns how many."""
@@ -268,10 +302,27 @@ class Worker:
             with self._busy:
                 job = self.store.claim_job()
                 if job is None:
-                    return done
+                    break
                 self._run(job)
             done += 1
+        self.run_batches(every=BATCH_EVERY)
         return done
+
+    def run_batches(self, *, every: int = 1) -> int:
+        """Batch-review each task type with at least ``every`` runs reviewed since its last
+        batch review. Returns how many task types were reviewed."""
+        due = [t for t, n in self._unbatched.items() if n >= every]
+        for task_type in due:
+            if self._closed:
+                break
+            if self._unbatched.pop(task_type, None) is None:
+                continue  # another thread took it
+            with self._busy:
+                try:
+                    self.reflect_runs(task_type)
+                except Exception:  # noqa: BLE001 - the worker survives a failed batch
+                    log.exception("hindsight: batch review of %r failed", task_type)
+        return len(due)
 
     def _run(self, job: Job) -> None:
         try:
@@ -291,6 +342,11 @@ class Worker:
                     window=job.window,
                     trigger=job.trigger,
                 )
+                if job.kind == "full":
+                    task = self.store.get_task(job.task_id)
+                    if task is not None:
+                        n = self._unbatched.get(task.task_type, 0)
+                        self._unbatched[task.task_type] = n + 1
                 if r.status == "failed":
                     self.store.finish_job(job.job_id, status="failed", error=r.error)
                     return
@@ -315,14 +371,18 @@ class Worker:
         deadline = time.monotonic() + timeout
         if self._thread is None or not self._thread.is_alive():
             self.run_pending()
+            self.run_batches()
             return self.store.pending_jobs(mine=True) == 0
         while time.monotonic() < deadline:
             self._wake.set()
             with self._busy:
                 if self.store.pending_jobs(mine=True) == 0:
-                    return True
+                    break
             time.sleep(DRAIN_POLL)
-        return False
+        else:
+            return False
+        self.run_batches()
+        return True
 
     def stop(self) -> None:
         """Ask the background thread to stop after the job in flight."""
