@@ -48,11 +48,11 @@ _REPR = re.compile(r"\{'|\[\{|\{\"|=\[|=\{|': ")
 def _load(path: str) -> list[dict[str, Any]]:
     """The runs as ``{task_index, task_id, goal, events}``, via the transcript import."""
     try:  # the benchmark's own loader when it is there
-        from real_runs_data import load_tau  # type: ignore[import-not-found]
+        from real_runs_data import load_tau, task_index  # type: ignore[import-not-found]
 
         return [
             {
-                "task_index": r.metadata.get("task_index", r.task_id),
+                "task_index": task_index(r),
                 "task_id": r.task_id,
                 "events": r.events,
             }
@@ -161,8 +161,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         chronicles = [_with_messages(hs.replay(r["task_id"]), r["events"]) for r in train]
         replay_s = time.perf_counter() - t0
         t0 = time.perf_counter()
+        index_of = {r["task_id"]: r["task_index"] for r in train}
         drafts = review_runs(
-            chronicles, events={ev["event_id"]: ev for r in train for ev in r["events"]}
+            chronicles,
+            events={ev["event_id"]: ev for r in train for ev in r["events"]},
+            task_key=lambda c: str(index_of.get(c.task.task_id, c.task.task_id)),
         )
         review_s = time.perf_counter() - t0
         t0 = time.perf_counter()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -239,8 +239,15 @@ def _first_user_text(chronicle: Chronicle) -> str:
     return chronicle.task.goal or ""
 
 
+def _default_task_key(chronicle: Chronicle) -> str:
+    task = chronicle.task
+    return " ".join((task.goal or task.task_id).split()).casefold()
+
+
 def _read(
-    chronicles: Sequence[Chronicle], events: Mapping[str, Any]
+    chronicles: Sequence[Chronicle],
+    events: Mapping[str, Any],
+    task_key: Callable[[Chronicle], str] = _default_task_key,
 ) -> tuple[list[_Run], dict[tuple[str, str, str], _Group]]:
     runs: list[_Run] = []
     groups: dict[tuple[str, str, str], _Group] = {}
@@ -291,7 +298,7 @@ def _read(
         runs.append(
             _Run(
                 task_id=task.task_id,
-                task_key=" ".join((task.goal or task.task_id).split()).casefold(),
+                task_key=task_key(chronicle),
                 task_type=task.task_type,
                 scope=task.scope,
                 lang=detect_language(" ".join(texts)),
@@ -506,6 +513,7 @@ def review_runs(
     language: str | None = None,
     min_runs: int = MIN_RUNS,
     events: Mapping[str, Any] | None = None,
+    task_key: Callable[[Chronicle], str] | None = None,
 ) -> list[LessonDraft]:
     """Review many runs together into lessons about the failures that recur among them.
 
@@ -523,12 +531,15 @@ def review_runs(
         events: The runs' events by ``event_id`` (``Event`` values or wire dicts), optional: a
             chronicle bounds long or deeply nested arguments and error messages for prompts,
             and when an action's event is given its full arguments and error message are read.
+        task_key: Which task a run was an attempt at (runs of one task share ids and values);
+            default: its goal. Evidence counts tasks by it, and a value must come from two
+            tasks to be quoted.
 
     Returns:
         Drafts, the most widespread failure first; each has ``structured.when =
         {"tool", "error_template"[, "error_type"]}``.
     """
-    runs, groups = _read(chronicles, events or {})
+    runs, groups = _read(chronicles, events or {}, task_key or _default_task_key)
     drafts: list[tuple[int, str, LessonDraft]] = []
     for group in groups.values():
         n_runs = len(group.runs)
