@@ -14,16 +14,60 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from hindsight_loop.models import is_failure
 from hindsight_loop.record import warn
 
 if TYPE_CHECKING:
-    from hindsight_loop.hindsight import Hindsight
+    from hindsight_loop.models import Lesson
     from hindsight_loop.recall import LessonSet
+    from hindsight_loop.record import Recorder
 
 log = logging.getLogger("hindsight_loop")
+
+
+class Facade(Protocol):
+    """What a task needs of the ``Hindsight`` object that started it (the facade passes itself)."""
+
+    recorder: Recorder
+    skip_tools: frozenset[str]
+
+    def task(
+        self,
+        task_type: str,
+        *,
+        goal: str = ...,
+        tools: Sequence[str] = ...,
+        scope: str = ...,
+        intent: str | None = ...,
+        query: str | None = ...,
+        recall: bool = ...,
+        task_id: str | None = ...,
+        timestamp: Any = ...,
+    ) -> TaskRun: ...
+
+    def record(self, event: dict[str, Any]) -> bool: ...
+
+    def recall(
+        self,
+        *,
+        task_type: str | None = ...,
+        tools: Sequence[str] = ...,
+        query: str = ...,
+        intent: str | None = ...,
+        scope: str | None = ...,
+        step: str | None = ...,
+        error_type: str | None = ...,
+        limit: int = ...,
+    ) -> LessonSet: ...
+
+    def credit_lessons(self, task_id: str, lesson_ids: Sequence[str]) -> None: ...
+
+    def inject(self, messages: list[dict[str, Any]], lessons: Sequence[Lesson]) -> list[Any]: ...
+
+    def drain(self, timeout: float = ...) -> bool: ...
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -84,7 +128,7 @@ class TaskRun:
 
     def __init__(
         self,
-        hs: Hindsight,
+        hs: Facade,
         *,
         task_type: str,
         goal: str,
@@ -348,7 +392,7 @@ class ActionCall:
 
 
 def run_with_feedback(
-    hs: Hindsight,
+    hs: Facade,
     task_type: str,
     runner: Callable[[Any, Callable[[dict[str, Any]], None]], Any],
     task_input: Any,
