@@ -291,6 +291,10 @@ def _structured_relation(a: Structured | None, b: Structured | None) -> str | No
         # The same pair is the same lesson with newer evidence; another pair never merges.
         key = ("tool", "error_template")
         return "same" if all(a.when.get(k) == b.when.get(k) for k in key) else "different"
+    if _is_pattern(a) != _is_pattern(b):
+        # A pattern across runs and one run's lesson say different kinds of things: merging
+        # would let one's text replace the other's (a recurring error vs a source's quirk).
+        return "different"
     if a is None or b is None or _canon(a.when) != _canon(b.when):
         return None
     a_prefer, a_avoid, b_prefer, b_avoid = (
