@@ -289,7 +289,7 @@ def _structured_relation(a: Structured | None, b: Structured | None) -> str | No
     if a is not None and b is not None and _is_pattern(a) and _is_pattern(b):
         # Lessons of a batch review (``patterns.review_runs``): one per tool and error template.
         # The same pair is the same lesson with newer evidence; another pair never merges.
-        key = ("tool", "error_template")
+        key = ("tool", "error_template", "context")
         return "same" if all(a.when.get(k) == b.when.get(k) for k in key) else "different"
     if _is_pattern(a) != _is_pattern(b):
         # A pattern across runs and one run's lesson say different kinds of things: merging

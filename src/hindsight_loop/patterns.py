@@ -33,7 +33,7 @@ from hindsight_loop.models import (
 )
 from hindsight_loop.text import STOPWORDS, detect_language, mask_values, tokenize, value_shape
 
-__all__ = ["error_message", "render_pattern", "review_runs"]
+__all__ = ["error_message", "identifying_context", "render_pattern", "review_runs"]
 
 #: A pattern needs this many runs that failed the same way (one run is an anecdote).
 MIN_RUNS = 2
@@ -41,6 +41,34 @@ MIN_RUNS = 2
 MAX_KEYWORDS = 12
 #: Source task ids kept on a draft (the evidence counts say how many there were).
 MAX_SOURCES = 50
+#: Context keys that hold free text or identify one run, never the kind of situation a lesson is
+#: about: a lesson conditioned on them would never match again.
+NON_IDENTIFYING = frozenset(
+    {
+        "goal",
+        "subtask",
+        "last_user_input",
+        "text",
+        "message",
+        "prompt",
+        "task_id",
+        "event_id",
+        "request_id",
+        "run_id",
+        "trace_id",
+        "span_id",
+        "timestamp",
+        "time",
+        "date",
+        "path",
+        "file",
+        "file_path",
+        "filename",
+        "url",
+        "uri",
+    }
+)
+_MAX_CONTEXT_VALUE = 64
 _LITERAL_MAX = 24
 _WORD_RE = re.compile(r"[^\W\d_]+")
 _SUMMARY_ERROR_RE = re.compile(r"->\s*(?:failed|failure|error|errored)\s+(.*)$", re.IGNORECASE)
@@ -74,6 +102,21 @@ def _field(event: Any, name: str) -> Any:
     if event is None:
         return None
     return event.get(name) if isinstance(event, dict) else getattr(event, name, None)
+
+
+def identifying_context(step: Step) -> dict[str, Any]:
+    """Short scalar context fields that say which kind of situation this was (``source`` …)."""
+    out: dict[str, Any] = {}
+    for key in sorted(step.context or {}):
+        value = (step.context or {})[key]
+        if key.lower() in NON_IDENTIFYING or isinstance(value, dict | list) or value is None:
+            continue
+        if isinstance(value, str) and (
+            len(value) > _MAX_CONTEXT_VALUE or "/" in value or "\\" in value or "\n" in value
+        ):
+            continue
+        out[key] = value
+    return out
 
 
 def _args(step: Step, event: Any = None) -> dict[str, Any]:
@@ -223,6 +266,8 @@ class _Group:
     task_type: str
     tool: str
     template: str
+    context: dict[str, Any] = field(default_factory=dict)
+    """The situation the runs shared (short scalar context fields such as a source)."""
     runs: dict[int, list[Step]] = field(default_factory=dict)
     """Run number -> the failed calls of this kind in that run, oldest first."""
     recoveries: dict[int, list[tuple[Any, ...]]] = field(default_factory=dict)
@@ -248,9 +293,9 @@ def _read(
     chronicles: Sequence[Chronicle],
     events: Mapping[str, Any],
     task_key: Callable[[Chronicle], str] = _default_task_key,
-) -> tuple[list[_Run], dict[tuple[str, str, str], _Group]]:
+) -> tuple[list[_Run], dict[tuple[str, str, str, str], _Group]]:
     runs: list[_Run] = []
-    groups: dict[tuple[str, str, str], _Group] = {}
+    groups: dict[tuple[str, str, str, str], _Group] = {}
     for number, chronicle in enumerate(chronicles):
         task = chronicle.task
         first = _first_user_text(chronicle)
@@ -274,9 +319,12 @@ def _read(
             failed_tools.add(tool)
             message = error_message(step, events.get(step.event_id))
             template = mask_values(message)[0][:160]
-            key = (task.task_type, tool, template)
+            # The situation is part of the pattern: the same error from two kinds of input may
+            # need two different fixes (reflect.identifying_context says what a situation is).
+            ctx = identifying_context(step)
+            key = (task.task_type, tool, template, repr(sorted(ctx.items())))
             group = groups.setdefault(
-                key, _Group(task_type=task.task_type, tool=tool, template=template)
+                key, _Group(task_type=task.task_type, tool=tool, template=template, context=ctx)
             )
             if number in group.runs:
                 group.runs[number].append(step)
@@ -488,7 +536,7 @@ def _fact_dict(fact: tuple[Any, ...]) -> dict[str, Any]:
 def _keywords(group: _Group, facts: list[dict[str, Any]], runs: Sequence[_Run]) -> list[str]:
     """Terms of the error template, the arguments involved, and words of the users' first
     requests that are typical of the runs that failed this way (in at least two tasks)."""
-    words: list[str] = [group.tool]
+    words: list[str] = [group.tool, *(str(v) for v in group.context.values())]
     words += [t for t in tokenize(re.sub(r"<[a-z]+>", " ", group.template)) if len(t) > 1]
     words += [_leaf(f["arg"]) for f in facts]
     same_type = [r for r in runs if r.task_type == group.task_type]
@@ -551,7 +599,13 @@ def review_runs(
         lang = language or ("zh" if langs["zh"] > langs["en"] else "en")
         facts, support = _chosen_facts(group, runs)
         first, first_count, clean_count = _practice(group, runs)
+        if not facts and not first and not group.recoveries:
+            # Never recovered and nothing to contrast: all a lesson could say is "do not retry",
+            # which the per-run review already says with the attempts that failed.
+            continue
         when: dict[str, Any] = {"tool": group.tool, "error_template": group.template}
+        if group.context:
+            when["context"] = group.context
         error_type = _only(group.error_types, n_runs)
         if error_type:
             when["error_type"] = error_type
@@ -582,12 +636,15 @@ def review_runs(
                 else f"{first_count} of {clean_count} runs that used {group.tool} without this "
                 f"error called {first} first."
             )
+        where = ", ".join(f"{k} {_quote(v)}" for k, v in group.context.items())
         if lang == "zh":
-            advice = f"{group.tool} 报错“{group.template}”：{evidence}。{do}"
+            at = f"在 {where} 的情况下，" if where else ""
+            advice = f"{at}{group.tool} 报错“{group.template}”：{evidence}。{do}"
             rule = "调用曾以同样方式失败的工具之前，先照着让重试成功的做法准备参数。"
             suggestions = [do, "如果仍然报同样的错，改掉报错指出的那一项，不要原样重试。"]
         else:
-            advice = f'{group.tool} can fail with "{group.template}": it {evidence}. {do}'
+            at = f" for {where}" if where else ""
+            advice = f'{group.tool} can fail with "{group.template}"{at}: it {evidence}. {do}'
             rule = (
                 "Before calling a tool that failed the same way in earlier runs, prepare its "
                 "arguments the way the retries that worked did."

@@ -40,6 +40,7 @@ from hindsight_loop.models import (
     new_id,
     utcnow,
 )
+from hindsight_loop.patterns import identifying_context as _identifying_context
 from hindsight_loop.patterns import review_runs
 from hindsight_loop.text import detect_language
 
@@ -47,37 +48,9 @@ __all__ = ["OfflineReflector", "Reflector", "needs_review", "review_runs"]
 
 ReviewKind = Literal["full", "local"]
 
-#: Context keys that hold free text or identify one run, never the kind of situation a lesson is
-#: about: a lesson conditioned on them would never match again.
-_NON_IDENTIFYING = frozenset(
-    {
-        "goal",
-        "subtask",
-        "last_user_input",
-        "text",
-        "message",
-        "prompt",
-        "task_id",
-        "event_id",
-        "request_id",
-        "run_id",
-        "trace_id",
-        "span_id",
-        "timestamp",
-        "time",
-        "date",
-        "path",
-        "file",
-        "file_path",
-        "filename",
-        "url",
-        "uri",
-    }
-)
 #: Arguments that point at the one input of a run (a file, a URL); dropped from an ``avoid``
 #: built from identical failed calls, where no successful call shows which arguments mattered.
 _LOCATOR_ARGS = frozenset({"path", "file", "file_path", "filename", "url", "uri", "id"})
-_MAX_CONTEXT_VALUE = 64
 _MAX_KEYWORDS = 10
 
 
@@ -145,21 +118,6 @@ def _same_call(a: Step, b: Step) -> bool:
 def _diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """The entries of ``a`` that ``b`` lacks or holds with another value (sorted keys)."""
     return {k: a[k] for k in sorted(a) if k not in b or b[k] != a[k]}
-
-
-def _identifying_context(step: Step) -> dict[str, Any]:
-    """Short scalar context fields that say which kind of situation this was (``source`` …)."""
-    out: dict[str, Any] = {}
-    for key in sorted(step.context or {}):
-        value = (step.context or {})[key]
-        if key.lower() in _NON_IDENTIFYING or isinstance(value, dict | list) or value is None:
-            continue
-        if isinstance(value, str) and (
-            len(value) > _MAX_CONTEXT_VALUE or "/" in value or "\\" in value or "\n" in value
-        ):
-            continue
-        out[key] = value
-    return out
 
 
 def _language(chronicle: Chronicle, steps: Sequence[Step]) -> str:
