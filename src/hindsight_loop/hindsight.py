@@ -320,6 +320,10 @@ class Hindsight:
             runs, stored_ids=self.store.event_ids, accept=self._accept, checked=checked
         )
         self.flush()
+        # Many runs at once: besides each run's own review, what recurs among them.
+        self.worker.request_batch(
+            {e["task_type"] for run in runs for e in run if e.get("type") == "task_start"}
+        )
         return report
 
     def flush(self, timeout: float | None = None) -> bool:

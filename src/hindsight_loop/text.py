@@ -245,7 +245,7 @@ def value_shape(value: object) -> str | None:
     if m and digits >= 3:
         return m.group(1) + "*"
     template, found = mask_values(text)
-    if not found or (template == "<id>" and digits < 2):
+    if not found or (template == "<id>" and digits <= 2):
         # A word with a digit or two (utf-8, mp3, v2) names an option, not an instance.
         return None if len(text) <= 40 and "\n" not in text else "<text>"
     if len(found) == 1 and template == f"<{found[0][0]}>":

@@ -21,12 +21,23 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import orjson
 
 from hindsight_loop.embed import lesson_text
 from hindsight_loop.lessons import Change, apply_outcome, curate, expire_due
-from hindsight_loop.models import Chronicle, Lesson, Reflection, iso, new_id, utcnow
+from hindsight_loop.models import (
+    Chronicle,
+    Lesson,
+    LessonDraft,
+    Reflection,
+    Task,
+    iso,
+    new_id,
+    utcnow,
+)
 from hindsight_loop.replay import replay
 from hindsight_loop.store import Job, Store
+from hindsight_loop.text import value_shape
 
 if TYPE_CHECKING:
     from hindsight_loop.embed import Embedder
@@ -40,9 +51,6 @@ POLL_INTERVAL = 0.25
 DRAIN_POLL = 0.01
 #: Most recent ended runs of a task type that a batch review reads.
 BATCH_RUNS = 200
-#: A batch review of a task type runs once this many of its runs ended since the last one
-#: (and at every ``drain``): replaying the recent runs is not worth doing after each task.
-BATCH_EVERY = 5
 
 
 class Curator:
@@ -139,8 +147,8 @@ class Worker:
         self._reflector = reflector
         self._offline = offline_reflector
         self._closed = False
-        # Runs ended (and reviewed one by one) per task type since its last batch review.
-        self._unbatched: dict[str, int] = {}
+        # Task types whose runs were imported since their last batch review.
+        self._unbatched: set[str] = set()
         self._wake = threading.Event()
         self._busy = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -199,6 +207,10 @@ class Worker:
             )
         reflection.trigger = trigger
         reflection.created_at = reflection.created_at or iso(utcnow())
+        if reflection.status == "ok" and getattr(reflector, "name", "") == "offline":
+            reflection.lessons = [
+                d for d in reflection.lessons if self._values_recur(d, chronicle.task)
+            ]
         if reflection.status == "ok":
             for draft in reflection.lessons:
                 if not draft.source_task_ids:
@@ -212,6 +224,24 @@ class Worker:
                     reflection.error = f"curation failed: {exc!r}"
         self.store.save_reflection(reflection)
         return reflection
+
+    def _values_recur(self, draft: LessonDraft, task: Task) -> bool:
+        """Whether every instance-like argument value (an id, a number, a date, a nested object)
+        that a one-run offline lesson quotes also occurs in another run of the task type: one
+        run cannot tell a setting from its own ids, amounts and dates, so a value seen in a
+        single run never enters advice."""
+        structured = draft.structured
+        if structured is None:
+            return True
+        for action in (structured.prefer, structured.avoid):
+            for args in [(action or {}).get("args"), *((action or {}).get("variants") or [])]:
+                for key, value in (args or {}).items() if isinstance(args, dict) else ():
+                    if not isinstance(value, dict | list) and value_shape(value) is None:
+                        continue  # a plain word names an option (gbk, strict), not an instance
+                    fragment = orjson.dumps({key: value}).decode()[1:-1]
+                    if self.store.runs_with(task.task_type, fragment, besides=task.task_id) == 0:
+                        return False
+        return True
 
     def reflect_runs(self, task_type: str, *, limit: int = BATCH_RUNS) -> list[Lesson]:
         """Review the recent ended runs of a task type together (``patterns.review_runs``) and
@@ -305,17 +335,24 @@ class Worker:
                     break
                 self._run(job)
             done += 1
-        self.run_batches(every=BATCH_EVERY)
+        self.run_batches()
         return done
 
-    def run_batches(self, *, every: int = 1) -> int:
-        """Batch-review each task type with at least ``every`` runs reviewed since its last
-        batch review. Returns how many task types were reviewed."""
-        due = [t for t, n in self._unbatched.items() if n >= every]
+    def request_batch(self, task_types: Iterable[str]) -> None:
+        """Ask for a batch review of these task types once the queued reviews have run (an
+        import brings many runs at once: what recurs among them is the lesson)."""
+        self._unbatched.update(task_types)
+        self.wake()
+
+    def run_batches(self) -> int:
+        """Run the batch reviews asked for. Returns how many task types were reviewed."""
+        due = sorted(self._unbatched)
         for task_type in due:
             if self._closed:
                 break
-            if self._unbatched.pop(task_type, None) is None:
+            try:
+                self._unbatched.remove(task_type)
+            except KeyError:
                 continue  # another thread took it
             with self._busy:
                 try:
@@ -342,11 +379,6 @@ class Worker:
                     window=job.window,
                     trigger=job.trigger,
                 )
-                if job.kind == "full":
-                    task = self.store.get_task(job.task_id)
-                    if task is not None:
-                        n = self._unbatched.get(task.task_type, 0)
-                        self._unbatched[task.task_type] = n + 1
                 if r.status == "failed":
                     self.store.finish_job(job.job_id, status="failed", error=r.error)
                     return

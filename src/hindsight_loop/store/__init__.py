@@ -48,6 +48,11 @@ class Store(Protocol):
         """The ids of a task's stored events (an import skips those it already stored)."""
         ...
 
+    def runs_with(self, task_type: str, fragment: str, *, besides: str) -> int:
+        """How many runs of a task type, other than ``besides``, have a tool call whose stored
+        body contains ``fragment`` (a compact JSON ``"key":value``)."""
+        ...
+
     def events(self, task_id: str) -> list[Event]:
         """A task's events ordered by (timestamp, seq)."""
 

@@ -226,6 +226,18 @@ class SQLiteStore:
             for row in self._db.execute("SELECT event_id FROM events WHERE task_id=?", (task_id,))
         }
 
+    def runs_with(self, task_type: str, fragment: str, *, besides: str) -> int:
+        # A scan of the task type's tool calls: run by the worker off the hot path, only for the
+        # few values a one-run lesson would quote.
+        row = self._db.execute(
+            """SELECT count(DISTINCT e.task_id) FROM events e JOIN tasks t USING (task_id)
+               WHERE t.task_type = ? AND e.type = 'action_executed' AND e.task_id != ?
+                 AND (instr(e.body, ?) > 0 OR instr(e.body, ?) > 0)""",
+            # followed by the next key or the object's end: "page":1 is not "page":10
+            (task_type, besides, fragment + ",", fragment + "}"),
+        ).fetchone()
+        return int(row[0])
+
     def events(self, task_id: str) -> list[Event]:
         out = []
         for event_id, tid, seq, ts, etype, body in self._db.execute(
