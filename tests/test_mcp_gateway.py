@@ -24,6 +24,7 @@ import orjson
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp_types import INVALID_PARAMS, REQUEST_TIMEOUT
+from test_mcp_http import authorized
 
 from hindsight_loop import Hindsight
 from hindsight_loop.mcp import Gateway
@@ -77,6 +78,7 @@ def legacy_time_server() -> str:
 
 
 TIME_ARGS = ["--local-timezone", "UTC"]
+TOKEN = "test-token"
 
 # The calls every comparison makes: a success, bad arguments (wrong type, missing), a tool error,
 # and an unknown tool.
@@ -305,12 +307,17 @@ async def test_gateway_over_http_one_task_per_client_session(
         tmp_path / "servers.json", {"time": {"command": time_server, "args": TIME_ARGS}}
     )
     db, port = tmp_path / "gateway.db", _free_port()
-    command, args = _gateway_cmd(config, db, "--transport", "http", "--port", str(port))
+    command, args = _gateway_cmd(
+        config, db, "--transport", "http", "--port", str(port), "--token", TOKEN
+    )
     proc = http_process(command, args, port)
     url = f"http://127.0.0.1:{port}/mcp"
     for mode in ("legacy", "auto"):
-        async with Client(
-            url, mode=mode, client_info=types.Implementation(name=f"agent-{mode}", version="1")
+        async with authorized(
+            url,
+            TOKEN,
+            mode=mode,
+            client_info=types.Implementation(name=f"agent-{mode}", version="1"),
         ) as c:
             result = await c.call_tool(*CALLS[0])
             assert result.structured_content["time_difference"] == "+9.0h"
@@ -452,10 +459,16 @@ async def test_an_upstream_that_goes_away_is_recorded_as_unavailable(
         str(port),
         "--db",
         str(tmp_path / "upstream.db"),
+        "--token",
+        TOKEN,
     ]
     upstream = http_process(sys.executable, args, port)
+    memory = {
+        "url": f"http://127.0.0.1:{port}/mcp",
+        "headers": {"Authorization": f"Bearer {TOKEN}"},
+    }
     async with (
-        _gateway(hs, {"memory": {"url": f"http://127.0.0.1:{port}/mcp"}}) as gateway,
+        _gateway(hs, {"memory": memory}) as gateway,
         Client(gateway.server) as client,
     ):
         ok = await client.call_tool("recall_lessons", {"task_type": "x"})

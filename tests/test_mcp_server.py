@@ -10,6 +10,7 @@ from typing import Any
 import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
+from test_mcp_http import authorized
 from typer.testing import CliRunner
 
 from hindsight_loop import Hindsight
@@ -19,6 +20,7 @@ from hindsight_loop.mcp.server import build_server
 pytestmark = pytest.mark.anyio
 
 CLI = "from hindsight_loop.cli import main; main()"
+TOKEN = "test-token"
 
 
 @pytest.fixture
@@ -225,6 +227,8 @@ async def test_serve_over_streamable_http_both_eras(tmp_path: Path) -> None:
             str(port),
             "--db",
             str(tmp_path / "m.db"),
+            "--token",
+            TOKEN,
         ],
         stderr=subprocess.PIPE,
     )
@@ -239,7 +243,7 @@ async def test_serve_over_streamable_http_both_eras(tmp_path: Path) -> None:
                 except OSError:
                     await anyio.sleep(0.05)
         for mode in ("legacy", "auto"):
-            async with Client(f"http://127.0.0.1:{port}/mcp", mode=mode) as client:
+            async with authorized(f"http://127.0.0.1:{port}/mcp", TOKEN, mode=mode) as client:
                 recorded = _data(await client.call_tool("record_event", {"events": TRAJECTORY}))
                 assert recorded["recorded"] == len(TRAJECTORY)
     finally:

@@ -10,8 +10,10 @@ import contextlib
 import enum
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
@@ -33,7 +35,26 @@ TransportOption = Annotated[
     Transport,
     typer.Option(
         "--transport",
-        help="stdio: the MCP client launches this command; http: streamable HTTP on 127.0.0.1.",
+        help="stdio: the MCP client launches this command; http: streamable HTTP at /mcp "
+        "(on --host, 127.0.0.1 by default; every request needs the bearer token).",
+    ),
+]
+HostOption = Annotated[
+    str,
+    typer.Option(
+        "--host",
+        help="Address to listen on with --transport http. Anything but loopback exposes the "
+        "server to the network (the token is still required).",
+    ),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="HINDSIGHT_TOKEN",
+        help="Bearer token clients must send with --transport http (Authorization: Bearer "
+        "<token>). When neither this nor HINDSIGHT_TOKEN is set, one is generated and printed.",
+        show_default=False,
     ),
 ]
 
@@ -63,7 +84,9 @@ def proxy(
         ),
     ],
     transport: TransportOption = Transport.stdio,
-    port: Annotated[int, typer.Option(help="Port for --transport http (on 127.0.0.1).")] = 8766,
+    port: Annotated[int, typer.Option(help="Port for --transport http.")] = 8766,
+    host: HostOption = "127.0.0.1",
+    token: TokenOption = None,
     advise: Annotated[
         bool | None,
         typer.Option(
@@ -97,19 +120,58 @@ def proxy(
     _quiet_logging()
     for note in cfg.skipped:
         logging.getLogger("hindsight_loop.mcp").warning("skipped server %s", note)
-    _run(_gateway_main(cfg, db, transport, port, advise, task_type))
+    http = _http_surface(transport, host, port, token, "gateway")
+    _run(_gateway_main(cfg, db, http, advise, task_type))
 
 
 @mcp_app.command("serve")
 def serve(
     transport: TransportOption = Transport.stdio,
-    port: Annotated[int, typer.Option(help="Port for --transport http (on 127.0.0.1).")] = 8765,
+    port: Annotated[int, typer.Option(help="Port for --transport http.")] = 8765,
+    host: HostOption = "127.0.0.1",
+    token: TokenOption = None,
     db: DbOption = "hindsight.db",
 ) -> None:
     """Offer Hindsight to MCP clients: recall_lessons, record_event, report_outcome, reflect_task."""
     _sdk()
     _quiet_logging()
-    _run(_serve_main(db, transport, port))
+    http = _http_surface(transport, host, port, token, "server")
+    _run(_serve_main(db, http))
+
+
+@dataclass(kw_only=True, slots=True)
+class _HttpSurface:
+    """An HTTP surface's bound socket and the token it requires."""
+
+    sock: socket.socket
+    host: str
+    port: int
+    token: str
+    what: str
+
+    @property
+    def url(self) -> str:
+        name = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{name}:{self.port}/mcp"
+
+
+def _http_surface(
+    transport: Transport, host: str, port: int, token: str | None, what: str
+) -> _HttpSurface | None:
+    """Bind the port and settle the token before anything starts (``None`` on stdio)."""
+    if transport is not Transport.http:
+        return None
+    from hindsight_loop.mcp.http import BindError, listen, resolve_token, token_notice
+
+    try:
+        sock = listen(host, port)
+    except BindError as exc:
+        raise fail(str(exc)) from None
+    resolved = resolve_token(token)
+    surface = _HttpSurface(sock=sock, host=host, port=port, token=resolved.value, what=what)
+    if resolved.generated:
+        typer.echo(token_notice(resolved, surface.url), err=True)
+    return surface
 
 
 def _run(main: Any) -> None:
@@ -120,7 +182,7 @@ def _run(main: Any) -> None:
 
 
 def _gateway_main(
-    cfg: Any, db: str, transport: Transport, port: int, advise: bool | None, task_type: str | None
+    cfg: Any, db: str, http: _HttpSurface | None, advise: bool | None, task_type: str | None
 ) -> Any:
     async def main() -> None:
         from hindsight_loop.hindsight import Hindsight
@@ -129,17 +191,17 @@ def _gateway_main(
         hs = Hindsight(db)
         try:
             async with Gateway(hs, cfg, task_type=task_type, advise=advise) as gateway:
-                if transport is Transport.stdio:
+                if http is None:
                     await _until_signal(gateway.serve_stdio)
                 else:
-                    await _serve_http(gateway.http_app(), port, "gateway")
+                    await _serve_http(gateway.http_app(host=http.host), http)
         finally:
             hs.close()  # the sessions' task_end events are flushed before the process exits
 
     return main
 
 
-def _serve_main(db: str, transport: Transport, port: int) -> Any:
+def _serve_main(db: str, http: _HttpSurface | None) -> Any:
     async def main() -> None:
         from hindsight_loop.hindsight import Hindsight
         from hindsight_loop.mcp.server import build_server
@@ -147,10 +209,10 @@ def _serve_main(db: str, transport: Transport, port: int) -> Any:
         hs = Hindsight(db)
         try:
             server = build_server(hs)
-            if transport is Transport.stdio:
+            if http is None:
                 await _until_signal(server.run_stdio_async)
             else:
-                await _serve_http(server.streamable_http_app(), port, "server")
+                await _serve_http(server.streamable_http_app(host=http.host), http)
         finally:
             hs.close()
 
@@ -187,8 +249,10 @@ async def _until_signal(
         tg.cancel_scope.cancel()
 
 
-async def _serve_http(app: Any, port: int, what: str) -> None:
+async def _serve_http(app: Any, http: _HttpSurface) -> None:
     import uvicorn
+
+    from hindsight_loop.mcp.http import BearerGuard, is_loopback
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -197,10 +261,14 @@ async def _serve_http(app: Any, port: int, what: str) -> None:
             # graceful stop and kill the process before the store is flushed.
             yield
 
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    guarded = BearerGuard(app, token=http.token, loopback_only=is_loopback(http.host))
+    config = uvicorn.Config(guarded, log_level="warning", lifespan="on")
     server = Server(config)
-    typer.echo(f"Hindsight MCP {what} on http://127.0.0.1:{port}/mcp", err=True)
-    await _until_signal(server.serve, on_signal=lambda: setattr(server, "should_exit", True))
+    typer.echo(f"Hindsight MCP {http.what} on {http.url}", err=True)
+    await _until_signal(
+        lambda: server.serve(sockets=[http.sock]),
+        on_signal=lambda: setattr(server, "should_exit", True),
+    )
 
 
 def register(app: typer.Typer) -> None:
