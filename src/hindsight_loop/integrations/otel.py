@@ -246,8 +246,8 @@ class HindsightSpanExporter(SpanExporter):
             self._done[trace_id] = None
             while len(self._done) > _DONE_TRACES:
                 self._done.popitem(last=False)
-        if not spans:
-            return
+        if not any("gen_ai.operation.name" in (s.attributes or {}) for s in spans):
+            return  # no GenAI span: not an agent's run (an HTTP request, a query)
         try:
             runs = runs_from(
                 spans_to_otlp(spans),
