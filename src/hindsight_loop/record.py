@@ -11,19 +11,27 @@ database, so nothing accepted is lost silently.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import decimal
+import enum
+import hashlib
 import logging
 import math
+import os
 import queue
 import re
+import reprlib
 import sqlite3
 import threading
 import time
+import uuid
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterable
-from datetime import datetime
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as dt_time
 from itertools import count, islice
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import orjson
@@ -42,7 +50,11 @@ class HindsightWarning(UserWarning):
 
 
 def warn(message: str) -> None:
-    """Warn without ever raising into the caller (even when warnings are turned into errors)."""
+    """Warn without ever raising into the caller (even when warnings are turned into errors).
+
+    The message is redacted first: it may quote what the agent recorded."""
+    with contextlib.suppress(Exception):
+        message = redact(message.encode("utf-8", "replace")).decode("utf-8", "replace")
     log.debug(message)
     # A warnings filter set to "error" must not break the agent.
     with contextlib.suppress(Exception):
@@ -51,71 +63,220 @@ def warn(message: str) -> None:
 
 # -- secrets ----------------------------------------------------------------------------------
 
+REDACTED = "[REDACTED]"
+
+# Literal cores of the names that may hold a secret; every candidate the patterns below find
+# contains one, and ``_names_secret`` decides on the whole name (``max_tokens`` is not secret).
 _SECRET_WORDS = (
-    r"password|passwd|pwd|secret|api[_\-. ]?key|apikey|access[_\-. ]?token|auth[_\-. ]?token"
-    r"|token|authorization|private[_\-. ]?key|cookie|credential"
+    r"pass(?:word|wd|phrase)?|pwd|secret|api[_\-. ]?key|apikey|access[_\-. ]?key"
+    r"|account[_\-. ]?key|private[_\-. ]?key|token|auth(?:orization)?|cookie|credential"
 )
 _SECRET_WORDS_ZH = "密码|口令|密钥|令牌|秘钥"
 # A JSON value: a string, a number, a literal, or a flat list (a list of tokens is secret too).
 _JSON_VALUE = rb'(?:"(?:[^"\\]|\\.)*"|-?\d[\d.eE+\-]*|true|false|null|\[[^\[\]]*\])'
+# What a free-text secret value is made of: up to a space, a quote, a separator.
+_TEXT_VALUE = rb"(?!\[REDACTED)[^\s\"'\\,;&]+"
+_ASSIGN = rb"(?:[:=]|\xef\xbc\x9a|\s+is\s+|\xe6\x98\xaf|\xe4\xb8\xba)"  # : = ： is 是 为
+_IDENT_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
-_SECRET_PATTERNS: list[tuple[re.Pattern[bytes], bytes]] = [
-    # "password": …, "db.password": …, "API Key": … and friends: keep the key, drop the value.
-    (
-        re.compile(
-            rb'("[^"\\]{0,80}?(?:'
-            + _SECRET_WORDS.encode()
-            + rb')[^"\\]{0,80}"\s*:\s*)'
-            + _JSON_VALUE,
-            re.IGNORECASE,
-        ),
-        rb'\1"[REDACTED]"',
-    ),
-    (re.compile(rb"(?i)(bearer|basic)\s+[A-Za-z0-9._~+/\-]{8,}=*"), rb"\1 [REDACTED]"),
-    (re.compile(rb"\b(sk|pk|rk)-(?:[A-Za-z0-9_\-]{2,}-)?[A-Za-z0-9_\-]{16,}"), b"[REDACTED]"),
-    (re.compile(rb"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), b"[REDACTED]"),
-    (
-        re.compile(rb"\b(?:ghp|gho|ghs|ghu|github_pat|xox[abpr]|glpat)[_\-][A-Za-z0-9_\-]{16,}"),
-        b"[REDACTED]",
-    ),
-    # In free text: password=x, password: x, X-Api-Key: x, token is x, password='x' (a repr),
-    # 密码：x, 我的密码是 x. The value may sit in (escaped) quotes.
-    (
-        re.compile(
-            rb"(?i)((?:"
-            + _SECRET_WORDS.encode()
-            + rb"|"
-            + _SECRET_WORDS_ZH.encode()
-            + rb")\s*(?:[:=]|\xef\xbc\x9a|\s+is\s+|\xe6\x98\xaf|\xe4\xb8\xba)\s*(?:\\?[\"'])?)"
-            + rb"(?!\[REDACTED\])[^\s\"'\\,;&]+"
-        ),
-        rb"\1[REDACTED]",
-    ),
-    (re.compile(rb"(://[^/\s:@\"]+:)[^@\s/\"]+@"), rb"\1[REDACTED]@"),
-    (
-        re.compile(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
-        b"[REDACTED PRIVATE KEY]",
-    ),
-]
-# Running every pattern over every event is slow (Python's ``re`` tries each alternative at
-# each position) and most events hold no secret. So each pattern runs only when a cheap test (substring search on the lowercased event, a literal-
-# prefixed ``re`` scan) finds something that all of its matches contain. Each guard is a
-# superset of its pattern, so the result is exactly that of running every pattern.
-_SECRET_KEY = re.compile(rf"(?:{_SECRET_WORDS})", re.I)
-_BEARER = re.compile(rb"b(?:earer|asic)")  # on the lowercased event (2x faster than (?i) here)
-_VENDOR_KEY = re.compile(rb"k-")
-_AWS = re.compile(rb"A[KS]IA")
-_GITHUB = re.compile(rb"g(?:h[opsu]|ithub_pat|lpat)")  # one literal prefix each: fast scans
-_SLACK = re.compile(rb"xox")
-# Literal cores of the secret words: every match of the key and text patterns contains one.
-# One regex over the lowercased event beats a substring test per core (one scan, not many).
-_WORD_CORES = re.compile(
-    b"pass|pwd|secret|key|token|auth|cookie|credential|" + "密码|口令|密钥|令牌|秘钥".encode()
+# Whether a name holds a secret. Cores that are secret wherever they sit in the name (the name
+# lowercased and stripped of separators: ``AWS_SECRET_ACCESS_KEY``, ``X-Api-Key``, ``AccountKey``).
+_SECRET_CORES = (
+    "password",
+    "passwd",
+    "passphrase",
+    "secret",
+    "credential",
+    "apikey",
+    "privatekey",
+    "accesskey",
+    "accountkey",
+    "signingkey",
+    "encryptionkey",
+    "masterkey",
+    "sessionkey",
+    "authorization",
+    "cookie",
+)
+# ``token`` names a secret (``access_token``, ``tokens``) except beside a word that makes it a
+# count, a limit or a piece of text (``max_tokens``, ``prompt_tokens``, ``pad_token``).
+_TOKEN_NOT_SECRET = frozenset(
+    {
+        "max",
+        "min",
+        "num",
+        "n",
+        "count",
+        "counts",
+        "limit",
+        "limits",
+        "total",
+        "used",
+        "usage",
+        "budget",
+        "prompt",
+        "completion",
+        "input",
+        "output",
+        "cached",
+        "cache",
+        "reasoning",
+        "length",
+        "len",
+        "size",
+        "remaining",
+        "left",
+        "type",
+        "types",
+        "url",
+        "uri",
+        "endpoint",
+        "ids",
+        "estimate",
+        "estimated",
+        "per",
+        "window",
+        "rate",
+        "bucket",
+        "kind",
+        "position",
+        "index",
+        "idx",
+        "offset",
+        "offsets",
+        "span",
+        "logprob",
+        "logprobs",
+        "prob",
+        "text",
+        "str",
+        "string",
+        "vocab",
+        "special",
+        "pad",
+        "eos",
+        "bos",
+        "unk",
+        "sep",
+        "cls",
+        "mask",
+        "start",
+        "end",
+        "stop",
+        "new",
+        "added",
+        "audio",
+        "image",
+    }
+)
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_NAME_SPLIT = re.compile(r"[^a-z]+")
+
+
+def _secret_name(name: str) -> bool:
+    if any(w in name for w in ("密码", "口令", "密钥", "令牌", "秘钥")):
+        return True
+    words = [w for w in _NAME_SPLIT.split(_CAMEL.sub("_", name).lower()) if w]
+    joined = "".join(words)
+    if any(core in joined for core in _SECRET_CORES):
+        return True
+    if joined in ("pass", "pwd") or "pwd" in words or (words and words[-1] == "auth"):
+        return True
+    if any(w.endswith(("token", "tokens")) for w in words):
+        return not any(w in _TOKEN_NOT_SECRET for w in words)
+    return False
+
+
+# Keys known not to name a secret: agents use few distinct keys, so one set lookup per dict
+# replaces a pattern match per key. Keys made from data must not grow it forever: it is
+# cleared past a bound.
+_PLAIN_KEYS: set[str] = set()
+_PLAIN_KEYS_BOUND = 10_000
+_SECRET_NAMES: dict[str, bool] = {}
+
+
+def _names_secret(key: str) -> bool:
+    if len(_PLAIN_KEYS) > _PLAIN_KEYS_BOUND:
+        _PLAIN_KEYS.clear()
+    known = _SECRET_NAMES.get(key)
+    if known is None:
+        if len(_SECRET_NAMES) > _PLAIN_KEYS_BOUND:
+            _SECRET_NAMES.clear()
+        known = _SECRET_NAMES[key] = _secret_name(key)
+    return known
+
+
+def _ident_before(blob: bytes, start: int) -> bytes:
+    """The identifier characters right before ``start`` (``max_`` of ``max_tokens=``)."""
+    i = start
+    while i > 0 and start - i < 40 and blob[i - 1] in _IDENT_CHARS:
+        i -= 1
+    return blob[i:start]
+
+
+def _key_sub(m: re.Match[bytes]) -> bytes:
+    key = m.group(2).decode("utf-8", "replace")
+    return m.group(1) + b'"[REDACTED]"' if _names_secret(key) else m.group(0)
+
+
+def _text_sub(m: re.Match[bytes]) -> bytes:
+    word = m.group("w")
+    if word is not None:
+        name = (_ident_before(m.string, m.start()) + word).decode("ascii", "replace")
+        if not _names_secret(name):
+            return m.group(0)
+    return m.group(1) + b"[REDACTED]"
+
+
+def _flag_sub(m: re.Match[bytes]) -> bytes:
+    if _names_secret(m.group(2).decode("ascii", "replace")):
+        return m.group(1) + b"[REDACTED]"
+    return m.group(0)
+
+
+def _luhn(digits: bytes) -> bool:
+    total = 0
+    for i, c in enumerate(reversed(digits)):
+        d = c - 48
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+# Card networks by prefix and length: Visa, Mastercard, Amex, Discover/UnionPay, JCB, Diners.
+_CARD_PREFIX = re.compile(rb"4|5[1-5]|2[2-7]|3[47]|6|35|3[0689]")
+
+
+def _card_sub(m: re.Match[bytes]) -> bytes:
+    start = m.start()
+    if start and m.string[start - 1 : start] in b"0123456789.":
+        return m.group(0)
+    digits = m.group(0).replace(b" ", b"").replace(b"-", b"")
+    if 13 <= len(digits) <= 19 and _CARD_PREFIX.match(digits) and _luhn(digits):
+        return b"[REDACTED CARD]"
+    return m.group(0)
+
+
+_WORDS_B = _SECRET_WORDS.encode()
+_KEY_PATTERN = re.compile(
+    rb'("([^"\\]{0,80}?(?:' + _WORDS_B + rb')[^"\\]{0,80})"\s*:\s*)' + _JSON_VALUE, re.I
 )
 
 
-def _has_secret_word(blob: bytes) -> bool:
-    return _WORD_CORES.search(blob.lower()) is not None
+def _has(*needles: bytes) -> Callable[[bytes, bytes], bool]:
+    return lambda blob, _low: any(n in blob for n in needles)
+
+
+def _lower_has(*needles: bytes) -> Callable[[bytes, bytes], bool]:
+    return lambda _blob, low: any(n in low for n in needles)
+
+
+# Literal cores of the secret words: every match of the key and text patterns contains one.
+# One regex over the lowercased event beats a substring test per core (one scan, not many).
+_WORD_CORES = re.compile(
+    b"pass|pwd|secret|key|token|auth|cookie|credential|" + _SECRET_WORDS_ZH.encode()
+)
 
 
 def _may_assign(blob: bytes) -> bool:
@@ -123,31 +284,113 @@ def _may_assign(blob: bytes) -> bool:
 
     For ASCII events a few C-level scans answer it (orjson writes no space after a key's colon,
     so a colon not right after a quote is inside a string). Text with Chinese in it may use
-    ：/是/为, which are too common to pre-scan for: it always goes on to the word test.
+    ：/是/为 or a bare space, too common to pre-scan for: it always goes on to the word test.
     """
     if not blob.isascii():
         return True
     return b"=" in blob or blob.count(b":") > blob.count(b'":') or b" is " in blob
 
 
-def _key_guard(blob: bytes) -> bool:
-    return _has_secret_word(blob)
+def _words(_blob: bytes, low: bytes) -> bool:
+    return _WORD_CORES.search(low) is not None
 
 
-def _text_guard(blob: bytes) -> bool:
-    return _may_assign(blob) and _has_secret_word(blob)
+_DIGITS = b"0123456789"
 
-
-_GUARDS: tuple[Callable[[bytes], bool], ...] = (
-    _key_guard,
-    lambda b: _BEARER.search(b.lower()) is not None,
-    lambda b: _VENDOR_KEY.search(b) is not None,
-    lambda b: _AWS.search(b) is not None,
-    lambda b: _GITHUB.search(b) is not None or _SLACK.search(b) is not None,
-    _text_guard,
-    lambda b: b"@" in b and b"://" in b,
-    lambda b: b"PRIVATE KEY-----" in b,
-)
+# (guard, pattern, replacement). Running every pattern over every event is slow (Python's
+# ``re`` tries each alternative at each position) and most events hold no secret. So each
+# pattern runs only when a cheap test (substring search on the event or its lowercased copy, a
+# literal-prefixed ``re`` scan) finds something that all of its matches contain. Each guard is
+# a superset of its pattern, so the result is exactly that of running every pattern. A
+# replacement that is a function checks the candidate (the whole name, Luhn) before redacting.
+# Order matters: whole blocks (PEM) first, then key/value, then shapes inside free text.
+_Repl = bytes | Callable[[re.Match[bytes]], bytes]
+_RULES: list[tuple[Callable[[bytes, bytes], bool], re.Pattern[bytes], _Repl]] = [
+    (
+        _has(b"PRIVATE KEY-----"),
+        re.compile(
+            rb"-----BEGIN [A-Z ]*PRIVATE KEY-----"
+            rb"(?:.*?-----END [A-Z ]*PRIVATE KEY-----|(?:[A-Za-z0-9+/=\s]|\\[nr])*)",
+            re.S,
+        ),
+        b"[REDACTED PRIVATE KEY]",
+    ),
+    (_words, _KEY_PATTERN, _key_sub),  # "password": …, "db.password": …, "API Key": …
+    (
+        _lower_has(b"authorization"),  # Authorization: Token x (any scheme word)
+        re.compile(
+            rb"(?i)(authorization(?:\\\"|')?\s*[:=]\s*(?:\\?[\"'])?)"
+            rb"(?:[A-Za-z]+\s+)?" + _TEXT_VALUE
+        ),
+        rb"\1[REDACTED]",
+    ),
+    (
+        _lower_has(b"bearer", b"basic"),
+        re.compile(rb"(?i)(bearer|basic)\s+[A-Za-z0-9._~+/\-]{8,}=*"),
+        rb"\1 [REDACTED]",
+    ),
+    (
+        _has(b"k-"),
+        re.compile(rb"\b(sk|pk|rk)-(?:[A-Za-z0-9_\-]{2,}-)?[A-Za-z0-9_\-]{16,}"),
+        b"[REDACTED]",
+    ),
+    (  # Stripe
+        _has(b"_live_", b"_test_"),
+        re.compile(rb"\b(?:sk|rk|pk|whsec)_(?:live|test)_[A-Za-z0-9]{10,}"),
+        b"[REDACTED]",
+    ),
+    (_has(b"AKIA", b"ASIA"), re.compile(rb"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), b"[REDACTED]"),
+    (
+        _has(b"gh", b"github_pat", b"glpat", b"xox"),
+        re.compile(rb"\b(?:ghp|gho|ghs|ghu|github_pat|xox[abpr]|glpat)[_\-][A-Za-z0-9_\-]{16,}"),
+        b"[REDACTED]",
+    ),
+    (_has(b"AIza"), re.compile(rb"\bAIza[0-9A-Za-z_\-]{30,}"), b"[REDACTED]"),  # Google
+    (_has(b"hf_"), re.compile(rb"\bhf_[A-Za-z0-9]{30,}"), b"[REDACTED]"),  # Hugging Face
+    (
+        _has(b"hooks.slack.com"),
+        re.compile(rb"(hooks\.slack\.com/)(?:services|workflows|triggers)/[A-Za-z0-9_/\-]+"),
+        rb"\1[REDACTED]",
+    ),
+    (  # JWT
+        _has(b"eyJ"),
+        re.compile(rb"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*"),
+        b"[REDACTED]",
+    ),
+    (  # --password x in an argv list or a command line (the name decides: --max-tokens 9 stays)
+        lambda blob, low: b"--" in blob and _words(blob, low),
+        re.compile(
+            rb"((?<![\w\-])--([A-Za-z][A-Za-z0-9_.\-]{0,60})(?:\"\s*,\s*\"|\s+|=))" + _TEXT_VALUE
+        ),
+        _flag_sub,
+    ),
+    (  # In free text: password=x, X-Api-Key: x, token is x, password='x', 密码：x, 密码 x
+        lambda blob, low: _may_assign(blob) and _words(blob, low),
+        re.compile(
+            rb"(?i)((?:(?P<w>(?:"
+            + _WORDS_B
+            + rb")[A-Za-z0-9_.\-]{0,40})(?:\\\"|')?\s*"
+            + _ASSIGN
+            + rb"|(?:"
+            + _SECRET_WORDS_ZH.encode()
+            + rb")\s*(?:"
+            + _ASSIGN
+            + rb"|\s))\s*(?:\\?[\"'])?)"
+            + _TEXT_VALUE
+        ),
+        _text_sub,
+    ),
+    (  # user:password@host, and redis://:password@host
+        lambda blob, _low: b"@" in blob and b"://" in blob,
+        re.compile(rb"(://[^/\s:@\"]*:)[^@\s/\"]+@"),
+        rb"\1[REDACTED]@",
+    ),
+    (  # card numbers: 13-19 digits, maybe grouped, a network's prefix, Luhn-checked
+        lambda blob, _low: len(blob) - len(blob.translate(None, _DIGITS)) >= 13,
+        re.compile(rb"[2-6]\d{3}(?:[ \-]?\d){9,15}(?!\d)"),
+        _card_sub,
+    ),
+]
 
 
 def redact(blob: bytes, *, secret_key: bool | None = None) -> bytes:
@@ -156,31 +399,36 @@ def redact(blob: bytes, *, secret_key: bool | None = None) -> bytes:
     ``secret_key``: whether some key of the event names a secret (``"api_key"``), when the
     caller already knows (the writer learns it while sanitizing); None looks in ``blob``.
     """
-    for (pattern, repl), guard in zip(_SECRET_PATTERNS, _GUARDS, strict=True):
-        known = guard is _key_guard and secret_key is not None
-        if secret_key if known else guard(blob):
+    low = blob.lower()
+    for guard, pattern, repl in _RULES:
+        known = pattern is _KEY_PATTERN and secret_key is not None
+        if secret_key if known else guard(blob, low):
             blob = pattern.sub(repl, blob)
     return blob
 
 
-# Keys known not to name a secret: agents use few distinct keys, so one set lookup per dict
-# replaces a pattern match per key. Keys made from data must not grow it forever: it is
-# cleared past a bound.
-_PLAIN_KEYS: set[str] = set()
-_PLAIN_KEYS_BOUND = 10_000
-
-
-def _names_secret(key: str) -> bool:
-    if len(_PLAIN_KEYS) > _PLAIN_KEYS_BOUND:
-        _PLAIN_KEYS.clear()
-    return _SECRET_KEY.search(key) is not None
+def redact_text(text: str) -> str:
+    """``redact`` for one string (free text: the key rule does not apply)."""
+    blob = orjson.dumps(text)
+    out = redact(blob, secret_key=False)
+    return text if out == blob else orjson.loads(out)
 
 
 # -- sanitizing -------------------------------------------------------------------------------
 
+MAX_DEPTH = 20  # deeper nesting is kept as bounded text
+_DEEP_REPR = reprlib.Repr()
+_DEEP_REPR.maxlevel = 6
+_DEEP_REPR.maxstring = _DEEP_REPR.maxother = 200
+
 
 class _Sanitizer:
-    """Makes any Python value storable JSON, cutting long text; collects what it had to change."""
+    """Makes any Python value storable JSON, cutting long text; collects what it had to change.
+
+    Values under a key that names a secret are redacted here, at any depth (a regex over the
+    serialized event cannot find the end of a nested object); long text is redacted before it
+    is cut, so a secret is never cut in half and missed.
+    """
 
     __slots__ = ("max_text", "problems", "secret_key")
 
@@ -207,7 +455,9 @@ class _Sanitizer:
             s = raw.decode("utf-8", "replace")
             self.problems.append("invalid UTF-8 replaced")
         if len(s) > self.max_text:
-            s = f"{s[: self.max_text]}…[cut {len(s) - self.max_text} chars]"
+            s = redact_text(s)  # before the cut: a cut PEM key loses the END that marks it
+            if len(s) > self.max_text:
+                s = f"{s[: self.max_text]}…[cut {len(s) - self.max_text} chars]"
         return s
 
     def value(self, v: Any, depth: int = 0) -> Any:
@@ -219,7 +469,7 @@ class _Sanitizer:
         t = type(v)
         if t is str:
             return v if len(v) <= self.max_text and v.isascii() else self.text(v)
-        if depth <= 20:
+        if depth <= MAX_DEPTH:
             if t is dict:
                 return self._dict(v, depth)
             if t is list and len(v) <= self.max_text:
@@ -229,8 +479,7 @@ class _Sanitizer:
     def _dict(self, d: dict[Any, Any], depth: int) -> dict[str, Any]:
         # One C-level subset test clears all the keys of a dict seen before.
         keys_ok = _PLAIN_KEYS.issuperset(d)
-        if not keys_ok:
-            self._learn_keys(d)
+        secret = None if keys_ok else self._learn_keys(d)
         out: dict[str, Any] | None = None
         kept = 0
         for k, x in d.items():
@@ -239,7 +488,7 @@ class _Sanitizer:
                 y = x if len(x) <= self.max_text and x.isascii() else self.text(x)
             elif t is int or t is bool or x is None:
                 y = x
-            elif t is dict and depth < 20:
+            elif t is dict and depth < MAX_DEPTH:
                 y = self._dict(x, depth + 1)
             else:
                 y = self.value(x, depth + 1)
@@ -248,15 +497,39 @@ class _Sanitizer:
                     kept += 1
                     continue
                 out = dict(islice(d.items(), kept))
-            out[k if isinstance(k, str) else str(k)] = y
+            out[k if type(k) is str else self.key(k)] = y
+        if secret:
+            if out is None:
+                out = dict(d)
+            for k in secret:
+                out[k if type(k) is str else self.key(k)] = REDACTED
         return d if out is None else out
 
-    def _learn_keys(self, d: dict[Any, Any]) -> None:
+    def key(self, k: Any) -> str:
+        """A dict key as text (``StrEnum`` and ``Enum`` keys by value, ``3`` as ``"3"``)."""
+        try:
+            if isinstance(k, enum.Enum):
+                k = k.value
+            if isinstance(k, str):
+                return str.__str__(k)
+            return str(k)
+        except Exception:  # noqa: BLE001 - a broken __str__ must not break recording
+            self.problems.append(f"a {type(k).__name__} key could not be made text")
+            return f"<key {type(k).__name__}>"
+
+    def _learn_keys(self, d: dict[Any, Any]) -> list[Any] | None:
+        """Remember plain keys; return those naming a secret (their values are redacted)."""
+        secret = None
         for k in d:
-            if _names_secret(str(k)):
+            if _names_secret(k if type(k) is str else self.key(k)):
                 self.secret_key = True
+                if secret is None:
+                    secret = [k]
+                else:
+                    secret.append(k)
             elif type(k) is str:
                 _PLAIN_KEYS.add(k)
+        return secret
 
     def _list(self, items: list[Any], depth: int) -> list[Any]:
         # The same per-value dispatch as _dict, inlined rather than shared: it runs once per
@@ -268,7 +541,7 @@ class _Sanitizer:
                 y = x if len(x) <= self.max_text and x.isascii() else self.text(x)
             elif t is int or t is bool or x is None:
                 y = x
-            elif t is dict and depth < 20:
+            elif t is dict and depth < MAX_DEPTH:
                 y = self._dict(x, depth + 1)
             else:
                 y = self.value(x, depth + 1)
@@ -280,53 +553,110 @@ class _Sanitizer:
         return items if out is None else out
 
     def _other(self, v: Any, depth: int) -> Any:
-        """Everything but plain str, dict and list: the general rules."""
-        if v is None or v is True or v is False or isinstance(v, int):
-            return v
-        if isinstance(v, str):
-            return self.text(v) if len(v) > self.max_text or not v.isascii() else v
-        if isinstance(v, float):
-            if math.isfinite(v):
-                return v
-            self.problems.append(f"{v!r} stored as null")
-            return None
-        if depth > 20:
-            self.problems.append("nesting deeper than 20 levels cut")
-            return self.text(repr(v))
-        if isinstance(v, dict):
-            out = {
-                (k if isinstance(k, str) else str(k)): self.value(x, depth + 1)
-                for k, x in v.items()
-            }
-            if any(_names_secret(k) for k in out):
-                self.secret_key = True
-            return out
-        if isinstance(v, (list, tuple, set, frozenset)):
-            items = list(v)
-            if len(items) > self.max_text:
-                self.problems.append(f"list of {len(items)} items cut to {self.max_text}")
-                items = items[: self.max_text]
-            return [self.value(x, depth + 1) for x in items]
-        if isinstance(v, (bytes, bytearray)):
-            self.problems.append("bytes stored as text")
-            return self.text(bytes(v).decode("utf-8", "replace"))
-        if isinstance(v, datetime):
-            return v.isoformat()
-        self.problems.append(f"{type(v).__name__} is not JSON: stored as its repr")
+        """Everything but plain str, dict and list: converted to the JSON it means, so a
+        numpy number, an enum or a dataclass is kept as its value, not as a repr."""
+        try:
+            return self._convert(v, depth)
+        except Exception as exc:  # noqa: BLE001 - a bad value spoils only itself
+            self.problems.append(f"{type(v).__name__} could not be converted ({exc!r})")
+            return self._marker(v)
+
+    def _marker(self, v: Any) -> str:
+        """A short text standing for a value that cannot be stored as it is."""
         try:
             return self.text(repr(v))
         except Exception:  # noqa: BLE001 - a broken __repr__ must not break recording
             return f"<unrepresentable {type(v).__name__}>"
 
+    def _convert(self, v: Any, depth: int) -> Any:  # noqa: PLR0911, PLR0912, C901 - one rule per kind
+        if v is None or v is True or v is False:
+            return v
+        if isinstance(v, enum.Enum):  # before int and str: IntEnum, StrEnum
+            return self.value(v.value, depth + 1)
+        if isinstance(v, int):
+            return v if type(v) is int else int(v)
+        if isinstance(v, str):
+            if type(v) is not str:
+                v = str.__str__(v)
+            return self.text(v) if len(v) > self.max_text or not v.isascii() else v
+        if isinstance(v, float):
+            if math.isfinite(v):
+                return v if type(v) is float else float(v)  # numpy.float64 is a float
+            self.problems.append(f"{v!r} stored as null")
+            return None
+        if depth > MAX_DEPTH:
+            self.problems.append(f"nesting deeper than {MAX_DEPTH} levels kept as text")
+            return self.text(_DEEP_REPR.repr(v))
+        if type(v).__module__ == "numpy" and hasattr(v, "tolist"):
+            size = getattr(v, "size", 1)
+            if getattr(v, "ndim", 0) and size > self.max_text:
+                self.problems.append(f"array of {size} items cut to {self.max_text}")
+                v = v.ravel()[: self.max_text]
+            return self.value(v.tolist(), depth + 1)
+        if isinstance(v, Mapping):
+            out = {self.key(k): self.value(x, depth + 1) for k, x in v.items()}
+            for k in out:
+                if _names_secret(k):
+                    self.secret_key = True
+                    out[k] = REDACTED
+            return out
+        if isinstance(v, (set, frozenset)):
+            try:
+                v = sorted(v)
+            except TypeError:
+                v = list(v)
+        if isinstance(v, (list, tuple, set, frozenset, deque)):
+            items = list(v)
+            if len(items) > self.max_text:
+                self.problems.append(f"list of {len(items)} items cut to {self.max_text}")
+                items = items[: self.max_text]
+            return [self.value(x, depth + 1) for x in items]
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            raw = bytes(v)
+            try:
+                return self.text(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                self.problems.append("bytes that are not UTF-8 stored as text")
+                return self.text(raw.decode("utf-8", "replace"))
+        if isinstance(v, (datetime, date, dt_time)):
+            return v.isoformat()
+        if isinstance(v, timedelta):
+            return v.total_seconds()
+        if isinstance(v, decimal.Decimal):
+            if not v.is_finite():
+                self.problems.append(f"{v!r} stored as null")
+                return None
+            f = float(v)
+            return f if decimal.Decimal(repr(f)) == v else str(v)  # exact, or kept as text
+        if isinstance(v, (uuid.UUID, PurePath)):
+            return str(v)
+        if isinstance(v, complex):
+            return str(v)
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            fields = {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
+            return self._convert(fields, depth)
+        dump = getattr(v, "model_dump", None)  # pydantic
+        if callable(dump) and not isinstance(v, type):
+            return self.value(dump(), depth + 1)
+        self.problems.append(f"{type(v).__name__} is not JSON: stored as its repr")
+        return self._marker(v)
 
-def _big_ints_as_text(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _big_ints_as_text(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_big_ints_as_text(x) for x in v]
-    if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**64:
-        return str(v)
-    return v
+    def strict(self, v: Any) -> Any:
+        """Last resort when orjson still refuses ``v``: exact ``str`` keys, integers beyond 64
+        bits as text, any other value it refuses replaced by its marker (only that value)."""
+        if isinstance(v, dict):
+            return {self.key(k) if type(k) is not str else k: self.strict(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [self.strict(x) for x in v]
+        if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**64:
+            self.problems.append("integer beyond 64 bits stored as text")
+            return str(v)
+        try:
+            orjson.dumps(v)
+        except Exception:  # noqa: BLE001
+            self.problems.append(f"{type(v).__name__} could not be stored: kept as its repr")
+            return self._marker(v)
+        return v
 
 
 # -- the recorder -----------------------------------------------------------------------------
@@ -337,15 +667,51 @@ Row = tuple[str, str, int, str, str, bytes]
 # A batch on its way to the store: how many events, their rows, and, if they could not be
 # prepared, the raw items and why. The items themselves are not kept once prepared: as Python
 # objects an event takes several times the memory of its row.
-# (items, rows, raw items if they could not be prepared, the problem, sanitized payloads)
-_Batch = tuple[int, list[Row] | None, list[Item] | None, str, list[Any]]
+# (items, rows, raw items that could not be prepared, the problem, sanitized payloads)
+_Batch = tuple[int, list[Row], list[Item], str, list[Any]]
 #: Event types whose sanitized payload is handed to ``on_batch`` (the live anomaly rules read
 #: them), so the hook does not parse the JSON it was just made from.
 WATCHED_TYPES = frozenset({"action_executed", "feedback", "user_input"})
 
+# Caller timestamps as nanoseconds since the epoch, taken as they are between 1973 and 9999.
+_NS_FAST = (10**17, 253_402_300_800 * 10**9)
+_END_OF_TIME = "9999-12-31T23:59:59.999Z"
+_START_OF_TIME = "0001-01-01T00:00:00.000Z"
+
+
+def state_dir() -> Path:
+    """Where the dead letter falls back to when its own place cannot be written:
+    ``$XDG_STATE_HOME/hindsight`` (by default ``~/.local/state/hindsight``)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return Path(base) / "hindsight"
+
+
+def _root_error(exc: BaseException) -> BaseException:
+    """The error that made the store fail, not the ROLLBACK that failed after it: SQLite rolls
+    a transaction back by itself on a full disk, so the store's own ROLLBACK then raises
+    ``cannot rollback - no transaction is active`` over the real reason."""
+    while "cannot rollback" in str(exc) and exc.__context__ is not None:
+        exc = exc.__context__
+    return exc
+
+
+def _utc_text(dt: datetime) -> str:
+    """A datetime as the wire timestamp (UTC, milliseconds, four-digit year)."""
+    return (
+        f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:"
+        f"{dt.second:02d}.{dt.microsecond // 1000:03d}Z"
+    )
+
 
 class Recorder:
-    """Accepts events from any thread without blocking and writes them in batches."""
+    """Accepts events from any thread without blocking and writes them in batches.
+
+    Nothing accepted is dropped silently: an event is stored, or dead-lettered with the reason
+    (in ``dead_letter``, or when that cannot be written in ``fallback_dir``), or counted in
+    ``stats["lost"]`` and reported by ``flush()`` returning False.
+    """
 
     def __init__(
         self,
@@ -356,9 +722,17 @@ class Recorder:
         queue_bound: int = DEFAULT_QUEUE_BOUND,
         on_batch: Callable[[list[Row], list[Any]], None] | None = None,
         block_seconds: float = 2.0,
+        fallback_dir: str | Path | None = None,
     ) -> None:
         self._write = write
         self.dead_letter = Path(dead_letter)
+        where = str(self.dead_letter.absolute()).encode("utf-8", "replace")
+        stem = self.dead_letter.name.removesuffix(".jsonl")
+        #: Where dead letters go when ``dead_letter`` cannot be written (a full or read-only
+        #: disk): one file per store in the user's state directory.
+        self.fallback_dead_letter = Path(fallback_dir or state_dir()) / (
+            f"{stem}.{hashlib.sha1(where).hexdigest()[:8]}.jsonl"  # noqa: S324 - a name
+        )
         self.max_text = max_text
         self.queue_bound = queue_bound
         self.block_seconds = block_seconds
@@ -367,14 +741,21 @@ class Recorder:
         self._seq = count(1)
         self._flush_marks = 0  # seqs taken by flush() itself rather than by an event
         self._mark_lock = threading.Lock()
-        self._done = 0  # items handled by the writer (written or dead-lettered)
+        self._done = 0  # items handled by the writer (written, dead-lettered or lost)
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._stop = False
-        self.stats = {"written": 0, "dead_lettered": 0, "spilled": 0, "warnings": 0}
+        self.stats = {"written": 0, "dead_lettered": 0, "spilled": 0, "warnings": 0, "lost": 0}
+        self._lost_reported = 0  # what flush() has already reported
+        self._dead_letter_lock = threading.Lock()
         self._stamp = (-1, "")
         self._in_flight = 0  # taken from the queue by the writer, not yet durable
         self._commits: queue.Queue[_Batch | None] = queue.Queue(maxsize=1)
+        # Spills under overload are written by their own thread (started at the first one), so
+        # the agent only hands them over; two may wait, which keeps memory bounded.
+        self._spills: queue.Queue[list[Item] | None] = queue.Queue(maxsize=2)
+        self._spiller: threading.Thread | None = None
+        self._spilling = 0
         self._thread = threading.Thread(target=self._run, name="hindsight-writer", daemon=True)
         self._committer = threading.Thread(
             target=self._commit, name="hindsight-committer", daemon=True
@@ -393,7 +774,8 @@ class Recorder:
         event_id: str | None = None,
         seq: int | None = None,
     ) -> int:
-        """Accept one event; returns its seq. Never blocks on I/O except under overload.
+        """Accept one event; returns its seq. Never blocks on I/O; under overload it waits
+        at most ``block_seconds`` for the writer, then hands a batch to the spill thread.
 
         ``seq`` is the caller's own sequence number (imports); by default the recorder's.
         """
@@ -418,17 +800,18 @@ class Recorder:
 
     def _after_close(self, *item: Any) -> None:
         """An event recorded after close(): nothing will write it, so keep it in the dead letter."""
+        rows, raw = self._prepare([item])  # type: ignore[list-item]
         reason = "recorded after close(): not written to the store"
-        try:
-            row = self._row(item, None)  # type: ignore[arg-type]
-            self._dead_letter([row], reason)
-        except Exception:  # noqa: BLE001
-            self._dead_letter_raw([item], reason)  # type: ignore[list-item]
+        self._dead_letter(rows, reason)
+        self._dead_letter_raw(raw, reason)
 
     def _overload(self) -> None:
-        """The queue is full: wait briefly for the writer, then spill to the dead-letter file.
+        """The queue is full: wait up to ``block_seconds`` for the writer, then spill a batch
+        to the dead-letter file (``hindsight import`` reads it back). Memory stays bounded.
 
-        Memory stays bounded; what is spilled is kept (``hindsight import`` reads it back).
+        The agent's thread only takes the batch out of the queue; the spill thread sanitizes,
+        redacts and writes it. Only when that thread is itself two batches behind (the disk is
+        slower than the agent) does the agent's thread write the spill.
         """
         self._wake.set()
         deadline = time.monotonic() + self.block_seconds
@@ -442,70 +825,129 @@ class Recorder:
                 spill.append(self._queue.popleft())
             except IndexError:
                 break
-        sanitizer = _Sanitizer(self.max_text)
-        self._dead_letter(
-            (self._row(item, sanitizer) for item in spill),
-            "queue full: spilled by the agent's thread under overload",
-        )
-        self.stats["spilled"] += len(spill)
         with self._cond:
-            self._done += len(spill)
-            self._cond.notify_all()
+            self._spilling += len(spill)
+        try:
+            if self._spiller is None:
+                with self._mark_lock:
+                    if self._spiller is None:
+                        self._spiller = threading.Thread(
+                            target=self._spill_loop, name="hindsight-spill", daemon=True
+                        )
+                        self._spiller.start()
+            self._spills.put_nowait(spill)
+        except (queue.Full, RuntimeError):
+            self._spill(spill)
+
+    def _spill_loop(self) -> None:
+        while (spill := self._spills.get()) is not None:
+            self._spill(spill)
+
+    def _spill(self, spill: list[Item]) -> None:
+        try:
+            rows, raw = self._prepare(spill)
+            reason = "queue full: spilled under overload"
+            self._dead_letter(rows, reason)
+            self._dead_letter_raw(raw, reason)
+            self.stats["spilled"] += len(spill)
+        finally:
+            with self._cond:
+                self._spilling -= len(spill)
+                self._done += len(spill)
+                self._cond.notify_all()
 
     # -- writer ----------------------------------------------------------------------------
     def _iso(self, ns: int) -> str:
         """Nanoseconds since the epoch as the wire timestamp, the seconds part cached (formatting it
         is most of an event's timestamp cost)."""
         secs, rem = divmod(ns, 1_000_000_000)
-        cached, prefix = self._stamp  # one tuple: the spilling agent thread may call this too
+        cached, prefix = self._stamp  # one tuple: the spilling thread may call this too
         if secs != cached:
             prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
             self._stamp = (secs, prefix)
         return f"{prefix}.{rem // 1_000_000:03d}Z"
 
+    def _odd_stamp(self, ts: Any, sanitizer: _Sanitizer) -> tuple[str, str | None]:
+        """A caller's timestamp that is not plain nanoseconds, as UTC; with the original text
+        when it could not be kept as it was (unreadable: now; beyond year 9999: the end)."""
+        try:
+            dt = parse_ts(ts)
+        except Exception:  # noqa: BLE001 - one bad timestamp spoils only its own event
+            original = ts if type(ts) is str else repr(ts)
+            sanitizer.problems.append(
+                f"timestamp {original[:80]!r} unreadable: replaced by now, the original kept "
+                "in context.original_timestamp"
+            )
+            return self._iso(time.time_ns()), original[:200]
+        try:
+            return _utc_text(dt.astimezone(UTC)), None
+        except (OverflowError, ValueError):
+            # Valid where it was written, outside years 1-9999 in UTC: pinned to the edge.
+            offset = dt.utcoffset()
+            late = offset is None or offset.total_seconds() <= 0 or dt.year > 1
+            sanitizer.problems.append(f"timestamp {ts!r} is outside years 1-9999 in UTC")
+            return (_END_OF_TIME if late else _START_OF_TIME), str(ts)[:200]
+
     def _row(
         self, item: Item, sanitizer: _Sanitizer | None = None, keep: list[Any] | None = None
     ) -> Row:
         """Turn a queued item into a row; with ``keep``, also collect its sanitized payload
-        (not redacted: only for the in-process hook, never stored)."""
+        (secret-named keys redacted, free text not: only for the in-process hook, never stored)."""
         task_id, seq, ts, etype, payload, event_id = item
         if sanitizer is None:
             sanitizer = _Sanitizer(self.max_text)
         else:
             sanitizer.reset()
+        original = None
+        if type(ts) is int and _NS_FAST[0] < ts < _NS_FAST[1]:
+            stamp = self._iso(ts)
+        else:
+            stamp, original = self._odd_stamp(ts, sanitizer)
         clean = None
         try:
             clean = sanitizer.value(payload)
             if "type" in clean or "task_id" in clean:
                 # A wire-format event handed over whole: its scalars are columns, not body.
                 clean = {k: v for k, v in clean.items() if k not in WIRE_SCALARS}
+            if original is not None:
+                context = clean.get("context")
+                context = dict(context) if isinstance(context, dict) else {"value": context}
+                context["original_timestamp"] = original
+                clean = {**clean, "context": context}
             try:
                 body = orjson.dumps(clean)
             except orjson.JSONEncodeError:
-                # orjson stops at 64-bit integers: keep bigger ones as text (rare, so it is
-                # handled here rather than checked on every integer).
-                clean = _big_ints_as_text(clean)
+                # orjson refuses what the sanitizer let through (a StrEnum key, an integer
+                # beyond 64 bits): rare, so handled here rather than checked on every value.
+                clean = sanitizer.strict(clean)
                 body = orjson.dumps(clean)
-                sanitizer.problems.append("integer beyond 64 bits stored as text")
         except Exception as exc:  # noqa: BLE001 - never lose the event for its content
             clean = None
             body = orjson.dumps({"unserializable": sanitizer.text(repr(exc))})
             sanitizer.problems.append(f"could not be stored as JSON ({exc!r}): kept as its error")
-        if keep is not None:
-            keep.append(clean if etype in WATCHED_TYPES else None)
         body = redact(body, secret_key=sanitizer.secret_key)
-        if isinstance(ts, int) and ts > 10**17:
-            stamp = self._iso(ts)
-        else:
-            try:
-                stamp = self._iso(int(parse_ts(ts).timestamp() * 1e9))
-            except (ValueError, TypeError, OverflowError):
-                sanitizer.problems.append(f"timestamp {ts!r} unreadable: replaced by now")
-                stamp = self._iso(time.time_ns())
         if sanitizer.problems:
             self.stats["warnings"] += 1
             warn(f"event {seq} of task {task_id!r}: " + "; ".join(sorted(set(sanitizer.problems))))
+        if keep is not None:
+            keep.append(clean if etype in WATCHED_TYPES else None)
         return (event_id or new_id("evt"), task_id, seq, stamp, etype, body)
+
+    def _prepare(
+        self, items: list[Item], keep: list[Any] | None = None
+    ) -> tuple[list[Row], list[Item]]:
+        """Rows for ``items``; an item that cannot become a row spoils only itself (it is
+        returned apart, for the dead letter)."""
+        sanitizer = _Sanitizer(self.max_text)
+        rows: list[Row] = []
+        raw: list[Item] = []
+        for item in items:
+            try:
+                rows.append(self._row(item, sanitizer, keep))
+            except Exception:  # noqa: BLE001 - keep the writer alive whatever happens
+                log.exception("hindsight: could not prepare an event")
+                raw.append(item)
+        return rows, raw
 
     def _run(self) -> None:
         """Prepare batches (sanitize, cut, redact) and hand them to the committer thread.
@@ -537,15 +979,12 @@ class Recorder:
                         break
                 with self._cond:
                     self._in_flight += len(items)
-                try:
-                    sanitizer = _Sanitizer(self.max_text)
-                    cleans: list[Any] = []
-                    keep = cleans if self._on_batch is not None else None
-                    rows = [self._row(item, sanitizer, keep) for item in items]
-                    batch: _Batch = (len(items), rows, None, "", cleans)
-                except Exception as exc:  # noqa: BLE001 - keep the writer alive whatever happens
-                    log.exception("hindsight: could not prepare a batch")
-                    batch = (len(items), None, items, f"could not prepare: {exc!r}", [])
+                cleans: list[Any] = []
+                keep = cleans if self._on_batch is not None else None
+                rows, raw = self._prepare(items, keep)
+                if raw and keep is not None:
+                    cleans = []  # out of step with the rows: the hook reads the rows alone
+                batch: _Batch = (len(items), rows, raw, "could not prepare", cleans)
                 del items
                 self._commits.put(batch)
         finally:
@@ -558,9 +997,9 @@ class Recorder:
             n, rows, raw, problem, cleans = batch
             del batch
             try:
-                if raw is not None:
+                if raw:
                     self._dead_letter_raw(raw, problem)
-                elif rows:
+                if rows:
                     self._write_batch(rows, cleans)
             except Exception:  # noqa: BLE001 - this thread must outlive any one batch
                 log.exception("hindsight: committing a batch failed")
@@ -575,11 +1014,11 @@ class Recorder:
             unknown = self._write(rows)
         except sqlite3.OperationalError as exc:
             # Locked, full or unreadable: the whole batch waits in the dead letter.
-            self._dead_letter(rows, f"store refused the batch: {exc!r}")
+            self._dead_letter(rows, f"store refused the batch: {_root_error(exc)!r}")
             return
         except Exception as exc:  # noqa: BLE001
             if len(rows) == 1:
-                self._dead_letter(rows, f"store refused the event: {exc!r}")
+                self._dead_letter(rows, f"store refused the event: {_root_error(exc)!r}")
                 return
             # Something in the data: write row by row so one bad event does not take the
             # batch's thousands of good ones to the dead letter.
@@ -594,7 +1033,7 @@ class Recorder:
                 "kept under a placeholder task; start tasks with hs.task() or a "
                 "task_start event"
             )
-        if self._on_batch is not None:
+        if self._on_batch is not None and len(cleans) == len(rows):
             try:
                 self._on_batch(rows, cleans)
             except Exception:  # noqa: BLE001
@@ -608,66 +1047,123 @@ class Recorder:
                 event.update(event_id=event_id, task_id=task_id, seq=seq, timestamp=ts, type=etype)
                 return orjson.dumps({**event, "_dead_letter_reason": reason}, default=str)
             except Exception:  # noqa: BLE001 - the dead letter must take anything
-                return orjson.dumps({"row": repr(row)[:100_000], "_dead_letter_reason": reason})
+                return redact(
+                    orjson.dumps({"row": repr(row)[:100_000], "_dead_letter_reason": reason})
+                )
 
         self._append_dead_letter(map(line, rows), reason)
 
     def _dead_letter_raw(self, items: list[Item], reason: str) -> None:
-        lines = (
-            orjson.dumps(
-                {
-                    "task_id": i[0],
-                    "seq": i[1],
-                    "type": i[3],
-                    "repr": repr(i[4])[:10_000],
-                    "_dead_letter_reason": reason,
-                }
+        """Items that could not become rows: kept as their repr, redacted like everything."""
+        if not items:
+            return
+
+        def line(i: Item) -> bytes:
+            try:
+                text = repr(i[4])[:10_000]
+            except Exception:  # noqa: BLE001
+                text = f"<unrepresentable {type(i[4]).__name__}>"
+            return redact(
+                orjson.dumps(
+                    {
+                        "task_id": str(i[0]),
+                        "seq": i[1] if type(i[1]) is int else None,
+                        "type": str(i[3]),
+                        "repr": text,
+                        "_dead_letter_reason": reason,
+                    }
+                )
             )
-            for i in items
-        )
-        self._append_dead_letter(lines, reason)
+
+        self._append_dead_letter(map(line, items), reason)
 
     def keep_refused(self, thing: Any, reason: str) -> None:
         """Dead-letter something refused before it became an event (not an event at all, or
-        an event that fails the wire check), kept whole under ``refused`` with the reason."""
+        an event that fails the wire check), kept under ``refused`` with the reason: converted
+        and redacted like an event, its text cut only past 100,000 characters."""
+        sanitizer = _Sanitizer(max(self.max_text, 100_000))
         try:
-            line = orjson.dumps(
-                {"refused": thing, "_dead_letter_reason": reason},
-                default=repr,
-                option=orjson.OPT_NON_STR_KEYS,
-            )
+            clean = sanitizer.value(thing)
+            try:
+                line = orjson.dumps({"refused": clean, "_dead_letter_reason": reason})
+            except orjson.JSONEncodeError:
+                line = orjson.dumps(
+                    {"refused": sanitizer.strict(clean), "_dead_letter_reason": reason}
+                )
         except Exception:  # noqa: BLE001 - the dead letter must take anything
-            line = orjson.dumps({"refused": repr(thing)[:10_000], "_dead_letter_reason": reason})
-        self._append_dead_letter([line], reason)
+            line = orjson.dumps(
+                {"refused": sanitizer._marker(thing)[:10_000], "_dead_letter_reason": reason}
+            )
+        self._append_dead_letter([redact(line, secret_key=sanitizer.secret_key)], reason)
 
     def _append_dead_letter(self, lines: Iterable[bytes], reason: str) -> None:
-        # Written a thousand lines at a time: building a whole batch's lines first (and its
-        # events as dicts) would take memory at the moment it is tightest, the spill.
-        written = 0
-        try:
-            with self.dead_letter.open("ab") as fh:
-                chunk: list[bytes] = []
-                for one in lines:
-                    chunk.append(one)
-                    if len(chunk) == 1000:
-                        fh.write(b"\n".join(chunk) + b"\n")
-                        written += len(chunk)
-                        chunk = []
-                if chunk:
-                    fh.write(b"\n".join(chunk) + b"\n")
-                    written += len(chunk)
-                fh.flush()
-            self.stats["dead_lettered"] += written
-            warn(f"{written} events written to {self.dead_letter} ({reason})")
-        except OSError as exc:
-            self.stats["dead_lettered"] += written
+        """Append lines to the dead letter, or where it cannot be written to its fallback;
+        what neither takes is counted in ``stats["lost"]`` (and ``flush()`` says False).
+
+        Written a thousand lines at a time: building a whole batch's lines first would take
+        memory at the moment it is tightest, the spill. A chunk a full disk took only in part
+        is cut back off the file, and written whole to the next place.
+        """
+        places = [self.dead_letter, self.fallback_dead_letter]
+        errors: list[str] = []
+        written = [0, 0]
+        lost = 0
+        with self._dead_letter_lock:
+            fh = None
+            place = 0
+            try:
+                for chunk in _chunks(lines, 1000):
+                    data = b"\n".join(chunk) + b"\n"
+                    while place < len(places):
+                        try:
+                            if fh is None:
+                                if place:
+                                    places[place].parent.mkdir(parents=True, exist_ok=True)
+                                fh = open(places[place], "ab", buffering=0)  # noqa: SIM115
+                            _write_whole(fh, data)
+                            written[place] += len(chunk)
+                            break
+                        except OSError as exc:
+                            errors.append(f"{places[place]}: {exc}")
+                            if fh is not None:
+                                with contextlib.suppress(OSError):
+                                    fh.close()
+                                fh = None
+                            place += 1
+                    else:
+                        lost += len(chunk)
+            except Exception as exc:  # noqa: BLE001 - a line that cannot be made: say so
+                errors.append(f"could not write the dead letter: {exc!r}")
+                log.exception("hindsight: dead letter failed")
+            finally:
+                if fh is not None:
+                    with contextlib.suppress(OSError):
+                        fh.close()
+            self.stats["dead_lettered"] += written[0] + written[1]
+            self.stats["lost"] += lost
+        if written[0]:
+            warn(f"{written[0]} events written to {self.dead_letter} ({reason})")
+        if written[1]:
+            warn(
+                f"{written[1]} events written to {self.fallback_dead_letter} ({reason}); "
+                f"{self.dead_letter} could not be written: {'; '.join(errors[:2])}"
+            )
+        if lost or (errors and not any(written)):
             log.error(
-                "hindsight: LOST events after %d: %s; dead-letter failed: %s", written, reason, exc
+                "hindsight: LOST %d events (%s): the dead letter could not be written: %s",
+                lost,
+                reason,
+                "; ".join(errors),
             )
 
     # -- control ---------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
-        """Block until every event accepted so far is durable (or dead-lettered)."""
+        """Block until every event accepted so far is durable (stored or dead-lettered).
+
+        Returns False on timeout, when the writer is gone, or when events were lost (neither
+        stored nor dead-lettered anywhere, counted in ``stats["lost"]``) since the previous
+        ``flush()`` reported: each loss is reported once.
+        """
         # Taking a seq here counts every emit() that took one before us: the items the
         # writer must have handled are the seqs issued so far minus those flush() took.
         with self._mark_lock:
@@ -684,7 +1180,11 @@ class Recorder:
                 if left is not None and left <= 0:
                     return False
                 self._cond.wait(0.05 if left is None else min(left, 0.05))
-        return True
+        with self._dead_letter_lock:
+            lost = self.stats["lost"]
+            ok = lost == self._lost_reported
+            self._lost_reported = lost
+        return ok
 
     @property
     def backlog(self) -> int:
@@ -693,8 +1193,8 @@ class Recorder:
 
     @property
     def pending(self) -> int:
-        """Events accepted and not yet durable: the queue plus the batches being written."""
-        return len(self._queue) + self._in_flight
+        """Events accepted and not yet durable: the queue, the batches being written, spills."""
+        return len(self._queue) + self._in_flight + self._spilling
 
     def close(self) -> None:
         self.flush()
@@ -702,6 +1202,36 @@ class Recorder:
         self._wake.set()
         self._thread.join(timeout=5)
         self._committer.join(timeout=5)
+        if self._spiller is not None:
+            self._spills.put(None)
+            self._spiller.join(timeout=5)
+
+
+def _chunks(lines: Iterable[bytes], size: int) -> Iterable[list[bytes]]:
+    chunk: list[bytes] = []
+    for one in lines:
+        chunk.append(one)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _write_whole(fh: Any, data: bytes) -> None:
+    """Write all of ``data`` or none of it: a part a full disk took is cut off again."""
+    start = os.fstat(fh.fileno()).st_size
+    view = memoryview(data)
+    try:
+        while view:
+            n = fh.write(view)
+            if not n:
+                raise OSError("the dead letter took no more bytes")
+            view = view[n:]
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fh.fileno(), start)
+        raise
 
 
 __all__ = [
@@ -710,5 +1240,7 @@ __all__ = [
     "HindsightWarning",
     "Recorder",
     "redact",
+    "redact_text",
+    "state_dir",
     "warn",
 ]
