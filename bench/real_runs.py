@@ -1,11 +1,11 @@
 """Lessons from real agent runs: τ-bench's 200 GPT-4o airline trajectories.
 
 The runs (``historical_trajectories/gpt-4o-airline.json`` of sierra-research/tau-bench, 50 tasks
-x 4 trials; pass ``--data``) are imported as OpenAI messages into a real ``Hindsight`` store, one
-``hs.record`` per wire event, and split by task index with a fixed seed (no task in both halves).
-The training half is reviewed offline by ``review_runs`` (the batch review) and curated into the
-book with ``hs.add_lesson``. Baseline, on the same training runs: the per-run
-``OfflineReflector`` into a second store. On the test half:
+x 4 trials; pass ``--data``) are mapped from OpenAI messages (``real_runs_data.load_tau``) and split by task index with a fixed
+seed (no task in both halves). The training half goes the way a user's runs go: imported with
+``hs.import_transcript`` and reviewed by ``hs.drain()`` (each run's offline review, then the batch
+review of what recurs across runs), into a real store. Baseline, on the same training runs: the
+per-run ``OfflineReflector`` of before, unfiltered, into a second store. On the test half:
 
 (a) lessons carrying a one-run identifier (a token with digits that occurs in exactly one
     training run) or a repr dump (``{'``, ``[{``, ``=[`` …), share of the book;
@@ -15,7 +15,7 @@ book with ``hs.add_lesson``. Baseline, on the same training runs: the per-run
     training (and over all runs with an error);
 (c) lessons returned on test runs with no tool error: the same recall before each tool's first
     call, distinct lessons per run (and one recall at the start with every tool the run used);
-(d) seconds to import the 200 runs and to review the training half;
+(d) seconds to import all 200 runs and review them offline (the same path, another store);
 (e) what an LLM reviewer would be sent for one run (``render_chronicle``): tokens (chars / 4),
     and whether the error message, the user's request and an agent reply are in it.
 """
@@ -136,7 +136,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return {"bench": "real_runs", "skipped": f"no data at {path} (see --help)"}
     from hindsight_loop import Hindsight
     from hindsight_loop.llm.templates import render_chronicle
-    from hindsight_loop.patterns import review_runs
     from hindsight_loop.reflect import OfflineReflector
     from hindsight_loop.text import error_template
 
@@ -149,30 +148,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     tmp = Path(tempfile.mkdtemp(prefix="hs-real-"))
     try:
-        hs = Hindsight(tmp / "real.db", background=False, triggers=False)
+        # (d) the whole product path on all 200 runs: import as a user would, then every queued
+        # review (each run's own offline review, then the batch review of what recurs).
+        every = Hindsight(tmp / "all.db", background=False)
         t0 = time.perf_counter()
-        for r in runs:
-            for ev in r["events"]:
-                hs.record(ev)
-        hs.flush()
+        every.import_transcript([ev for r in runs for ev in r["events"]], format="wire")
         import_s = time.perf_counter() - t0
-
         t0 = time.perf_counter()
-        chronicles = [_with_messages(hs.replay(r["task_id"]), r["events"]) for r in train]
-        replay_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        index_of = {r["task_id"]: r["task_index"] for r in train}
-        drafts = review_runs(
-            chronicles,
-            events={ev["event_id"]: ev for r in train for ev in r["events"]},
-            task_key=lambda c: str(index_of.get(c.task.task_id, c.task.task_id)),
-        )
+        every.drain()
         review_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for d in drafts:
-            hs.add_lesson(d)
-        curate_s = time.perf_counter() - t0
-        book = [x for x in hs.store.list_lessons() if x.status == "active"]
+        every.close()
+
+        # The same path on the training half only: the book the test half is recalled from.
+        hs = Hindsight(tmp / "real.db", background=False)
+        hs.import_transcript([ev for r in train for ev in r["events"]], format="wire")
+        hs.drain()
+        book = [x for x in hs.lessons(status="active")]
+        chronicles = [_with_messages(hs.replay(r["task_id"]), r["events"]) for r in train]
 
         # Baseline on the same runs: the per-run reflector, into its own store.
         base = Hindsight(tmp / "base.db", background=False, triggers=False)
@@ -264,7 +256,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "train_runs": len(train),
             "test_runs": len(test),
             "lessons": len(book),
-            "drafts": len(drafts),
             "a_one_run_identifier_share": round(ident / max(len(book), 1), 3),
             "a_repr_dump_share": round(dumps / max(len(book), 1), 3),
             "a_one_task_identifier_share": round(task_ident / max(len(book), 1), 3),
@@ -283,10 +274,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ),
             "c_lessons_per_run_at_start": round(sum(quiet_start) / max(len(quiet_start), 1), 2),
             "d_import_s": round(import_s, 2),
-            "d_replay_s": round(replay_s, 2),
-            "d_review_s": round(review_s, 3),
-            "d_curate_s": round(curate_s, 2),
-            "d_import_and_review_s": round(import_s + replay_s + review_s + curate_s, 2),
+            "d_review_s": round(review_s, 2),
+            "d_import_and_review_s": round(import_s + review_s, 2),
             "e_tokens": len(text) // 4,
             "e_has_error_message": bool(messages) and all(m[:60] in text for m in messages),
             "e_has_user_request": bool(first) and first[:60] in text,
@@ -302,7 +291,7 @@ def render(r: dict[str, Any]) -> str:
         return f"skipped: {r['skipped']}"
     rows = [
         (
-            "lessons (batch review / per-run baseline)",
+            "lessons (Hindsight / per-run reflector of before)",
             f"{r['lessons']} / {r['a_baseline_lessons']}",
         ),
         (
@@ -332,9 +321,8 @@ def render(r: dict[str, Any]) -> str:
         ),
         ("(c) lessons per error-free run, at start", f"{r['c_lessons_per_run_at_start']}"),
         (
-            "(d) import + replay + review + curate s (< 30)",
-            f"{r['d_import_and_review_s']} ({r['d_import_s']} + {r['d_replay_s']} + "
-            f"{r['d_review_s']} + {r['d_curate_s']})",
+            "(d) import 200 runs + review them offline, s (< 30)",
+            f"{r['d_import_and_review_s']} ({r['d_import_s']} + {r['d_review_s']})",
         ),
         (
             "(e) reviewer prompt: tokens / error / request / reply",

@@ -205,7 +205,8 @@ def _changes(failed: dict[str, Any], ok: dict[str, Any], message: str) -> list[t
         if after and all(n is not None for n in nums):
             total = sum(n for n in nums if n is not None)
             if total in numbers:
-                facts.append(("sum", path, numbers[total]))
+                # One value that is the figure is "equal to" it; several add up to it.
+                facts.append(("sum" if len(after) > 1 else "equals", path, numbers[total]))
                 continue
             hit = next((numbers[n] for n in nums if n in numbers), None)
             if hit:

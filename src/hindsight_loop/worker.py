@@ -226,18 +226,22 @@ class Worker:
         return reflection
 
     def _values_recur(self, draft: LessonDraft, task: Task) -> bool:
-        """Whether every instance-like argument value (an id, a number, a date, a nested object)
-        that a one-run offline lesson quotes also occurs in another run of the task type: one
-        run cannot tell a setting from its own ids, amounts and dates, so a value seen in a
-        single run never enters advice."""
+        """Whether a one-run offline lesson quotes only what may transfer: plain words (an
+        option such as ``gbk`` or ``strict``), and numbers that another run of the task type
+        used too. Ids, dates, long text and nested objects belong to their run (and to the
+        other trials of the same task): what recurs of them is the batch review's, which
+        abstracts them to their kind."""
         structured = draft.structured
         if structured is None:
             return True
         for action in (structured.prefer, structured.avoid):
             for args in [(action or {}).get("args"), *((action or {}).get("variants") or [])]:
                 for key, value in (args or {}).items() if isinstance(args, dict) else ():
-                    if not isinstance(value, dict | list) and value_shape(value) is None:
-                        continue  # a plain word names an option (gbk, strict), not an instance
+                    shape = None if isinstance(value, dict | list) else value_shape(value)
+                    if shape is None and not isinstance(value, dict | list):
+                        continue
+                    if shape != "<num>":
+                        return False
                     fragment = orjson.dumps({key: value}).decode()[1:-1]
                     if self.store.runs_with(task.task_type, fragment, besides=task.task_id) == 0:
                         return False
