@@ -66,6 +66,8 @@ def test_imported_runs_are_reviewed_together_into_one_pattern_lesson(tmp_path: P
         lessons = hs.lessons(task_type="pdf_extraction")
         patterns = [x for x in lessons if x.structured and x.structured.when.get("error_template")]
         assert len(patterns) == 1, [x.advice for x in lessons]
+        # Each run's own review quoted that run's pages: none of that reached the book.
+        assert lessons == patterns, [x.advice for x in lessons]
         [lesson] = patterns
         assert lesson.structured is not None
         assert lesson.structured.when["tool"] == "extract_page"

@@ -207,7 +207,10 @@ class Worker:
             )
         reflection.trigger = trigger
         reflection.created_at = reflection.created_at or iso(utcnow())
-        if reflection.status == "ok" and getattr(reflector, "name", "") == "offline":
+        # Learning on its own (a queued review), the offline reflector keeps only what may
+        # transfer; a review someone asked for by name keeps what that one run shows.
+        offline = getattr(reflector, "name", "") == "offline"
+        if reflection.status == "ok" and offline and trigger != "manual":
             reflection.lessons = [
                 d for d in reflection.lessons if self._values_recur(d, chronicle.task)
             ]
