@@ -317,7 +317,7 @@ def test_pydantic_ai_run_is_recorded_reflected_and_the_next_run_gets_the_lesson(
         e for e in hs.store.events(first.task_id) if e.result and e.result["status"] == "failed"
     )
     assert "EncodingError" in failed.result["error_message"]
-    assert failed.result["error_type"]
+    assert failed.result["error_type"] == "EncodingError"  # not the retry wrapper's type
 
     reflection = hs.reflect(first.task_id)
     assert reflection.status == "ok" and reflection.lesson_ids

@@ -38,6 +38,7 @@ from hindsight_loop.ingest.wire import (
     join_text,
     parse_args,
     text_of,
+    tool_error,
     tool_result,
 )
 
@@ -397,6 +398,19 @@ def _error_type(span: dict[str, Any]) -> str | None:
     return None
 
 
+def _tool_error_type(span: dict[str, Any]) -> str | None:
+    """The error type of a failed tool span. A framework's retry wrapper (pydantic-ai's
+    ``ToolRetryError`` around a ``ModelRetry``) says only that the model will retry: the type the
+    message names, when it names one, is the tool's own error."""
+    kind = _error_type(span)
+    if kind is None or "Retry" in kind:
+        message = span["status_message"] or _exception_message(span) or ""
+        named = tool_error(message)
+        if named is not None and named[0] != "ToolError":
+            return named[0]
+    return kind
+
+
 def _exception_message(span: dict[str, Any]) -> str | None:
     for event in span["events"]:
         if isinstance(event, dict) and event.get("name") == "exception":
@@ -439,7 +453,7 @@ def _tool(
     result = tool_result(
         attrs.get("gen_ai.tool.call.result"),
         is_error=failed,
-        error_type=_error_type(span) if failed else None,
+        error_type=_tool_error_type(span) if failed else None,
         error_message=(span["status_message"] or _exception_message(span)) if failed else None,
     )
     if span["start"] and span["end"]:
