@@ -44,6 +44,7 @@ OURS = [
 THEIRS = [
     ("recall_speed.py", [], ["--sizes", "1000,10000", "--queries", "300", "--runs", "3"]),
     ("retrieval/run.py", [], []),
+    ("real_runs.py", [], []),
     ("mcp_latency.py", [], ["--calls", "200"]),
     ("reflection_inflight.py", [], ["--blocks", "5", "--calls", "500"]),
 ]
