@@ -165,7 +165,7 @@ class Event:
     extra: dict[str, Any] = field(default_factory=dict)
     """Any other top-level fields (a ``task_start`` carries the task's fields here)."""
 
-    # Convenience accessors used by replay and reflection.
+    # What an event did and whether it failed, read the one way (``is_failure``).
     @property
     def action(self) -> str | None:
         """The tool or action this step ran, if any."""
@@ -176,16 +176,8 @@ class Event:
         return None
 
     @property
-    def status(self) -> str | None:
-        return (self.result or {}).get("status")
-
-    @property
     def failed(self) -> bool:
-        return is_failure(self.status)
-
-    @property
-    def step(self) -> str | None:
-        return (self.agent_state or {}).get("current_step")
+        return is_failure((self.result or {}).get("status"))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
