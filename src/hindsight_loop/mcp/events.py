@@ -21,6 +21,7 @@ ErrorType = Literal[
     "jsonrpc_error",
     "timeout",
     "upstream_unavailable",
+    "cancelled",
 ]
 """Every failed call gets exactly one of these:
 
@@ -30,6 +31,8 @@ ErrorType = Literal[
 - ``jsonrpc_error``: any other JSON-RPC error response (``error_code`` holds the code).
 - ``timeout``: the call did not answer within the gateway's ``timeout``.
 - ``upstream_unavailable``: the server could not be reached or its connection broke.
+- ``cancelled``: the client cancelled the call before it answered (``notifications/cancelled``);
+  the upstream was told, and whatever it did is unknown.
 """
 
 #: Marks the advice block the gateway appends with ``--advise``, so people and programs can tell

@@ -73,6 +73,9 @@ GATEWAY_NAME = "hindsight-gateway"
 #: this long without a call; so do abandoned 2025-era HTTP sessions.
 DEFAULT_SESSION_IDLE = 600.0
 _RECALL_BUDGET_S = 2.0
+_RESERVED_META_PREFIX = "io.modelcontextprotocol/"
+_PROGRESS_KEYS = ("progress_token", "progressToken")
+_NO_IS_ERROR = "hindsight-gateway/no-isError"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -169,6 +172,7 @@ class Gateway:
             on_call_tool=self._on_call_tool,
             get_tool_input_schema=self._input_schema,
         )
+        self.server.middleware.append(_keep_is_error_absent)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -362,6 +366,15 @@ class Gateway:
                 tg.start_soon(one, up)
         self._rebuild_routes()
 
+    def _clashes(self, name: str) -> bool:
+        """Whether ``name`` is an upstream tool name hidden behind prefixed names."""
+        return any(r.tool.name == name and r.exposed != name for r in self.routes.values())
+
+    def _first_upstream(self) -> Upstream:
+        """The upstream that answers calls no upstream claims: the first connected one."""
+        ups = list(self.upstreams.values())
+        return next((up for up in ups if up.client is not None), ups[0])
+
     def _input_schema(self, name: str) -> dict[str, Any] | None:
         route = self.routes.get(name)
         return route.tool.input_schema if route is not None else None
@@ -390,12 +403,15 @@ class Gateway:
         )
         if route is not None:
             up, call.upstream_tool = self.upstreams[route.upstream], route.tool.name
-        elif len(self.upstreams) == 1:
-            # With one upstream the client gets exactly the answer that server gives to an
-            # unknown name (its own error, in its own era's shape).
-            up, call.upstream_tool = next(iter(self.upstreams.values())), name
+        elif len(self.upstreams) == 1 or not self._clashes(name):
+            # The client gets exactly the answer a server gives to an unknown name (its own
+            # error or isError result, in its own era's shape): with several upstreams, the
+            # first connected one's, as if it were the only server.
+            up, call.upstream_tool = self._first_upstream(), name
         else:
-            raise await self._fail(call, "unknown_tool", f"Unknown tool: {name}", INVALID_PARAMS)
+            # A name offered by several upstreams is only reachable by its prefixed names.
+            message = f"Unknown tool: {name}"
+            raise await self._fail(call, "unknown_tool", message, INVALID_PARAMS)
         call.server = up.name
         if up.client is None:
             message = f"MCP server '{up.name}' is unavailable: {up.error or 'not connected'}"
@@ -403,7 +419,12 @@ class Gateway:
 
         try:
             with anyio.fail_after(self.config.call_timeout):
-                result = await _forward(up.client, call.upstream_tool, params)
+                result = await _forward(up.client, call.upstream_tool, params, ctx)
+        except anyio.get_cancelled_exc_class():
+            # The client cancelled (or the gateway is stopping): the call still happened.
+            call.done()
+            self._record(call, error_type="cancelled", message="cancelled before it answered")
+            raise
         except MCPError as exc:
             etype = classify_jsonrpc_error(exc.code, exc.message, known_tool=call.known)
             raise await self._fail(call, etype, exc.message, exc.code, original=exc) from None
@@ -423,7 +444,7 @@ class Gateway:
         output = summarize_content(result, self.max_output)
         if not result.is_error:
             self._record(call, output=output)
-            return result
+            return _mark_is_error_absent(result)
 
         etype = classify_result_error(
             result, known_tool=call.known, arguments_fit=_arguments_fit(route, call.arguments)
@@ -532,6 +553,38 @@ def list_or_set(value: Any) -> list[Any]:
     return value if isinstance(value, list) else list(value or [])
 
 
+def _mark_is_error_absent(result: types.CallToolResult) -> types.CallToolResult:
+    """Flag a result whose upstream sent no ``isError``, for ``_keep_is_error_absent``.
+
+    The SDK's server re-serializes every result from its model, where ``isError`` defaults to
+    false, so the field would appear on results that never had it. The flag rides in ``_meta``
+    (the one open map that survives that step) and is taken off again on the way out.
+    """
+    if "is_error" in result.model_fields_set:
+        return result
+    meta = {**(result.meta or {}), _NO_IS_ERROR: True}
+    return result.model_copy(update={"meta": meta})
+
+
+async def _keep_is_error_absent(ctx: ServerRequestContext[Any, Any], call_next: Any) -> Any:
+    """Server middleware: drop the ``isError: false`` the SDK added where the upstream sent none."""
+    result = await call_next(ctx)
+    if ctx.method != "tools/call" or not isinstance(result, dict):
+        return result
+    meta = result.get("_meta")
+    if not isinstance(meta, dict) or _NO_IS_ERROR not in meta:
+        return result
+    result = dict(result)
+    rest = {k: v for k, v in meta.items() if k != _NO_IS_ERROR}
+    if rest:
+        result["_meta"] = rest
+    else:
+        del result["_meta"]
+    if result.get("isError") is False:
+        del result["isError"]
+    return result
+
+
 class _SessionEndWatcher:
     """ASGI wrapper: a 2025-era client's ``DELETE /mcp`` ends its session's task."""
 
@@ -574,7 +627,10 @@ _CALL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = Ty
 
 
 async def _forward(
-    client: Client, name: str, params: types.CallToolRequestParams
+    client: Client,
+    name: str,
+    params: types.CallToolRequestParams,
+    ctx: ServerRequestContext[Any, Any],
 ) -> types.CallToolResult | types.InputRequiredResult:
     """Send one tools/call upstream and return its result as the server sent it.
 
@@ -583,22 +639,51 @@ async def _forward(
     own checking (and answers its own input requests), so a result that the client would reject
     from the server directly is rejected by it here too, and the check is not paid twice.
     """
+    meta, wants_progress = _forwarded_meta(ctx.meta)
     request = types.CallToolRequest(
         params=types.CallToolRequestParams(
             name=name,
             arguments=params.arguments,
             input_responses=params.input_responses,
             request_state=params.request_state,
+            _meta=meta,
         )
     )
+    on_progress = None
+    if wants_progress:
+        # The upstream reports against the gateway's own token; the client hears it against its own.
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            await ctx.session.report_progress(progress, total, message)
+
+    send = client.session.send_request
     try:
-        return await client.session.send_request(request, _CALL_RESULT)
+        return await send(request, _CALL_RESULT, progress_callback=on_progress)
     except MCPError as exc:
         if exc.code != HEADER_MISMATCH:
             raise
         # 2026-07-28: the upstream's schema changed since we listed it; re-list, resend once.
         await client.list_tools(cache_mode="refresh")
-        return await client.session.send_request(request, _CALL_RESULT)
+        return await send(request, _CALL_RESULT, progress_callback=on_progress)
+
+
+def _forwarded_meta(meta: Any) -> tuple[Any, bool]:
+    """The client's request ``_meta`` as it goes upstream, and whether it asked for progress.
+
+    Everything the client put there travels (tracing ids, vendor keys) except what belongs to
+    the hop: the progress token (the gateway's session issues its own and relays the
+    notifications) and the reserved ``io.modelcontextprotocol/`` keys (client info, protocol
+    version and capabilities, which the gateway's session stamps for itself).
+    """
+    if not meta:
+        return None, False
+    # Parsed request meta names the token in Python (``progress_token``); raw meta in JSON.
+    wants_progress = any(meta.get(k) is not None for k in _PROGRESS_KEYS)
+    kept = {
+        k: v
+        for k, v in meta.items()
+        if k not in _PROGRESS_KEYS and not k.startswith(_RESERVED_META_PREFIX)
+    }
+    return kept or None, wants_progress
 
 
 async def _list_all_tools(client: Client) -> list[types.Tool]:
