@@ -37,7 +37,7 @@ from hindsight_loop.models import (
 )
 from hindsight_loop.replay import replay
 from hindsight_loop.store import Job, Store
-from hindsight_loop.text import value_shape
+from hindsight_loop.text import defuse, value_shape
 
 if TYPE_CHECKING:
     from hindsight_loop.embed import Embedder
@@ -216,6 +216,7 @@ class Worker:
             ]
         if reflection.status == "ok":
             for draft in reflection.lessons:
+                _defuse(draft)
                 if not draft.source_task_ids:
                     draft.source_task_ids = [task_id]
                 if not draft.scope or draft.scope == "global":
@@ -271,6 +272,7 @@ class Worker:
         for scope, chronicles in by_scope.items():
             for draft in review_runs(chronicles, events=events):
                 draft.scope = scope
+                _defuse(draft)
                 try:
                     lessons.append(self.curator.add(draft).lesson)
                 except Exception:  # noqa: BLE001 - one bad draft must not lose the others
@@ -435,3 +437,13 @@ class Worker:
             self._thread.join(timeout=timeout)
             return not self._thread.is_alive()
         return True
+
+
+def _defuse(draft: LessonDraft) -> None:
+    """Every reflector's words pass here before they can reach a prompt: a run's own text that
+    reads as an instruction to a model (an error message, an argument, what the user typed, or
+    an LLM reflector repeating it) is cut out of the lesson."""
+    draft.advice = defuse(draft.advice)
+    draft.root_cause = defuse(draft.root_cause)
+    draft.general_rule = defuse(draft.general_rule)
+    draft.suggestions = [defuse(x) for x in draft.suggestions]
