@@ -8,4 +8,7 @@ python3 -m venv .venv
 # The MCP end-to-end tests drive a real published MCP server, installed in its own venv so its
 # SDK pin cannot clash with ours.
 bash scripts/setup-mcp-time.sh
+# The reference servers on npm (Node.js and npm are on the machine): the gateway's
+# direct-vs-gateway comparisons run against server-everything.
+bash scripts/setup-mcp-npm.sh >/dev/null
 exec .venv/bin/python -m pytest -q "$@"

@@ -21,3 +21,13 @@ def hs(db_path: Path) -> Iterator[Hindsight]:
     h = Hindsight(db_path, background=False)
     yield h
     h.close()
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_each_test() -> Iterator[None]:
+    """Collect after every test, so a resource a test leaves open (an event loop, a socket) is
+    reported against that test rather than whichever test the collector happens to run in."""
+    yield
+    import gc
+
+    gc.collect()
