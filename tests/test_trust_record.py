@@ -519,7 +519,7 @@ def test_overload_blocks_at_most_block_seconds_and_spills_off_the_agents_thread(
                 other.close()
             assert hs.flush(timeout=60)
         assert rec.stats["spilled"] > 0
-        assert slowest < rec.block_seconds + 0.15, slowest
+        assert slowest < rec.block_seconds + 0.25, slowest  # the spill is handed over, not written
         assert spill_threads and agent not in spill_threads
         stored = hs.store.event_count("tsk_over")
         assert stored + rec.stats["dead_lettered"] == 12_002
