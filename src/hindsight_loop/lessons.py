@@ -62,6 +62,11 @@ CONFLICT_MIN_SIMILARITY = 0.2
 MIN_OPPOSITION = 1.0
 #: How much more specific (``specificity``) a repeat's advice must be to replace the kept text.
 SPECIFICITY_MARGIN = 8.0
+#: Source task ids a lesson keeps as a sample (``source_count`` has the total).
+MAX_SOURCE_SAMPLE = 20
+#: The curator's most recent merges kept entry by entry in a lesson's history; older ones are
+#: folded into one ``merge_summary`` entry (people's actions are always kept).
+MAX_MERGE_ENTRIES = 16
 #: Reworded versions of a lesson kept (in its history) so later rewordings can match any of them.
 MAX_VARIANTS = 8
 
@@ -495,6 +500,10 @@ def curate(
     """
     now = now or utcnow()
     scope = check_scope(draft.scope)
+    if isinstance(draft, Lesson) and _is_dead(draft, now):
+        # A rejected or expired lesson (an import, a restore) is kept as it is: it never lends
+        # support to, revives or rewrites a lesson in the book, nor contradicts one.
+        return Change(action="add", lesson=_new_lesson(draft, now=now, validity=validity))
     candidates = [
         lesson
         for lesson in book
@@ -603,6 +612,29 @@ def _relations(
     return same, conflicts
 
 
+def _is_dead(lesson: Lesson, now: datetime) -> bool:
+    """Rejected, expired, or past its ``valid_until`` (unpinned)."""
+    if lesson.status in {"rejected", "expired"}:
+        return True
+    return bool(not lesson.pinned and lesson.valid_until and parse_ts(lesson.valid_until) <= now)
+
+
+#: Who changes lessons on their own; every other ``by`` is a person.
+MACHINE_ACTORS = frozenset({"curator", "system", "feedback"})
+
+
+def _vouched(lesson: Lesson) -> bool:
+    """Whether a person edited or confirmed the lesson: its words are theirs to change."""
+    return any(
+        entry.get("by") not in MACHINE_ACTORS
+        and (
+            entry.get("action") == "confirm"
+            or (entry.get("action") == "edit" and entry.get("changes"))
+        )
+        for entry in lesson.history
+    )
+
+
 def _new_lesson(draft: LessonDraft | Lesson, *, now: datetime, validity: timedelta) -> Lesson:
     if isinstance(draft, LessonDraft):
         return draft_to_lesson(draft, now=now, validity=validity)
@@ -645,11 +677,15 @@ def _merge(
     # the two would let the text and the structured form disagree; sources and support add up.
     pattern = _is_pattern(kept.structured) and _is_pattern(draft.structured)
     fix_new, fix_old = _has_fix(draft), _has_fix(kept)
-    if pattern:
+    vouched = _vouched(kept)
+    if vouched:
+        # A person's words stand: the repeat adds support and sources, never its text.
+        advice = old_advice
+    elif pattern:
         advice = new_advice
     else:
         advice = new_advice if _better(fix_new, new_advice, fix_old, old_advice) else old_advice
-    if merge_text is not None and new_advice != old_advice and not pattern:
+    if merge_text is not None and new_advice != old_advice and not pattern and not vouched:
         try:
             merged = merge_text(old_advice, new_advice).strip()
         except Exception:  # noqa: BLE001 - an LLM failure must not lose the merge
@@ -658,7 +694,9 @@ def _merge(
     lesson.advice = advice
     if advice != old_advice:
         lesson.language = detect_language(advice)
-    if pattern:
+    if vouched:
+        pass
+    elif pattern:
         lesson.root_cause, lesson.general_rule = draft.root_cause, draft.general_rule
         lesson.suggestions = list(draft.suggestions)
         lesson.structured = copy.deepcopy(draft.structured)
@@ -679,6 +717,7 @@ def _merge(
             lesson.structured = copy.deepcopy(draft.structured)
     added_sources = [t for t in draft.source_task_ids if t not in lesson.source_task_ids]
     lesson.source_task_ids += added_sources
+    dropped_sources = _bound_sources(lesson)
     lesson.support += draft.support if isinstance(draft, Lesson) else 1
     lesson.updated_at = iso(now)
     changes: dict[str, Any] = {"support": lesson.support, "merged_advice": new_advice}
@@ -694,7 +733,62 @@ def _merge(
             changes["status"] = {"from": "expired", "to": "active"}
     lesson.value_score = value_score(lesson, now)
     lesson.history.append(_history(now, "curator", "merge", changes))
+    _compact_history(lesson, dropped_sources)
     return lesson
+
+
+def _bound_sources(lesson: Lesson) -> int:
+    """Keep a sample of ``MAX_SOURCE_SAMPLE`` source task ids (the first half and the most
+    recent half); returns how many were dropped (counted in the merge summary)."""
+    ids = lesson.source_task_ids
+    if len(ids) <= MAX_SOURCE_SAMPLE:
+        return 0
+    half = MAX_SOURCE_SAMPLE // 2
+    lesson.source_task_ids = ids[:half] + ids[-(MAX_SOURCE_SAMPLE - half) :]
+    return len(ids) - MAX_SOURCE_SAMPLE
+
+
+def _compact_history(lesson: Lesson, dropped_sources: int = 0) -> None:
+    """Fold the curator's merges beyond the last ``MAX_MERGE_ENTRIES`` into one summary entry.
+
+    People's actions, conflicts and feedback flags stay entry by entry; machine merges keep
+    their most recent entries (the rewordings ``variants`` matches against) and a count, so a
+    lesson learned two thousand times is as cheap to load and review as one learned once.
+    """
+    history = lesson.history
+    merges = [
+        i for i, e in enumerate(history) if e.get("action") == "merge" and e.get("by") == "curator"
+    ]
+    fold = set(merges[: max(0, len(merges) - MAX_MERGE_ENTRIES)])
+    if not fold and not dropped_sources:
+        return
+    summary = next((e for e in history if e.get("action") == "merge_summary"), None)
+    if summary is None:
+        first = history[min(fold)] if fold else history[-1]
+        summary = {"at": first["at"], "by": "curator", "action": "merge_summary", "changes": {}}
+        at = min(fold) if fold else len(history) - 1
+        history.insert(at, summary)
+        fold = {i + 1 if i >= at else i for i in fold}
+    counts = summary["changes"]
+    for i in sorted(fold):
+        entry = history[i]
+        changes = entry.get("changes") or {}
+        counts["merges"] = counts.get("merges", 0) + 1
+        counts["last_at"] = entry.get("at")
+        if "advice" in changes:
+            counts["advice_changes"] = counts.get("advice_changes", 0) + 1
+    counts["sources_not_sampled"] = counts.get("sources_not_sampled", 0) + dropped_sources
+    counts["source_count"] = len(lesson.source_task_ids) + counts["sources_not_sampled"]
+    lesson.history = [e for i, e in enumerate(history) if i not in fold]
+
+
+def source_count(lesson: Lesson) -> int:
+    """How many source tasks taught the lesson (``source_task_ids`` keeps only a sample)."""
+    for entry in lesson.history:
+        if entry.get("action") == "merge_summary":
+            dropped = int((entry.get("changes") or {}).get("sources_not_sampled", 0))
+            return len(lesson.source_task_ids) + dropped
+    return len(lesson.source_task_ids)
 
 
 # -- feedback -----------------------------------------------------------------------------------
@@ -1128,7 +1222,10 @@ __all__ = [
     "pin",
     "reject",
     "review_reasons",
+    "source_count",
     "specificity",
+    "stance",
+    "stance_relation",
     "unpin",
     "value_score",
     "variants",
