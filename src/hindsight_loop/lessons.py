@@ -267,7 +267,7 @@ def _terms(text: str) -> set[str]:
 
 def term_overlap(a: str, b: str) -> float:
     """Weighted cosine of the two texts' term sets (CJK-aware, stopwords dropped), in [0, 1]."""
-    ta, tb = _terms(a), _terms(b)
+    ta, tb = _terms(_fold_concepts(a)), _terms(_fold_concepts(b))
     if not ta or not tb:
         return 0.0
     shared = sum(_term_weight(t) ** 2 for t in ta & tb)
@@ -545,6 +545,42 @@ def curate(
     return Change(action="conflict", lesson=lesson, other=other)
 
 
+# Unrelated advice, English and Chinese: what an embedder scores two texts that share nothing.
+_UNRELATED = (
+    "Confirm the city with the user before calling get_weather.",
+    "Write the cleaned CSV with index=False.",
+    "Add a LIMIT clause to exploratory SELECT queries.",
+    "发送邮件前先把草稿给用户确认。",
+    "传给 search_flights 的日期必须是 YYYY-MM-DD 格式。",
+    "If fetch_url times out twice, stop and tell the user.",
+)
+_FLOORS: dict[str, float] = {}
+#: A floor above this is rescaled away; the hashed embedder's (near 0) is left as tuned.
+_FLOOR_MIN = 0.2
+
+
+def cosine_floor(embedder: Any) -> float:
+    """The mean cosine an embedder gives unrelated advice (cached by its ``name``).
+
+    Model embedders (e5, most sentence-transformers) score any two sentences of one kind 0.7 or
+    more; curation's thresholds are in the hashed embedder's terms, where unrelated is near 0,
+    so a model's cosines are rescaled from its floor before they are compared.
+    """
+    name = str(getattr(embedder, "name", id(embedder)))
+    if name not in _FLOORS:
+        vecs = np.asarray(embedder.embed(list(_UNRELATED)), dtype=np.float32)
+        sims = vecs @ vecs.T
+        n = len(_UNRELATED)
+        _FLOORS[name] = float((sims.sum() - np.trace(sims)) / (n * (n - 1)))
+    return _FLOORS[name]
+
+
+def _rescale(cosines: np.ndarray, floor: float) -> np.ndarray:
+    if floor < _FLOOR_MIN:
+        return cosines
+    return np.maximum(cosines - floor, 0.0) / (1.0 - floor)
+
+
 def _relations(
     draft: LessonDraft | Lesson,
     candidates: Sequence[Lesson],
@@ -560,6 +596,7 @@ def _relations(
         texts.extend(wordings)
     matrix = np.asarray(embedder.embed(texts), dtype=np.float32)
     query = matrix[0]
+    floor = cosine_floor(embedder)
 
     draft_negative, draft_core = _polarity(draft.advice)
     draft_scenario = _scenario(draft)
@@ -581,7 +618,9 @@ def _relations(
             continue  # different situations: neither a repeat nor a contradiction
         sim = max(
             text_similarity(draft.advice, text, float(c))
-            for text, c in zip(texts[start:stop], matrix[start:stop] @ query, strict=True)
+            for text, c in zip(
+                texts[start:stop], _rescale(matrix[start:stop] @ query, floor), strict=True
+            )
         )
         threshold = _MERGE_THRESHOLDS[agreement]
         if sim < min(threshold, CONFLICT_MIN_SIMILARITY):
@@ -605,7 +644,8 @@ def _relations(
         cores = [draft_core] + [core for _, core, _ in polar]
         core_vecs = np.asarray(embedder.embed(cores), dtype=np.float32)
         for (lesson, core, sim), vec in zip(polar, core_vecs[1:], strict=True):
-            if text_similarity(draft_core, core, float(vec @ core_vecs[0])) >= CONFLICT_THRESHOLD:
+            cosine = float(_rescale(np.asarray([vec @ core_vecs[0]]), floor)[0])
+            if text_similarity(draft_core, core, cosine) >= CONFLICT_THRESHOLD:
                 conflicts.append(lesson)
             else:
                 same.append((sim, lesson))
