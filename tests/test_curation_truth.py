@@ -1,0 +1,114 @@
+"""The lesson book stays true (issue 11): opposites never merge, dead lessons stay dead, people's
+words stand, rows stay small; checked against the labelled pairs of ``bench/curation``."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from hindsight_loop.embed import HashEmbedder
+from hindsight_loop.lessons import (
+    MAX_MERGE_ENTRIES,
+    MAX_SOURCE_SAMPLE,
+    confirm,
+    curate,
+    edit,
+    parse_import_line,
+    source_count,
+    variants,
+)
+from hindsight_loop.models import Features, LessonDraft
+
+NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+EMBEDDER = HashEmbedder()
+PAIRS = [
+    json.loads(line)
+    for line in (Path(__file__).parents[1] / "bench" / "curation" / "pairs.jsonl")
+    .read_text(encoding="utf-8")
+    .splitlines()
+    if line.strip()
+]
+
+
+def _draft(pair: dict, text: str, task: str = "tsk_1") -> LessonDraft:
+    return LessonDraft(
+        task_type=pair["task_type"],
+        advice=text,
+        features=Features(tools=pair["tools"]),
+        source_task_ids=[task],
+    )
+
+
+@pytest.mark.parametrize(
+    "pair", [p for p in PAIRS if p["kind"] == "opposite"], ids=lambda p: p["id"]
+)
+def test_opposites_are_a_conflict_never_a_merge(pair):
+    first = curate(_draft(pair, pair["a"]), [], embedder=EMBEDDER, now=NOW).lesson
+    change = curate(_draft(pair, pair["b"], "tsk_2"), [first], embedder=EMBEDDER, now=NOW)
+    assert change.action == "conflict"
+    assert change.lesson.status == "needs_review" and change.other is not None
+    assert change.other.advice == pair["a"] and change.other.conflicts == [change.lesson.lesson_id]
+
+
+def test_english_rewordings_merge():
+    pairs = [p for p in PAIRS if p["kind"] == "rewording" and p["lang"] == "en"]
+    merged = 0
+    for pair in pairs:
+        first = curate(_draft(pair, pair["a"]), [], embedder=EMBEDDER, now=NOW).lesson
+        merged += (
+            curate(_draft(pair, pair["b"]), [first], embedder=EMBEDDER, now=NOW).action == "merge"
+        )
+    assert merged / len(pairs) >= 0.9
+
+
+@pytest.mark.parametrize("line", [{"status": "rejected"}, {"valid_until": "2025-01-01"}])
+def test_a_dead_lesson_comes_in_as_it_is(line):
+    pair = PAIRS[0]
+    live = curate(_draft(pair, pair["a"]), [], embedder=EMBEDDER, now=NOW).lesson
+    dead = parse_import_line(
+        {"task_type": pair["task_type"], "advice": pair["b"], "tools": pair["tools"], **line},
+        now=NOW,
+    )
+    change = curate(dead, [live], embedder=EMBEDDER, now=NOW)
+    assert change.action == "add" and change.other is None
+    assert change.lesson.lesson_id == dead.lesson_id and change.lesson.status == dead.status
+    assert change.lesson.valid_until == dead.valid_until
+
+
+@pytest.mark.parametrize("vouch", ["edit", "confirm"])
+def test_a_merge_never_rewrites_what_a_person_edited_or_confirmed(vouch):
+    pair = PAIRS[1]  # r02: a rewording whose second text is the more specific
+    kept = curate(_draft(pair, pair["a"]), [], embedder=EMBEDDER, now=NOW).lesson
+    if vouch == "edit":
+        kept = edit(kept, by="alice", now=NOW, advice=pair["a"] + " (checked)")
+    else:
+        kept = confirm(kept, by="alice", now=NOW)
+    change = curate(_draft(pair, pair["b"], "tsk_2"), [kept], embedder=EMBEDDER, now=NOW)
+    assert change.action == "merge"
+    assert change.lesson.advice == kept.advice and change.lesson.support == 2
+    assert change.lesson.source_task_ids == ["tsk_1", "tsk_2"]
+
+
+def test_a_lesson_learned_2000_times_keeps_a_small_row():
+    pair = PAIRS[1]
+    texts = [pair["a"], pair["b"]]
+    lesson = curate(_draft(pair, texts[0], "tsk_0"), [], embedder=EMBEDDER, now=NOW).lesson
+    lesson = edit(lesson, by="alice", now=NOW, keywords=["bom"])
+    for i in range(1, 2000):
+        draft = _draft(pair, texts[i % 2], f"tsk_{i}")
+        change = curate(draft, [lesson], embedder=EMBEDDER, now=NOW + timedelta(minutes=i))
+        assert change.action == "merge"
+        lesson = change.lesson
+    assert lesson.support == 2000 and source_count(lesson) == 2000
+    assert len(lesson.source_task_ids) == MAX_SOURCE_SAMPLE
+    assert lesson.source_task_ids[0] == "tsk_0" and lesson.source_task_ids[-1] == "tsk_1999"
+    actions = [h["action"] for h in lesson.history]
+    assert actions.count("edit") == 1  # every person's action kept
+    assert actions.count("merge") == MAX_MERGE_ENTRIES and actions.count("merge_summary") == 1
+    summary = next(h for h in lesson.history if h["action"] == "merge_summary")
+    assert summary["changes"]["merges"] == 1999 - MAX_MERGE_ENTRIES
+    assert len(json.dumps(lesson.to_dict())) < 10_000
+    assert set(variants(lesson)) == set(texts)
