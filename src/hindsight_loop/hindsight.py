@@ -69,6 +69,8 @@ class Hindsight:
         triggers: Run the live anomaly rules (two failures in a row, dissatisfaction, loops)
             in the writer thread and queue local reviews for them.
         dead_letter: Where events that cannot be written go (default: next to the database).
+        fallback_dir: Where they go when the dead letter cannot be written either (default:
+            ``$XDG_STATE_HOME/hindsight``, else ``~/.local/state/hindsight``).
         queue_bound: Most events waiting for the writer; past it the agent's thread waits
             up to 2 s, then spills the oldest to the dead-letter file (memory stays bounded).
         skip_tools: Purely procedural tools (polling, heartbeats) whose calls are not recorded.
@@ -85,6 +87,7 @@ class Hindsight:
         background: bool = True,
         triggers: bool = True,
         dead_letter: str | Path | None = None,
+        fallback_dir: str | Path | None = None,
         queue_bound: int | None = None,
         skip_tools: Sequence[str] = (),
     ) -> None:
@@ -124,6 +127,7 @@ class Hindsight:
         self.recorder = Recorder(
             self.store.write_event_batch,
             dead_letter=dead_letter or f"{path}.deadletter.jsonl",
+            fallback_dir=fallback_dir,
             max_text=max_text,
             on_batch=self.triggers.on_batch,
             **kwargs,
@@ -226,7 +230,7 @@ class Hindsight:
         """
         problem = wire_event_problem(event)
         if problem:
-            warn(f"event refused: {problem}; kept in {self.recorder.dead_letter}")
+            warn(f"event refused: {problem}; kept in the dead letter ({self.recorder.dead_letter})")
             self.recorder.keep_refused(event, problem)
             return False
         self._accept(event)
@@ -327,8 +331,15 @@ class Hindsight:
         return report
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Return once every event accepted so far is durable."""
+        """Return once every event accepted so far is durable: stored, or kept in a dead letter
+        with its reason. False on a timeout, or when events could be kept nowhere (they are
+        counted in ``stats["lost"]`` and logged)."""
         return self.recorder.flush(timeout)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The recorder's counters: events written, dead-lettered, spilled, lost, warnings."""
+        return dict(self.recorder.stats)
 
     # -- reading what was recorded -----------------------------------------------------------
     def get_task(self, task_id: str) -> Task | None:

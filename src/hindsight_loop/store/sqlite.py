@@ -135,7 +135,10 @@ class SQLiteStore:
         try:
             yield
         except BaseException:
-            db.execute("ROLLBACK")
+            # SQLite may have rolled back already (a full disk does): a second ROLLBACK would
+            # replace the real error with "no transaction is active".
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
 
@@ -158,7 +161,10 @@ class SQLiteStore:
             self._apply_task_events(db, rows)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # SQLite may have rolled back already (a full disk does): a second ROLLBACK would
+            # replace the real error with "no transaction is active".
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
         return unknown
 
