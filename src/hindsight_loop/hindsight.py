@@ -233,25 +233,8 @@ class Hindsight:
             warn(f"event refused: {problem}; kept in the dead letter ({self.recorder.dead_letter})")
             self.recorder.keep_refused(event, problem)
             return False
-        self._accept(event)
+        self.recorder.emit_event(event)
         return True
-
-    def _accept(self, event: dict[str, Any]) -> None:
-        """Queue a checked wire-format event (the writer keeps its scalars out of the body)."""
-        event_id = event.get("event_id")
-        seq = event.get("seq")
-        # The writer reads the event a few milliseconds later. The event itself is copied, so
-        # a caller that fills the same dict with new objects for its next call cannot rewrite
-        # this one; the objects inside are handed over as they are (copying them too doubled
-        # this call's cost): do not change them in place after recording.
-        self.recorder.emit(
-            event["task_id"],
-            event["type"],
-            event.copy(),
-            timestamp=event.get("timestamp"),
-            event_id=event_id if isinstance(event_id, str) else None,
-            seq=seq if type(seq) is int and -(2**63) <= seq < 2**63 else None,  # not a bool
-        )
 
     def import_transcript(
         self,
@@ -321,7 +304,7 @@ class Hindsight:
 
         self.flush()  # what was recorded before counts as stored
         report = record_runs(
-            runs, stored_ids=self.store.event_ids, accept=self._accept, checked=checked
+            runs, stored_ids=self.store.event_ids, accept=self.recorder.emit_event, checked=checked
         )
         self.flush()
         # Many runs at once: besides each run's own review, what recurs among them.

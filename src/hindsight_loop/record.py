@@ -772,6 +772,24 @@ class Recorder:
         self._committer.start()
 
     # -- hot path --------------------------------------------------------------------------
+    def emit_event(self, event: dict[str, Any]) -> None:
+        """Queue a wire-format event that passed ``models.wire_event_problem`` (its scalars
+        become columns, the rest its body)."""
+        event_id = event.get("event_id")
+        seq = event.get("seq")
+        # The writer reads the event a few milliseconds later. The event itself is copied, so
+        # a caller that fills the same dict with new objects for its next call cannot rewrite
+        # this one; the objects inside are handed over as they are (copying them too doubled
+        # this call's cost): do not change them in place after recording.
+        self.emit(
+            event["task_id"],
+            event["type"],
+            event.copy(),
+            timestamp=event.get("timestamp"),
+            event_id=event_id if isinstance(event_id, str) else None,
+            seq=seq if type(seq) is int and -(2**63) <= seq < 2**63 else None,  # not a bool
+        )
+
     def emit(
         self,
         task_id: str,
