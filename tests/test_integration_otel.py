@@ -25,6 +25,26 @@ from opentelemetry.trace import Status, StatusCode, Tracer  # noqa: E402
 
 from hindsight_loop.integrations.otel import HindsightSpanExporter, spans_to_otlp  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _close_the_loop_run_sync_leaves() -> Any:
+    """pydantic-ai's ``run_sync`` sets a new event loop on the thread and never closes it; left
+    open, it is collected (with its sockets) during whichever test next replaces it."""
+    yield
+    import asyncio
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        return  # none set: nothing left behind
+    if not loop.is_running():
+        loop.close()
+    asyncio.set_event_loop(None)
+
+
 OP = "gen_ai.operation.name"
 ENCODING_ERROR = "codec can't decode byte 0xed in position 3"
 
