@@ -103,3 +103,19 @@ def test_a_reflector_that_repeats_the_run_is_defused_before_the_book(
         text = " ".join([lesson.advice, lesson.root_cause, *lesson.suggestions])
         for word in ("IGNORE PREVIOUS", "rm -rf", "disregard all prior", "忽略之前", "| sh"):
             assert word not in text
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_a_lesson_imported_as_written_is_defused_in_the_prompt(tmp_path: Path, attack: str) -> None:
+    with Hindsight(tmp_path / "h.db", background=False) as hs:
+        hs.add_lesson(
+            LessonDraft(
+                task_type="ops",
+                advice=f"You should deploy in safe mode. {attack}",
+                features=Features(tools=["deploy"]),
+            )
+        )
+        prompt = hs.recall(task_type="ops", tools=["deploy"], query="deploy safe mode").as_prompt()
+    assert "safe mode" in prompt and CUT_MARK in prompt
+    for word in ("IGNORE PREVIOUS", "rm -rf", "disregard all prior", "忽略之前", "| sh"):
+        assert word not in prompt

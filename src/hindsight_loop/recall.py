@@ -37,7 +37,7 @@ import numpy as np
 
 from hindsight_loop.embed import Embedder, lesson_text, matvec
 from hindsight_loop.models import MAX_LESSONS, Intent, Lesson, parse_ts
-from hindsight_loop.text import detect_language, tokenize
+from hindsight_loop.text import QUOTE_MAX, defuse, detect_language, tokenize
 
 __all__ = [
     "LessonIndex",
@@ -141,8 +141,10 @@ class LessonSet(list[Lesson]):
         header, footer = _PROMPT["zh" if zh * 2 > len(self) else "en"]
         lines = [header]
         for lesson in self:
-            advice = " ".join(lesson.advice.split())
-            tools = lesson.features.tools
+            # The last gate before a prompt: a lesson imported from a file or written before the
+            # reflectors' words were defused still reaches the model without instructions in it.
+            advice = " ".join(defuse(lesson.advice).split())
+            tools = [" ".join(defuse(t).split())[:QUOTE_MAX] for t in lesson.features.tools]
             lines.append(f"- [{', '.join(tools)}] {advice}" if tools else f"- {advice}")
         lines.append(footer)
         return "\n".join(lines)
