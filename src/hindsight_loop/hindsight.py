@@ -35,6 +35,8 @@ from hindsight_loop.task import (
     tool,
     tool_list,
 )
+from hindsight_loop.triggers import Triggers
+from hindsight_loop.worker import Curator, Worker
 
 if TYPE_CHECKING:
     from hindsight_loop.embed import Embedder
@@ -42,8 +44,6 @@ if TYPE_CHECKING:
     from hindsight_loop.lessons import Change
     from hindsight_loop.recall import LessonSet, RecallCache
     from hindsight_loop.reflect import Reflector
-    from hindsight_loop.triggers import Triggers
-    from hindsight_loop.worker import Curator, Worker
 
 log = logging.getLogger("hindsight_loop")
 
@@ -91,10 +91,6 @@ class Hindsight:
         queue_bound: int | None = None,
         skip_tools: Sequence[str] = (),
     ) -> None:
-        from hindsight_loop.recall import RecallCache
-        from hindsight_loop.triggers import Triggers
-        from hindsight_loop.worker import Curator, Worker
-
         if str(db) == ":memory:" or str(db).startswith("file::memory:"):
             raise ValueError(
                 "Hindsight needs a file: each thread opens its own connection, and an in-memory "
@@ -106,7 +102,7 @@ class Hindsight:
         self._offline: Reflector | None = None
         self._embedder = embedder
         self.curator: Curator = Curator(self.store, lambda: self.embedder)
-        self.recall_cache: RecallCache = RecallCache(self.store, lambda: self.embedder)
+        self._recall_cache: RecallCache | None = None
         self.worker: Worker = Worker(
             self.store,
             curator=self.curator,
@@ -152,6 +148,16 @@ class Hindsight:
 
             self._embedder = default_embedder()
         return self._embedder
+
+    @property
+    def recall_cache(self) -> RecallCache:
+        """The recall index of this store, built on first recall (its libraries load then, not
+        when the agent starts)."""
+        if self._recall_cache is None:
+            from hindsight_loop.recall import RecallCache
+
+            self._recall_cache = RecallCache(self.store, lambda: self.embedder)
+        return self._recall_cache
 
     @property
     def reflector(self) -> Reflector:
@@ -524,7 +530,8 @@ class Hindsight:
             self.recorder.close()
         finally:
             self._closed = True
-            self.recall_cache.closed = True
+            if self._recall_cache is not None:
+                self._recall_cache.closed = True
             self.worker.stop()
             # Ends a retry backoff in flight, so a slow model cannot hold the process open.
             closer = getattr(self._reflector, "close", None)
