@@ -269,6 +269,13 @@ _INSTRUCTION_LIKE = re.compile(
     r"|系统提示|你现在是)",
     re.IGNORECASE,
 )
+# Control and format characters (C0 but the newline, DEL, C1, zero-width and bidi marks, BOM).
+_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
+# A word every English instruction pattern above contains; text without one needs no full scan.
+_TRIGGER = re.compile(
+    r"ignore|disregard|forget|override|system|developer|instruction|you\s+are|jailbreak|rm\s|curl|sudo",
+    re.IGNORECASE,
+)
 #: What stands in for text cut out of advice.
 CUT_MARK = "[instruction-like text removed]"
 #: Longest recorded value quoted in advice.
@@ -280,9 +287,9 @@ def defuse(text: str) -> str:
     as instructions to a model (English or Chinese) or destructive commands are cut out."""
     if not text:
         return text
-    clean = "".join(
-        " " if unicodedata.category(c) in ("Cc", "Cf") and c != "\n" else c for c in text
-    )
+    clean = _CONTROL.sub(" ", text) if _CONTROL.search(text) else text
+    if not _TRIGGER.search(clean) and (clean.isascii() or not _HAN_RE.search(clean)):
+        return clean  # the common case: no word any instruction pattern starts with
     return _INSTRUCTION_LIKE.sub(CUT_MARK, clean)
 
 
@@ -291,8 +298,8 @@ def quote_value(value: object, limit: int = QUOTE_MAX) -> str:
     (numbers and booleans as they are)."""
     if isinstance(value, bool | int | float) or value is None:
         return repr(value)
-    text = defuse(value if isinstance(value, str) else repr(value))
-    text = " ".join(text.split())
+    text = value if isinstance(value, str) else repr(value)
+    text = " ".join(defuse(text[: limit * 4]).split())  # what could be shown, no more
     if len(text) > limit:
         text = text[: limit - 1] + "…"
     return repr(text)
