@@ -169,7 +169,13 @@ def test_import_reports_nasty_problems_on_stderr(db_path: Path, tmp_path: Path) 
     ]
     path = tmp_path / "run.jsonl"
     path.write_bytes(b"\n".join(orjson.dumps(e) for e in events))
-    result = _run("import", str(path), "--db", str(db_path))
+    result = runner.invoke(
+        app, ["import", str(path), "--db", str(db_path)], env={"FORCE_COLOR": None}
+    )
+    assert result.exit_code == 1  # a refused line is reported, and so is the exit code
+    assert "Traceback" not in result.output
+    _assert_safe(result.stdout)
+    _assert_safe(result.stderr)
     assert "imported 2 events" in result.stdout
     assert "skipped" in result.stderr and "[/a-z]+" in result.stderr
     assert "[/a-z]+" in _run("tasks", "--db", str(db_path)).stdout

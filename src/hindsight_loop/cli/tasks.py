@@ -210,7 +210,10 @@ def import_(
     ] = None,
     json: JsonOption = False,
 ) -> None:
-    """Load runs an agent already produced; events already stored are skipped."""
+    """Load runs an agent already produced; events already stored are skipped.
+
+    Exits 1 when any line or event was refused (each is listed on stderr; the rest is kept).
+    """
     from hindsight_loop.ingest import FORMATS
 
     if format_ not in FORMATS:
@@ -242,7 +245,8 @@ def import_(
         )
         for p in report.problems[:50]:
             say(("skipped", "yellow"), f" {p}", err=True)
-    if report.problems and not report.accepted:
+    if report.problems:
+        # Every refusal is reported: a script that imports must notice skipped lines.
         raise typer.Exit(1)
 
 
