@@ -486,7 +486,7 @@ def test_odd_but_valid_timestamps_are_normalized_to_utc_and_sort(hs: Hindsight) 
 # -- overload -----------------------------------------------------------------------------------
 
 
-def test_overload_blocks_at_most_block_seconds_and_spills_off_the_agents_thread(
+def test_overload_blocks_about_block_seconds_spill_included(
     db_path: Path,
 ) -> None:
     import sqlite3
@@ -519,8 +519,11 @@ def test_overload_blocks_at_most_block_seconds_and_spills_off_the_agents_thread(
                 other.close()
             assert hs.flush(timeout=60)
         assert rec.stats["spilled"] > 0
-        assert slowest < rec.block_seconds + 0.25, slowest  # the spill is handed over, not written
-        assert spill_threads and agent not in spill_threads
+        # The spill is written on the agent's thread (that back-pressure keeps memory flat) in
+        # chunks sized to fit the time left: even 14 KB events never hold the agent much past
+        # block_seconds (one whole batch of them took 12 s to spill).
+        assert slowest < rec.block_seconds + 0.25, slowest
+        assert spill_threads == {agent}
         stored = hs.store.event_count("tsk_over")
         assert stored + rec.stats["dead_lettered"] == 12_002
     finally:
