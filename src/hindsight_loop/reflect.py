@@ -42,7 +42,7 @@ from hindsight_loop.models import (
 )
 from hindsight_loop.patterns import identifying_context as _identifying_context
 from hindsight_loop.patterns import review_runs
-from hindsight_loop.text import QUOTE_MAX, defuse, detect_language, quote_value
+from hindsight_loop.text import QUOTE_MAX, detect_language, quote_value
 
 __all__ = ["OfflineReflector", "Reflector", "needs_review", "review_runs"]
 
@@ -205,8 +205,8 @@ def _patterns(
 
 
 def _fmt_args(args: dict[str, Any]) -> str:
-    # Recorded names and values: quoted, bounded, defused (they end up in a prompt).
-    return ", ".join(f"{defuse(str(k))[:QUOTE_MAX]}={quote_value(v)}" for k, v in args.items())
+    # Recorded names and values: quoted and bounded (the whole lesson is defused once, later).
+    return ", ".join(f"{str(k)[:QUOTE_MAX]}={quote_value(v)}" for k, v in args.items())
 
 
 def _fmt_call(tool: str, args: dict[str, Any], lang: str) -> str:
@@ -216,7 +216,7 @@ def _fmt_call(tool: str, args: dict[str, Any], lang: str) -> str:
 
 
 def _fmt_context(context: dict[str, Any]) -> str:
-    return ", ".join(f"{defuse(str(k))[:QUOTE_MAX]} {quote_value(v)}" for k, v in context.items())
+    return ", ".join(f"{str(k)[:QUOTE_MAX]} {quote_value(v)}" for k, v in context.items())
 
 
 def _join(items: list[str], lang: str) -> str:

@@ -294,12 +294,15 @@ def defuse(text: str) -> str:
 
 
 def quote_value(value: object, limit: int = QUOTE_MAX) -> str:
-    """A recorded value as advice quotes it: defused, cut to ``limit`` characters, in quotes
-    (numbers and booleans as they are)."""
+    """A recorded value as advice quotes it: control characters gone, cut to ``limit``
+    characters, in quotes (numbers and booleans as they are)."""
     if isinstance(value, bool | int | float) or value is None:
         return repr(value)
-    text = value if isinstance(value, str) else repr(value)
-    text = " ".join(defuse(text[: limit * 4]).split())  # what could be shown, no more
+    text = (value if isinstance(value, str) else repr(value))[: limit * 4]
+    if _CONTROL.search(text):
+        text = _CONTROL.sub(" ", text)
+    # The instruction scan runs once over the whole lesson (worker, as_prompt), not per value.
+    text = " ".join(text.split())
     if len(text) > limit:
         text = text[: limit - 1] + "…"
     return repr(text)
