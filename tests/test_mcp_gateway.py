@@ -12,8 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -270,34 +269,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def http_process() -> Iterator[Any]:
-    """Start a CLI command serving HTTP; stopped with SIGTERM (what a service manager sends)."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(command: str, args: list[str], port: int) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([command, *args], stderr=subprocess.PIPE)
-        procs.append(proc)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(proc.stderr.read().decode() if proc.stderr else "exited")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                return proc
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError(f"nothing listening on port {port}")
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.wait(timeout=30)
-        if proc.stderr:
-            proc.stderr.close()
 
 
 async def test_gateway_over_http_one_task_per_client_session(

@@ -10,8 +10,7 @@ import os
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -62,31 +61,13 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def started() -> Iterator[Any]:
-    """Start a CLI command serving HTTP and wait until it listens; SIGTERM at the end."""
-    procs: list[subprocess.Popen[bytes]] = []
+def started(http_process: Any) -> Any:
+    """``http_process`` for this CLI, run by the test's own Python."""
 
     def start(args: list[str], port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-c", CLI, *args], stderr=subprocess.PIPE, env=env)
-        procs.append(proc)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(proc.stderr.read().decode() if proc.stderr else "exited")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                return proc
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError(f"nothing listening on port {port}")
+        return http_process(sys.executable, ["-c", CLI, *args], port, env=env)
 
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.wait(timeout=30)
-        if proc.stderr:
-            proc.stderr.close()
+    return start
 
 
 @asynccontextmanager
