@@ -285,8 +285,9 @@ class Hindsight:
         A JSONL file of wire-format events is read line by line: a bad line is reported with
         its number and the rest is imported.
         """
-        from hindsight_loop.ingest import load_json_or_jsonl
+        from hindsight_loop.ingest import read_runs
         from hindsight_loop.ingest.wire import read_wire_lines
+        from hindsight_loop.lessons import check_scope
 
         if format in ("auto", "wire"):
             lines = read_wire_lines(path, sniff=format == "auto")
@@ -295,8 +296,11 @@ class Hindsight:
                 report = self._import_runs([events], checked=True)
                 report.problems = [p for _, p in lines if p] + report.problems
                 return report
-        fields.setdefault("source", Path(path).name)
-        return self.import_transcript(load_json_or_jsonl(path), format=format, **fields)
+        scope = fields.get("scope")
+        if scope is not None:
+            fields["scope"] = check_scope(scope)
+        runs = read_runs(path, format, **fields)
+        return self._import_runs([run.events for run in runs])
 
     def import_jsonl(self, path: str | Path) -> tuple[int, list[str]]:
         """Load a file of wire-format events (any mix of tasks). Returns (accepted, problems)."""
