@@ -241,9 +241,11 @@ class Worker:
         for action in (structured.prefer, structured.avoid):
             for args in [(action or {}).get("args"), *((action or {}).get("variants") or [])]:
                 for key, value in (args or {}).items() if isinstance(args, dict) else ():
-                    shape = None if isinstance(value, dict | list) else value_shape(value)
-                    if shape is None and not isinstance(value, dict | list):
-                        continue
+                    if isinstance(value, dict | list):
+                        return False
+                    shape = value_shape(value)
+                    if shape is None:
+                        continue  # a plain word: an option
                     if shape != "<num>":
                         return False
                     fragment = orjson.dumps({key: value}).decode()[1:-1]
