@@ -221,6 +221,38 @@ def test_poor_matches_are_not_returned() -> None:
     assert len(search(book, q, ranking=ALL)) == 2
 
 
+class _HighFloorEmbedder:
+    """The hashed embedder with a direction every text shares: unrelated texts score ~0.8 on
+    it, as they do on a sentence model (e5 scores unrelated advice 0.75-0.85)."""
+
+    def __init__(self) -> None:
+        self.inner = HashEmbedder()
+        self.dim = self.inner.dim + 1
+        self.name = "high-floor-" + self.inner.name
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        base = np.asarray(self.inner.embed(texts), dtype=np.float32)
+        shared = np.full((len(texts), 1), 2.0, dtype=np.float32)
+        out = np.hstack([base, shared])
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def test_a_model_embedders_high_floor_is_not_taken_for_relevance() -> None:
+    # Unrelated text scores ~0.8 on such an embedder; read raw, that clears every cut-off and
+    # the birthday card gets weather advice. Measured from the embedder's floor, it does not.
+    embedder = _HighFloorEmbedder()
+    book = [CITY, lesson("units", "Report temperatures in the units the user asked for.")]
+    q = RecallQuery(
+        task_type="weather_query",
+        tools=["get_weather"],
+        query="Translate this birthday card into French",
+    )
+    raw = float(np.dot(*embedder.embed([q.query, CITY.advice])))
+    assert raw > 0.75  # the premise: a raw cosine would call them close
+    assert search(book, q, embedder=embedder) == []
+    assert search(book, WEATHER_Q, embedder=embedder) == ["city"]
+
+
 def test_at_most_limit_lessons_best_first_with_scores() -> None:
     book = [lesson(f"l{i}", f"Confirm which city the user means, variant {i}.") for i in range(6)]
     index = LessonIndex(book, embedder=HashEmbedder())

@@ -43,6 +43,7 @@ if str(SRC) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(SRC))
 
 from hindsight_loop.embed import (  # noqa: E402
+    E5Embedder,
     Embedder,
     HashEmbedder,
     OpenAIEmbedder,
@@ -168,15 +169,17 @@ def make_embedder(spec: str) -> Embedder:
         return SentenceTransformerEmbedder(arg) if arg else SentenceTransformerEmbedder()
     if kind == "openai":
         return OpenAIEmbedder(arg) if arg else OpenAIEmbedder()
+    if kind == "e5":
+        return E5Embedder()
     raise SystemExit(
-        f"unknown --embedder {spec!r}: use hash, hash:DIM, concept, st:MODEL, openai:MODEL"
+        f"unknown --embedder {spec!r}: use hash, hash:DIM, concept, e5, st:MODEL, openai:MODEL"
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--embedder", default="hash", help="hash (default), concept, st:MODEL, openai:MODEL"
+        "--embedder", default="hash", help="hash (default), concept, e5, st:MODEL, openai:MODEL"
     )
     parser.add_argument("--verbose", action="store_true", help="list every query with a miss")
     parser.add_argument("--json", action="store_true", help="print results as JSON")

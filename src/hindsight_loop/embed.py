@@ -28,10 +28,12 @@ __all__ = [
     "HashEmbedder",
     "OpenAIEmbedder",
     "SentenceTransformerEmbedder",
+    "cosine_floor",
     "default_embedder",
     "lesson_text",
     "matvec",
     "normalize_rows",
+    "rescale_cosines",
 ]
 
 
@@ -421,3 +423,40 @@ def default_embedder() -> Embedder:
     raise ValueError(
         f"unknown HINDSIGHT_EMBEDDER {spec!r}: use 'hash', 'hash:DIM', 'e5', 'st:MODEL' or 'openai:MODEL'"
     )
+
+
+# Unrelated advice, English and Chinese: what an embedder scores two texts that share nothing.
+_UNRELATED = (
+    "Confirm the city with the user before calling get_weather.",
+    "Write the cleaned CSV with index=False.",
+    "Add a LIMIT clause to exploratory SELECT queries.",
+    "发送邮件前先把草稿给用户确认。",
+    "传给 search_flights 的日期必须是 YYYY-MM-DD 格式。",
+    "If fetch_url times out twice, stop and tell the user.",
+)
+_FLOORS: dict[str, float] = {}
+#: A floor above this is rescaled away; the hashed embedder's (near 0) is left as tuned.
+_FLOOR_MIN = 0.2
+
+
+def cosine_floor(embedder: Any) -> float:
+    """The mean cosine an embedder gives unrelated advice (cached by its ``name``).
+
+    Model embedders (e5, most sentence-transformers) score any two sentences of one kind 0.7 or
+    more; curation's and recall's thresholds are in the hashed embedder's terms, where unrelated is near 0,
+    so a model's cosines are rescaled from its floor before they are compared.
+    """
+    name = str(getattr(embedder, "name", id(embedder)))
+    if name not in _FLOORS:
+        vecs = np.asarray(embedder.embed(list(_UNRELATED)), dtype=np.float32)
+        sims = vecs @ vecs.T
+        n = len(_UNRELATED)
+        _FLOORS[name] = float((sims.sum() - np.trace(sims)) / (n * (n - 1)))
+    return _FLOORS[name]
+
+
+def rescale_cosines(cosines: np.ndarray, floor: float) -> np.ndarray:
+    """Cosines in the hashed embedder's terms: 0 at the embedder's floor, 1 at identity."""
+    if floor < _FLOOR_MIN:
+        return cosines
+    return np.maximum(cosines - floor, 0.0) / (1.0 - floor)

@@ -24,6 +24,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 import orjson
 
+from hindsight_loop.embed import cosine_floor, rescale_cosines
 from hindsight_loop.models import (
     DEFAULT_VALIDITY,
     Features,
@@ -545,42 +546,6 @@ def curate(
     return Change(action="conflict", lesson=lesson, other=other)
 
 
-# Unrelated advice, English and Chinese: what an embedder scores two texts that share nothing.
-_UNRELATED = (
-    "Confirm the city with the user before calling get_weather.",
-    "Write the cleaned CSV with index=False.",
-    "Add a LIMIT clause to exploratory SELECT queries.",
-    "发送邮件前先把草稿给用户确认。",
-    "传给 search_flights 的日期必须是 YYYY-MM-DD 格式。",
-    "If fetch_url times out twice, stop and tell the user.",
-)
-_FLOORS: dict[str, float] = {}
-#: A floor above this is rescaled away; the hashed embedder's (near 0) is left as tuned.
-_FLOOR_MIN = 0.2
-
-
-def cosine_floor(embedder: Any) -> float:
-    """The mean cosine an embedder gives unrelated advice (cached by its ``name``).
-
-    Model embedders (e5, most sentence-transformers) score any two sentences of one kind 0.7 or
-    more; curation's thresholds are in the hashed embedder's terms, where unrelated is near 0,
-    so a model's cosines are rescaled from its floor before they are compared.
-    """
-    name = str(getattr(embedder, "name", id(embedder)))
-    if name not in _FLOORS:
-        vecs = np.asarray(embedder.embed(list(_UNRELATED)), dtype=np.float32)
-        sims = vecs @ vecs.T
-        n = len(_UNRELATED)
-        _FLOORS[name] = float((sims.sum() - np.trace(sims)) / (n * (n - 1)))
-    return _FLOORS[name]
-
-
-def _rescale(cosines: np.ndarray, floor: float) -> np.ndarray:
-    if floor < _FLOOR_MIN:
-        return cosines
-    return np.maximum(cosines - floor, 0.0) / (1.0 - floor)
-
-
 def _relations(
     draft: LessonDraft | Lesson,
     candidates: Sequence[Lesson],
@@ -619,7 +584,7 @@ def _relations(
         sim = max(
             text_similarity(draft.advice, text, float(c))
             for text, c in zip(
-                texts[start:stop], _rescale(matrix[start:stop] @ query, floor), strict=True
+                texts[start:stop], rescale_cosines(matrix[start:stop] @ query, floor), strict=True
             )
         )
         threshold = _MERGE_THRESHOLDS[agreement]
@@ -644,7 +609,7 @@ def _relations(
         cores = [draft_core] + [core for _, core, _ in polar]
         core_vecs = np.asarray(embedder.embed(cores), dtype=np.float32)
         for (lesson, core, sim), vec in zip(polar, core_vecs[1:], strict=True):
-            cosine = float(_rescale(np.asarray([vec @ core_vecs[0]]), floor)[0])
+            cosine = float(rescale_cosines(np.asarray([vec @ core_vecs[0]]), floor)[0])
             if text_similarity(draft_core, core, cosine) >= CONFLICT_THRESHOLD:
                 conflicts.append(lesson)
             else:

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import bm25s
 import numpy as np
 
-from hindsight_loop.embed import Embedder, lesson_text, matvec
+from hindsight_loop.embed import Embedder, cosine_floor, lesson_text, matvec, rescale_cosines
 from hindsight_loop.models import MAX_LESSONS, Intent, Lesson, parse_ts
 from hindsight_loop.text import QUOTE_MAX, defuse, detect_language, tokenize
 
@@ -610,7 +610,10 @@ class LessonIndex:
             terms = list(dict.fromkeys(tokenize(text)))
             term_ids = [self._vocab[t] for t in terms if t in self._vocab]
             qvec = self.embedder.embed([text])[0]
-            cosine = np.maximum(self._cosine(ranges, found, qvec), 0.0)
+            # A model embedder scores unrelated text well above 0: measured from its floor,
+            # its cosines mean what the ranking's cut-offs expect (tuned on the hashed one).
+            floor = cosine_floor(self.embedder)
+            cosine = rescale_cosines(np.maximum(self._cosine(ranges, found, qvec), 0.0), floor)
             bm25: np.ndarray | float = 0.0
             if term_ids:
                 # Normalized by what a lesson of average length holding every query term once
