@@ -90,7 +90,7 @@ def test_import_reports_every_bad_line_and_imports_nothing(db_path: Path, tmp_pa
         + "\n"
         + '{"task_type": "csv_cleaning"}\n'
         + "{not json\n"
-        + '{"task_type": "t", "advice": "x", "scope": "team:data"}\n'
+        + '{"task_type": "t", "advice": "x", "scope": "org:data"}\n'
         + '{"task_type": "t", "advice": "x", "tool": ["read_csv"]}\n',
         encoding="utf-8",
     )  # fmt: skip
@@ -99,7 +99,7 @@ def test_import_reports_every_bad_line_and_imports_nothing(db_path: Path, tmp_pa
     out = result.output
     assert "line 4: missing 'advice'" in out
     assert "line 5: not valid JSON" in out
-    assert "line 6: invalid scope 'team:data': use 'global', 'project:NAME' or 'user:NAME'" in out
+    assert "line 6: invalid scope 'org:data': use 'global', 'project:NAME', 'user:NAME'" in out
     assert "line 7: unknown field 'tool' (did you mean 'tools'?)" in out
     assert "nothing imported" in out and "fix the 4 line(s) above" in out
     assert not db_path.exists()  # nothing imported: not even an empty store was made
@@ -175,8 +175,8 @@ def test_edit_errors_name_the_fix(db_path: Path, seeded: dict[str, str]) -> None
     lesson_id = seeded[SEED[0]["advice"]]
     out = run("lessons", "edit", lesson_id, "--db", str(db_path), code=1)
     assert "nothing to change: pass --advice" in out
-    out = run("lessons", "edit", lesson_id, "--db", str(db_path), "--scope", "team:x", code=1)
-    assert "use 'global', 'project:NAME' or 'user:NAME'" in out
+    out = run("lessons", "edit", lesson_id, "--db", str(db_path), "--scope", "org:x", code=1)
+    assert "use 'global', 'project:NAME', 'user:NAME', 'agent:ROLE' or 'team:NAME'" in out
     out = run("lessons", "edit", lesson_id, "--db", str(db_path), "--valid-until", "soon", code=1)
     assert "ISO date" in out
 

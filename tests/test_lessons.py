@@ -496,7 +496,7 @@ def test_edit_records_who_when_and_what():
     ("changes", "message"),
     [
         ({"lesson_id": "x"}, "cannot edit 'lesson_id'"),
-        ({"scope": "team:x"}, "use 'global', 'project:NAME' or 'user:NAME'"),
+        ({"scope": "org:x"}, "use 'global', 'project:NAME', 'user:NAME'"),
         ({"status": "gone"}, "status must be one of"),
         ({"advice": "  "}, "'advice' must be non-empty text"),
         ({"valid_until": "next week"}, "ISO date"),
@@ -535,7 +535,9 @@ def test_check_scope():
     assert check_scope("global") == "global"
     assert check_scope("user:alice") == "user:alice"
     assert check_scope("project:数据") == "project:数据"
-    for bad in ("", "user:", "team:x", "USER:alice", "user: alice"):
+    assert check_scope("agent:Excel_Expert") == "agent:Excel_Expert"  # one role's own lessons
+    assert check_scope("team:data") == "team:data"  # a team's collaboration lessons
+    for bad in ("", "user:", "org:x", "team:", "USER:alice", "user: alice"):
         with pytest.raises(ValueError, match="invalid scope"):
             check_scope(bad)
 
@@ -581,7 +583,7 @@ def test_a_hand_written_line_with_every_optional_field():
         ({"advice": "x"}, "missing 'task_type'"),
         ({"task_type": "t", "advice": "  "}, "missing 'advice'"),
         ({"task_type": "t", "advice": "x", "tool": ["a"]}, "unknown field 'tool' \\(did you mean 'tools'\\?\\)"),
-        ({"task_type": "t", "advice": "x", "scope": "team:a"}, "invalid scope 'team:a'"),
+        ({"task_type": "t", "advice": "x", "scope": "org:a"}, "invalid scope 'org:a'"),
         ({"task_type": "t", "advice": "x", "status": "live"}, "status must be one of"),
         ({"task_type": "t", "advice": "x", "pinned": "yes"}, "'pinned' must be true or false"),
         ({"task_type": "t", "advice": "x", "valid_until": "soon"}, "'valid_until' must be an ISO date"),

@@ -77,7 +77,8 @@ HARMFUL_MIN = 3
 #: Recency half-life of the value score.
 RECENCY_HALF_LIFE_DAYS = 30.0
 
-SCOPE_RE = re.compile(r"^(global|(project|user):\S.*)$")
+#: ``agent:ROLE`` holds one agent role's own lessons, ``team:NAME`` a team's collaboration lessons.
+SCOPE_RE = re.compile(r"^(global|(project|user|agent|team):\S.*)$")
 STATUSES: tuple[str, ...] = get_args(LessonStatus)
 INTENTS: tuple[str, ...] = get_args(Intent)
 KINDS: tuple[str, ...] = get_args(LessonKind)
@@ -105,9 +106,13 @@ class Change:
 
 
 def check_scope(scope: str) -> str:
-    """Return ``scope`` if it is ``global``, ``project:NAME`` or ``user:NAME``; else raise."""
+    """Return ``scope`` if it is ``global`` or ``project:``/``user:``/``agent:``/``team:NAME``;
+    else raise."""
     if not isinstance(scope, str) or not SCOPE_RE.match(scope.strip()):
-        raise ValueError(f"invalid scope {scope!r}: use 'global', 'project:NAME' or 'user:NAME'")
+        raise ValueError(
+            f"invalid scope {scope!r}: use 'global', 'project:NAME', 'user:NAME', "
+            "'agent:ROLE' or 'team:NAME'"
+        )
     return scope.strip()
 
 

@@ -104,7 +104,10 @@ def list_(
         str | None, typer.Option("--task-type", help="Only this task type.")
     ] = None,
     scope: Annotated[
-        str | None, typer.Option(help="Only this scope: global, project:NAME or user:NAME.")
+        str | None,
+        typer.Option(
+            help="Only this scope: global, project:NAME, user:NAME, agent:ROLE or team:NAME."
+        ),
     ] = None,
     limit: Annotated[int, typer.Option(help="Show at most this many (best first).")] = 100,
 ) -> None:
@@ -331,7 +334,8 @@ def edit(
     ] = None,
     task_type: Annotated[str | None, typer.Option("--task-type", help="New task type.")] = None,
     scope: Annotated[
-        str | None, typer.Option(help="New scope: global, project:NAME or user:NAME.")
+        str | None,
+        typer.Option(help="New scope: global, project:NAME, user:NAME, agent:ROLE or team:NAME."),
     ] = None,
     tool: Annotated[
         list[str] | None, typer.Option("--tool", help="Replace the tools it is about (repeat).")

@@ -19,6 +19,7 @@ from hindsight_loop.cli.common import (
     print_table,
     say,
 )
+from hindsight_loop.lessons import check_scope
 
 _INTENTS = ("query", "operation", "analysis")
 
@@ -55,8 +56,11 @@ def recall(
         raise fail(
             f"unknown --intent {intent!r}: use one of {', '.join(_INTENTS)}, or leave it out"
         )
-    if scope is not None and scope != "global" and not scope.startswith(("user:", "project:")):
-        raise fail(f"unknown --scope {scope!r}: use global, user:NAME or project:NAME")
+    if scope is not None:
+        try:
+            scope = check_scope(scope)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
     with open_hs(db) as hs:
         found = hs.recall(
             task_type=task_type,
