@@ -7,6 +7,7 @@ lessons, curate them, and recall the right few for the next similar task.
     hs = Hindsight("hindsight.db")
 """
 
+from hindsight_loop import logs
 from hindsight_loop.hindsight import ActionCall, Hindsight, TaskRun, current_task
 from hindsight_loop.models import (
     Chronicle,
@@ -23,6 +24,8 @@ from hindsight_loop.models import (
 from hindsight_loop.record import HindsightWarning
 
 __version__ = "0.1.0"
+
+logs.install()  # Hindsight's log lines are redacted like what it records
 
 __all__ = [
     "ActionCall",

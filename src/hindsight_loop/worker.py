@@ -35,6 +35,7 @@ from hindsight_loop.models import (
     new_id,
     utcnow,
 )
+from hindsight_loop.record import redact_text
 from hindsight_loop.replay import replay
 from hindsight_loop.store import Job, Store
 from hindsight_loop.text import defuse, value_shape
@@ -202,7 +203,7 @@ class Worker:
                 kind="local" if kind == "local" else "full",
                 status="failed",
                 reflector=getattr(reflector, "name", type(reflector).__name__),
-                error=f"{type(exc).__name__}: {exc}",
+                error=redact_text(f"{type(exc).__name__}: {exc}"),  # stored: no secrets
                 latency_ms=(time.perf_counter() - started) * 1000,
             )
         reflection.trigger = trigger
@@ -396,7 +397,7 @@ class Worker:
             self.store.finish_job(job.job_id, status="done")
         except Exception as exc:  # noqa: BLE001 - the worker survives any one job
             log.exception("hindsight: job %s failed", job.job_id)
-            self.store.finish_job(job.job_id, status="failed", error=repr(exc))
+            self.store.finish_job(job.job_id, status="failed", error=redact_text(repr(exc)))
 
     def _loop(self) -> None:
         while not self._closed:
