@@ -12,7 +12,7 @@ import pytest
 _BLOCKER = textwrap.dedent(
     """
     import importlib.abc, sys
-    BLOCKED = {"opentelemetry", "pydantic_ai", "langchain_core", "agents"}
+    BLOCKED = {"opentelemetry", "pydantic_ai", "langchain_core", "agents", "litellm"}
 
     class NoFrameworks(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
@@ -33,6 +33,7 @@ _BLOCKER = textwrap.dedent(
         ("pydantic_ai", "otel"),  # it needs the exporter's extra first
         ("langchain", "langchain"),
         ("openai_agents", "openai-agents"),
+        ("litellm", "litellm"),
     ],
 )
 def test_a_missing_framework_names_the_install_command(module: str, extra: str) -> None:

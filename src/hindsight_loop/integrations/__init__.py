@@ -10,7 +10,9 @@ framework is missing raises an ``ImportError`` that names the ``pip install`` co
   (``hindsight-loop[pydantic-ai]``);
 - ``langchain``: a LangChain / LangGraph callback handler (``hindsight-loop[langchain]``);
 - ``openai_agents``: an OpenAI Agents SDK tracing processor and run hooks
-  (``hindsight-loop[openai-agents]``).
+  (``hindsight-loop[openai-agents]``);
+- ``litellm``: a LiteLLM callback logger for completions with tool calls
+  (``hindsight-loop[litellm]``).
 
 Integrations are surfaces: they call the facade (``Hindsight``) and never the store.
 """
