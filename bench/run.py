@@ -47,6 +47,11 @@ THEIRS = [
     ("real_runs.py", [], []),
     ("mcp_latency.py", [], ["--calls", "200"]),
     ("reflection_inflight.py", [], ["--blocks", "5", "--calls", "500"]),
+    ("agent_step.py", [], ["--quick"]),
+    ("curation/run.py", ["--embedder", "hash", "--embedder", "e5", "--book", "--review"], []),
+    ("who_when.py", [], ["--quick"]),
+    ("serve_page.py", [], ["--quick"]),
+    ("postgres.py", [], ["--quick"]),
 ]
 
 
