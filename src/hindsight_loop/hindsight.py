@@ -74,6 +74,8 @@ class Hindsight:
         queue_bound: Most events waiting for the writer; past it the agent's thread waits
             up to 2 s, then spills the oldest to the dead-letter file (memory stays bounded).
         skip_tools: Purely procedural tools (polling, heartbeats) whose calls are not recorded.
+        readonly: Open an existing store to read it only (what the CLI's read commands do):
+            nothing is written to the file or next to it, so a store on read-only media opens.
     """
 
     def __init__(
@@ -90,13 +92,16 @@ class Hindsight:
         fallback_dir: str | Path | None = None,
         queue_bound: int | None = None,
         skip_tools: Sequence[str] = (),
+        readonly: bool = False,
     ) -> None:
         if str(db) == ":memory:" or str(db).startswith("file::memory:"):
             raise ValueError(
                 "Hindsight needs a file: each thread opens its own connection, and an in-memory "
                 "SQLite database is private to one; pass a path such as 'hindsight.db'"
             )
-        self.store: Store = open_store(str(db))
+        self.store: Store = open_store(str(db), readonly=readonly)
+        if readonly:
+            background = triggers = False  # a reader queues and runs no reviews
         self.skip_tools = frozenset(skip_tools)
         self._reflector = reflector
         self._offline: Reflector | None = None

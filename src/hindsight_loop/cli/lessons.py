@@ -113,7 +113,7 @@ def list_(
 ) -> None:
     """List lessons, best value first, with status, scope, support and outcomes."""
     _check_status(status)
-    with open_hs(db) as hs:
+    with open_hs(db, readonly=True) as hs:
         found = hs.lessons(status=status, task_type=task_type)
     if scope is not None:
         found = [x for x in found if x.scope == scope]
@@ -141,7 +141,7 @@ def list_(
 @lessons_app.command("show")
 def show(lesson_id: IdArgument, db: DbOption = "hindsight.db", json: JsonOption = False) -> None:
     """Show one lesson in full, with its edit history."""
-    with open_hs(db) as hs:
+    with open_hs(db, readonly=True) as hs:
         lesson = _find(hs, lesson_id, db)
     if json:
         print_json(lesson.to_dict())
@@ -191,7 +191,7 @@ def show(lesson_id: IdArgument, db: DbOption = "hindsight.db", json: JsonOption 
 @lessons_app.command("review")
 def review(db: DbOption = "hindsight.db", json: JsonOption = False) -> None:
     """List what needs a person: conflicts, suspect quality, lessons that keep hurting."""
-    with open_hs(db) as hs:
+    with open_hs(db, readonly=True) as hs:
         every = {x.lesson_id: x for x in hs.lessons()}
     queue = []
     for lesson in every.values():
@@ -400,7 +400,7 @@ def export(
     if format_ not in {"md", "jsonl"}:
         raise fail(f"unknown format {format_!r}; use --format md or --format jsonl")
     _check_status(status)
-    with open_hs(db) as hs:
+    with open_hs(db, readonly=True) as hs:
         found = hs.lessons(status=status)
     text = book_ops.export_jsonl(found) if format_ == "jsonl" else book_ops.export_markdown(found)
     if output is None:

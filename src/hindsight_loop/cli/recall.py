@@ -61,7 +61,7 @@ def recall(
             scope = check_scope(scope)
         except ValueError as exc:
             raise fail(str(exc)) from None
-    with open_hs(db) as hs:
+    with open_hs(db, readonly=True) as hs:
         found = hs.recall(
             task_type=task_type,
             tools=tool or [],

@@ -31,7 +31,7 @@ def tasks(
     status: Annotated[str | None, typer.Option(help="running, succeeded or failed.")] = None,
 ) -> None:
     """List recorded tasks, newest first."""
-    with open_hs(db) as hs:
+    with open_hs(db, readonly=True) as hs:
         found = hs.tasks(limit=limit, task_type=task_type, status=status)
     if json:
         print_json([t.to_dict() for t in found])
@@ -52,7 +52,7 @@ def replay(
     steps: Annotated[bool, typer.Option("--steps/--no-steps", help="Show every step.")] = True,
 ) -> None:
     """Replay a task into its chronicle: the ordered steps and the key nodes."""
-    with open_hs(db) as hs:
+    with open_hs(db, readonly=True) as hs:
         try:
             chronicle = hs.replay(task_id)
         except KeyError:
@@ -149,7 +149,7 @@ def reflections(
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20,
 ) -> None:
     """List stored reviews (ok, suspect and failed) with model, latency and tokens."""
-    with open_hs(db) as hs:
+    with open_hs(db, readonly=True) as hs:
         found = hs.reflections(task_id, limit=limit)
     if json:
         print_json([r.to_dict() for r in found])

@@ -122,20 +122,24 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-def open_store(url: str) -> Store:
-    """Open a store from a path or URL: ``hindsight.db``, ``sqlite:///path/to.db``."""
+def open_store(url: str, *, readonly: bool = False) -> Store:
+    """Open a store from a path or URL: ``hindsight.db``, ``sqlite:///path/to.db``.
+
+    ``readonly`` opens an existing store for reading only (nothing is written to the file or
+    next to it; a store on read-only media can be read).
+    """
     from hindsight_loop.store.sqlite import SQLiteStore
 
     if url.startswith("sqlite:///"):
-        return SQLiteStore(url[len("sqlite:///") :])
+        return SQLiteStore(url[len("sqlite:///") :], readonly=readonly)
     if url.startswith("sqlite://"):
-        return SQLiteStore(url[len("sqlite://") :])
+        return SQLiteStore(url[len("sqlite://") :], readonly=readonly)
     if "://" in url:
         scheme = url.split("://", 1)[0]
         raise ValueError(
             f"unsupported store URL scheme {scheme!r}: use a file path or 'sqlite:///path.db'"
         )
-    return SQLiteStore(url)
+    return SQLiteStore(url, readonly=readonly)
 
 
 __all__ = ["Job", "Store", "open_store"]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
@@ -29,7 +30,7 @@ from hindsight_loop.models import (
     utcnow,
 )
 from hindsight_loop.store import Job
-from hindsight_loop.store.migrations import check_schema, migrate
+from hindsight_loop.store.migrations import MIGRATIONS, SchemaError, check_schema, migrate
 
 #: Seconds a claimed job may run before another worker takes it back (a reflection with
 #: retries takes a few minutes at most).
@@ -73,16 +74,25 @@ def _task_from_start(task_id: str, ts: str, body: dict[str, Any]) -> tuple:
 class SQLiteStore:
     """A ``Store`` on one SQLite file."""
 
-    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL") -> None:
+    def __init__(
+        self, path: str | Path, *, synchronous: str = "NORMAL", readonly: bool = False
+    ) -> None:
         self.path = str(path)
         self.url = f"sqlite:///{self.path}"
         self._synchronous = synchronous
+        #: Opened for reading only (read commands; a store on read-only media): nothing is
+        #: written, not even WAL mode or a migration.
+        self.readonly = readonly
+        self._uri: str | None = None
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
         #: Names this store object's claims on jobs.
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        if readonly:
+            self._open_readonly()
+            return
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             if Path(self.path).exists():
@@ -95,6 +105,48 @@ class SQLiteStore:
                     probe.close()
         migrate(self._db)
 
+    def _open_readonly(self) -> None:
+        if not Path(self.path).is_file():
+            raise FileNotFoundError(f"no store at {self.path!r}")
+        base = f"file:{quote(os.path.abspath(self.path))}"
+        # mode=ro reads a WAL store like any reader (it sees what writers commit); on read-only
+        # media, where SQLite cannot create the shared-memory file a WAL reader needs, the file
+        # is read as immutable (nobody can be writing it there).
+        for uri in (f"{base}?mode=ro", f"{base}?immutable=1"):
+            self._uri = uri
+            try:
+                check_schema(self._db, self.path)
+                pending = [name for name, _ in MIGRATIONS if name not in _applied(self._db)]
+                break
+            except SchemaError:
+                raise
+            except sqlite3.OperationalError:
+                self._drop_thread_connection()
+        else:
+            raise sqlite3.OperationalError(f"cannot read {self.path!r}")
+        if pending and os.access(self.path, os.W_OK) and os.access(Path(self.path).parent, os.W_OK):
+            # An older store where it can be written: upgraded once, then read as asked.
+            self._drop_thread_connection()
+            upgrade = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+            try:
+                migrate(upgrade)
+            finally:
+                upgrade.close()
+            pending = []
+        if pending:
+            raise SchemaError(
+                f"{self.path!r} was written by an older Hindsight (missing {pending[0]!r}); "
+                "open it once with a write command to upgrade it"
+            )
+
+    def _drop_thread_connection(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            self._local.db = None
+            with self._lock:
+                self._conns.remove(db)
+            db.close()
+
     # -- connections -----------------------------------------------------------------------
     @property
     def _db(self) -> sqlite3.Connection:
@@ -102,6 +154,15 @@ class SQLiteStore:
         if db is None:
             if self._closed:
                 raise RuntimeError(f"store {self.path!r} is closed")
+            if self._uri is not None:
+                db = sqlite3.connect(
+                    self._uri, uri=True, isolation_level=None, check_same_thread=False
+                )
+                db.execute("PRAGMA busy_timeout=30000")
+                self._local.db = db
+                with self._lock:
+                    self._conns.append(db)
+                return db
             db = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=30.0
             )
@@ -566,3 +627,8 @@ class SQLiteStore:
             "book_version": self.book_version(),
             "events": self.event_count(),
         }
+
+
+def _applied(db: sqlite3.Connection) -> set[str]:
+    """The migrations a store has, read without creating anything."""
+    return {row[0] for row in db.execute("SELECT name FROM _migrations")}
