@@ -20,7 +20,8 @@ right answer is almost always "add" (they are distinct lessons), and the review 
 merged into 1 vs 2,000 times (``--review``).
 
 Run: ``python bench/curation/run.py`` (``--embedder hash|concept|e5|st:MODEL|openai:MODEL``,
-repeatable; ``--verbose`` lists every wrong decision; ``--json``).
+repeatable; ``--judge`` adds a run with the model of ``HINDSIGHT_LLM_*`` judging the pairs the
+rules leave open; ``--verbose`` lists every wrong decision; ``--json``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 if str(SRC) not in sys.path:  # run from a checkout without `pip install -e .`
@@ -73,7 +75,7 @@ def load_pairs() -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def decide(pair: dict, embedder: Embedder) -> str:
+def decide(pair: dict, embedder: Embedder, judge: Any = None) -> str:
     """The action curation takes for the second lesson of a pair, the first already in the book."""
 
     def draft(text: str, task: str) -> LessonDraft:
@@ -83,12 +85,17 @@ def decide(pair: dict, embedder: Embedder) -> str:
         )
 
     first = curate(draft(pair["a"], "tsk_a"), [], embedder=embedder, now=NOW).lesson
-    return curate(draft(pair["b"], "tsk_b"), [first], embedder=embedder, now=NOW).action
+    second = draft(pair["b"], "tsk_b")
+    return curate(second, [first], embedder=embedder, now=NOW, judge=judge).action
 
 
-def evaluate(pairs: list[dict], embedder: Embedder) -> tuple[dict, list[tuple[dict, str]]]:
-    decisions = [(pair, decide(pair, embedder)) for pair in pairs]
-    out: dict = {"embedder": embedder.name}
+def evaluate(
+    pairs: list[dict], embedder: Embedder, judge: Any = None
+) -> tuple[dict, list[tuple[dict, str]]]:
+    decisions = [(pair, decide(pair, embedder, judge)) for pair in pairs]
+    out: dict = {"embedder": embedder.name + (f" + judge {judge.llm.name}" if judge else "")}
+    if judge is not None:
+        out["judge_requests"] = judge.asked
     for lang in ("en", "zh", "all"):
         mine = [(p, a) for p, a in decisions if lang == "all" or p["lang"] == lang]
         count = Counter((p["kind"], a) for p, a in mine)
@@ -184,12 +191,31 @@ def main(argv: list[str] | None = None) -> int:
         "--review", action="store_true", help="also time review at support 1 vs 2,000"
     )
     parser.add_argument("--json", action="store_true", help="machine-readable results")
+    parser.add_argument(
+        "--judge",
+        action="store_true",
+        help="also run each embedder with the model configured by HINDSIGHT_LLM_* as the judge "
+        "of the pairs the rules leave open",
+    )
     args = parser.parse_args(argv)
     pairs = load_pairs()
+    judge = None
+    if args.judge:
+        from hindsight_loop.llm import from_env
+        from hindsight_loop.llm.judge import PairJudge
+
+        llm = from_env()
+        if llm is None:
+            raise SystemExit("--judge needs a model: set HINDSIGHT_LLM_PROVIDER and its settings")
+        judge = PairJudge(llm)
     results = []
-    for spec in args.embedder or ["hash"]:
+    runs = [(spec, None) for spec in args.embedder or ["hash"]]
+    runs += [(spec, judge) for spec in args.embedder or ["hash"]] if judge else []
+    for spec, judging in runs:
         embedder = make_embedder(spec)
-        res, wrong = evaluate(pairs, embedder)
+        if judging is not None:
+            judging.asked = 0
+        res, wrong = evaluate(pairs, embedder, judging)
         if args.book:
             res["book"] = book_run(embedder)
         if args.review:

@@ -106,7 +106,10 @@ class Hindsight:
         self._reflector = reflector
         self._offline: Reflector | None = None
         self._embedder = embedder
-        self.curator: Curator = Curator(self.store, lambda: self.embedder)
+        self.curator: Curator = Curator(
+            self.store, lambda: self.embedder, judge=lambda: self.pair_judge
+        )
+        self._pair_judge: Any = None
         self._recall_cache: RecallCache | None = None
         self.worker: Worker = Worker(
             self.store,
@@ -180,6 +183,18 @@ class Hindsight:
                 reflector = None
             self._reflector = reflector or self.offline_reflector
         return self._reflector
+
+    @property
+    def pair_judge(self) -> Callable[[str, str], str | None] | None:
+        """The configured model as the judge of lesson pairs curation's rules leave open."""
+        llm = getattr(self.reflector, "llm", None)
+        if llm is None:
+            return None
+        if self._pair_judge is None or self._pair_judge.llm is not llm:
+            from hindsight_loop.llm.judge import PairJudge
+
+            self._pair_judge = PairJudge(llm)
+        return self._pair_judge  # type: ignore[no-any-return]
 
     @property
     def offline_reflector(self) -> Reflector:

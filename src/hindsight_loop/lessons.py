@@ -70,6 +70,11 @@ MAX_SOURCE_SAMPLE = 20
 MAX_MERGE_ENTRIES = 16
 #: Reworded versions of a lesson kept (in its history) so later rewordings can match any of them.
 MAX_VARIANTS = 8
+#: Pairs within this of the merge threshold (either side) are open: a model, when one is
+#: configured, has the last word on them (``llm.judge``).
+JUDGE_MARGIN = 0.15
+#: Open pairs a model is asked about per draft, closest first.
+MAX_JUDGED = 2
 
 #: A lesson is flagged when, since it was last confirmed, it hurt at least this often and more
 #: often than it helped.
@@ -478,6 +483,7 @@ def curate(
     validity: timedelta = DEFAULT_VALIDITY,
     merge_text: Callable[[str, str], str] | None = None,
     quality: str = "ok",
+    judge: Callable[[str, str], str | None] | None = None,
 ) -> Change:
     """Decide what a new lesson does to the book: add it, merge it, or flag a conflict.
 
@@ -500,6 +506,9 @@ def curate(
             back to keeping the more specific text.
         quality: ``suspect`` when the draft came from an answer that could not be parsed cleanly;
             a new suspect lesson waits in review instead of going live.
+        judge: Optional ``(kept, new) -> "same" | "opposite" | "different" | None`` (a model,
+            ``llm.judge.PairJudge``), asked only about the pairs the rules leave open: close
+            enough to matter, too far apart in words to merge. ``None`` keeps the rules' call.
 
     Returns:
         A ``Change``; save ``change.saves``.
@@ -520,7 +529,7 @@ def curate(
     best_same: tuple[float, Lesson] | None = None
     conflict_with: Lesson | None = None
     if candidates:
-        same, conflicts = _relations(draft, candidates, embedder=embedder)
+        same, conflicts = _relations(draft, candidates, embedder=embedder, judge=judge)
         if same:
             best_same = max(same, key=lambda pair: pair[0])
         live = [c for c in conflicts if c.is_live(now)]
@@ -556,6 +565,7 @@ def _relations(
     candidates: Sequence[Lesson],
     *,
     embedder: Any,
+    judge: Callable[[str, str], str | None] | None = None,
 ) -> tuple[list[tuple[float, Lesson]], list[Lesson]]:
     """Split candidates into those the draft repeats (with similarity) and those it contradicts."""
     texts = [draft.advice]
@@ -573,6 +583,7 @@ def _relations(
     same: list[tuple[float, Lesson]] = []
     conflicts: list[Lesson] = []
     polar: list[tuple[Lesson, str, float]] = []
+    open_pairs: list[tuple[float, Lesson]] = []  # close, but below the merge threshold
     for lesson, (start, stop) in zip(candidates, spans, strict=True):
         relation = _structured_relation(draft.structured, lesson.structured)
         if relation == "conflict":
@@ -600,6 +611,9 @@ def _relations(
             # One prefers what the other avoids: never one lesson, whatever the similarity.
             conflicts.append(lesson)
             continue
+        if sim < threshold + JUDGE_MARGIN:
+            # Close to the threshold on either side: the words alone do not settle it.
+            open_pairs.append((sim, lesson))
         if sim < threshold:
             continue
         negative, core = _polarity(lesson.advice)
@@ -619,6 +633,35 @@ def _relations(
                 conflicts.append(lesson)
             else:
                 same.append((sim, lesson))
+    if judge is not None and open_pairs:
+        same, conflicts = _judged(draft, same, conflicts, open_pairs, judge)
+    return same, conflicts
+
+
+def _judged(
+    draft: LessonDraft | Lesson,
+    same: list[tuple[float, Lesson]],
+    conflicts: list[Lesson],
+    open_pairs: list[tuple[float, Lesson]],
+    judge: Callable[[str, str], str | None],
+) -> tuple[list[tuple[float, Lesson]], list[Lesson]]:
+    """The model's word on the closest pairs the words left open (``None``: the rules stand).
+
+    A near merge it calls different is kept apart, one it calls opposite is a conflict; a pair
+    below the threshold it calls the same is merged. A rule's conflict is never asked about.
+    """
+    same, conflicts = list(same), list(conflicts)
+    for sim, lesson in sorted(open_pairs, key=lambda p: -p[0])[:MAX_JUDGED]:
+        if lesson in conflicts:
+            continue
+        verdict = judge(lesson.advice, draft.advice)
+        merged = any(other is lesson for _, other in same)
+        if verdict == "same" and not merged:
+            same.append((sim, lesson))
+        elif verdict in ("different", "opposite") and merged:
+            same = [(x, other) for x, other in same if other is not lesson]
+        if verdict == "opposite":
+            conflicts.append(lesson)
     return same, conflicts
 
 

@@ -60,23 +60,49 @@ class Curator:
     Args:
         store: The lesson book.
         embedder: Returns the embedder (resolved lazily: a model is loaded on first use).
+        judge: Returns the model that settles the pairs the rules leave open
+            (``llm.judge.PairJudge``), or None (no model configured).
     """
 
-    def __init__(self, store: Store, embedder: Callable[[], Embedder]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        embedder: Callable[[], Embedder],
+        judge: Callable[[], Callable[[str, str], str | None] | None] = lambda: None,
+    ) -> None:
         self.store = store
         self._embedder = embedder
+        self._judge = judge
         self._lock = threading.Lock()
 
     def add(self, draft: Any) -> Change:
         """Curate one lesson draft into the book: add, merge into a twin, or flag a conflict."""
+        verdicts = self._ask_judge(draft)
         # Read the book, decide and write in one transaction: two reviews (a worker thread, a
         # `hindsight worker` process, an MCP call) curating at once must see each other's lesson.
         with self._lock, self.store.transaction():
             book = self.store.list_lessons(task_type=draft.task_type)
-            change = curate(draft, book, embedder=self._embedder())
+            judged = (lambda a, b: verdicts.get((a, b))) if verdicts else None
+            change = curate(draft, book, embedder=self._embedder(), judge=judged)
             for lesson in change.saves:
                 self.save(lesson)
         return change
+
+    def _ask_judge(self, draft: Any) -> dict[tuple[str, str], str | None]:
+        """The judge's verdicts on the pairs this draft leaves open, asked before the write
+        transaction (a model takes seconds; the recorder must not wait for it meanwhile)."""
+        judge = self._judge()
+        if judge is None:
+            return {}
+        verdicts: dict[tuple[str, str], str | None] = {}
+
+        def ask(a: str, b: str) -> str | None:
+            verdicts[(a, b)] = verdict = judge(a, b)
+            return verdict
+
+        book = self.store.list_lessons(task_type=draft.task_type)
+        curate(draft, book, embedder=self._embedder(), judge=ask)  # decides nothing: pure
+        return verdicts
 
     def change(self, lesson_id: str, edit: Callable[[Lesson], Lesson]) -> Lesson | None:
         """Apply one change to a stored lesson (read and write in one transaction, so a worker
