@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from hindsight_loop.models import (
     MAX_LESSONS,
@@ -76,6 +77,11 @@ class Hindsight:
         skip_tools: Purely procedural tools (polling, heartbeats) whose calls are not recorded.
         readonly: Open an existing store to read it only (what the CLI's read commands do):
             nothing is written to the file or next to it, so a store on read-only media opens.
+        writer: ``"process"``: a writer process started by the library (on the first event)
+            sanitizes, redacts and writes, so the agent's process only serializes each event;
+            ``"thread"``: a writer thread in the agent's process does it. Default:
+            ``$HINDSIGHT_WRITER``, else ``"thread"``. A writer process that cannot start or
+            keeps dying falls back to the thread, with a warning.
     """
 
     def __init__(
@@ -93,6 +99,7 @@ class Hindsight:
         queue_bound: int | None = None,
         skip_tools: Sequence[str] = (),
         readonly: bool = False,
+        writer: Literal["thread", "process"] | None = None,
     ) -> None:
         if str(db) == ":memory:" or str(db).startswith("file::memory:"):
             raise ValueError(
@@ -128,14 +135,34 @@ class Hindsight:
         kwargs: dict[str, Any] = {}
         if queue_bound is not None:
             kwargs["queue_bound"] = queue_bound
+        writer = writer or os.environ.get("HINDSIGHT_WRITER") or "thread"  # type: ignore[assignment]
+        if writer not in ("thread", "process"):
+            raise ValueError(f"writer must be 'thread' or 'process', not {writer!r}")
+        process = writer == "process" and not readonly
         self.recorder = Recorder(
             self.store.write_event_batch,
             dead_letter=dead_letter or f"{path}.deadletter.jsonl",
             fallback_dir=fallback_dir,
             max_text=max_text,
             on_batch=self.triggers.on_batch,
+            start=not process,
             **kwargs,
         )
+        if process:
+            from hindsight_loop.writer import ProcessRecorder
+
+            # Same face as Recorder: cast rather than a Protocol in task.py (not this change's).
+            self.recorder = cast(
+                Recorder,
+                ProcessRecorder(
+                    str(db),
+                    local=self.recorder,
+                    stored_ids=self.store.event_ids,
+                    review_min_events=review_min_events,
+                    live_triggers=triggers,
+                    on_review=self.worker.wake,
+                ),
+            )
         self._closed = False
         # Flush at exit so a script that forgets close() loses nothing it recorded.
         ref = weakref.ref(self)

@@ -735,8 +735,13 @@ class Recorder:
         on_batch: Callable[[list[Row], list[Any]], None] | None = None,
         block_seconds: float = 2.0,
         fallback_dir: str | Path | None = None,
+        on_done: Callable[[int], None] | None = None,
+        start: bool = True,
     ) -> None:
         self._write = write
+        #: Called after each batch is durable with the count of events handled so far, in
+        #: order (the writer process acknowledges with it what the agent may forget).
+        self._on_done = on_done
         self.dead_letter = Path(dead_letter)
         where = str(self.dead_letter.absolute()).encode("utf-8", "replace")
         stem = self.dead_letter.name.removesuffix(".jsonl")
@@ -772,8 +777,19 @@ class Recorder:
         self._committer = threading.Thread(
             target=self._commit, name="hindsight-committer", daemon=True
         )
-        self._thread.start()
-        self._committer.start()
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the writer threads (a recorder made with ``start=False`` only dead-letters until
+        then: the process writer keeps one ready as its in-process fallback)."""
+        if not self._thread.is_alive() and self._thread.ident is None:
+            self._thread.start()
+            self._committer.start()
+
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
 
     # -- hot path --------------------------------------------------------------------------
     def emit_event(self, event: dict[str, Any]) -> None:
@@ -827,6 +843,15 @@ class Recorder:
             )
         )
         return own
+
+    def emit_items(self, items: list[Item]) -> None:
+        """Queue items already in the queue's shape, in order (the writer process hands over
+        what it read from the agent's pipe; its reader bounds the queue, not this call)."""
+        if items:
+            # Each takes a seq, as emit() would: flush() counts what it waits for by seqs.
+            next(islice(self._seq, len(items) - 1, None))
+            self._queue.extend(items)
+            self._wake.set()  # once per chunk read from the pipe, not per event
 
     def _after_close(self, *item: Any) -> None:
         """An event recorded after close(): nothing will write it, so keep it in the dead letter."""
@@ -1012,18 +1037,36 @@ class Recorder:
                         items.append(q.popleft())
                     except IndexError:
                         break
-                with self._cond:
-                    self._in_flight += len(items)
-                cleans: list[Any] = []
-                keep = cleans if self._on_batch is not None else None
-                rows, raw = self._prepare(items, keep)
-                if raw and keep is not None:
-                    cleans = []  # out of step with the rows: the hook reads the rows alone
-                batch: _Batch = (len(items), rows, raw, "could not prepare", cleans)
+                self.commit_items(items)
                 del items
-                self._commits.put(batch)
         finally:
             self._commits.put(None)
+
+    def commit_items(self, items: list[Item]) -> None:
+        """Prepare ``items`` (sanitize, cut, redact) on the calling thread and hand them to the
+        committer thread; waits while a prepared batch still waits for it.
+
+        The writer thread calls it for each batch it takes from the queue; the writer process
+        calls it from the thread that reads the agent's pipe (one thread of Python work
+        beside the committer's: a third contending for the GIL cost more than it did)."""
+        with self._cond:
+            self._in_flight += len(items)
+        cleans: list[Any] = []
+        keep = cleans if self._on_batch is not None else None
+        rows, raw = self._prepare(items, keep)
+        if raw and keep is not None:
+            cleans = []  # out of step with the rows: the hook reads the rows alone
+        self._commits.put((len(items), rows, raw, "could not prepare", cleans))
+
+    def start_committer(self) -> None:
+        """Start only the committer: the caller prepares batches with ``commit_items`` and
+        ends with ``finish()``."""
+        self._committer.start()
+
+    def finish(self, timeout: float | None = None) -> None:
+        """Stop a committer started alone, once it has written every batch handed to it."""
+        self._commits.put(None)
+        self._committer.join(timeout)
 
     def _commit(self) -> None:
         """Write prepared batches in order; what the store refuses goes to the dead letter."""
@@ -1042,7 +1085,13 @@ class Recorder:
             with self._cond:
                 self._in_flight -= n
                 self._done += n
+                done = self._done
                 self._cond.notify_all()
+            if self._on_done is not None:
+                try:
+                    self._on_done(done)
+                except Exception:  # noqa: BLE001
+                    log.exception("hindsight: the done hook failed")
 
     def _write_batch(self, rows: list[Row], cleans: list[Any]) -> None:
         try:
@@ -1232,6 +1281,9 @@ class Recorder:
         return len(self._queue) + self._in_flight + self._spilling
 
     def close(self) -> None:
+        if not self.started:
+            self._stop = True
+            return
         self.flush()
         self._stop = True
         self._wake.set()

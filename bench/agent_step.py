@@ -1,0 +1,249 @@
+"""What recording adds to an agent's step, background work included, against an OpenTelemetry span.
+
+A call's own time is not what the agent pays when a thread of its process takes the GIL
+afterwards to sanitize, redact and write. So this measures the agent's wall time: a loop of
+steps, each ~50 µs of pure-Python work (calibrated) and one ~1 KB tool call recorded with
+``TaskRun.record_action`` (1,000 distinct payloads, cycled); a block of steps is timed from its
+first step to its flush (``hs.flush()``: the events durable; ``force_flush()`` for OpenTelemetry),
+so the writer's work counts wherever it runs. Extra per step = (block time - the same block with
+no recording) / steps.
+
+Subjects: Hindsight with its writer in a separate process (``writer="process"``), Hindsight with
+its writer thread in the agent's process (``writer="thread"``). Baselines: no recording, and an
+OpenTelemetry SDK span per step (5 attributes: tool, arguments and result as JSON strings
+prepared beforehand, which favours OpenTelemetry, status, step) through a ``BatchSpanProcessor``
+with an exporter that drops everything. Each with 1 agent thread and with 4 (each thread its own
+task, the steps shared out; the GIL makes their work take turns, as in an agent).
+
+All four run in one process, block by block in a rotating order, every run; medians over blocks.
+The writer process is started and warmed before timing (its start-up is a once-per-agent cost,
+not a per-step one: reported apart, as the first flush of a fresh ``Hindsight``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import orjson  # noqa: E402
+from _common import action_payload, cli, spread  # noqa: E402
+
+WORK_US = 50.0
+
+
+def _work_unit(n: int) -> int:
+    s = 0
+    for i in range(n):
+        s += i * i % 7
+    return s
+
+
+def _calibrate(target_us: float) -> int:
+    n = 100
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(200):
+            _work_unit(n)
+        per = (time.perf_counter() - t0) / 200 * 1e6
+        if per >= target_us * 0.8:
+            return max(1, int(n * target_us / per))
+        n *= 2
+
+
+def _otel() -> Any:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class DropExporter(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            pass
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(DropExporter()))
+    return provider, provider.get_tracer("hindsight-bench")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from hindsight_loop import Hindsight
+
+    rounds = 5 if args.quick else args.rounds
+    steps = 1000 if args.quick else args.steps
+    rng = random.Random(13)
+    pool = [action_payload(rng) for _ in range(1000)]
+    strings = [(orjson.dumps(a).decode(), orjson.dumps(o).decode()) for _t, a, o, _s in pool]
+    work = _calibrate(WORK_US)
+    tmp = Path(tempfile.mkdtemp(prefix="hs-agent-step-"))
+    thread_counts = (1, 4)
+    try:
+        t0 = time.perf_counter()
+        hs_p = Hindsight(tmp / "process.db", background=False, triggers=True, writer="process")
+        construct_s = time.perf_counter() - t0
+        hs_t = Hindsight(tmp / "thread.db", background=False, triggers=True, writer="thread")
+        tasks = {
+            name: [
+                hs.task("step", goal="measure", recall=False).__enter__()
+                for _ in range(max(thread_counts))
+            ]
+            for name, hs in (("process", hs_p), ("thread", hs_t))
+        }
+        t0 = time.perf_counter()
+        hs_p.flush()  # starts the writer process: once per agent
+        first_flush_s = time.perf_counter() - t0
+        provider, tracer = _otel()
+
+        def step_none(_i: int, _k: int) -> None:
+            _work_unit(work)
+
+        def make_hs(name: str) -> Any:
+            def step(i: int, k: int) -> None:
+                _work_unit(work)
+                tool, a, o, s = pool[i % 1000]
+                tasks[name][k].record_action(tool, a, output=o, step=s)
+
+            return step
+
+        def step_otel(i: int, _k: int) -> None:
+            _work_unit(work)
+            tool, _a, _o, s = pool[i % 1000]
+            a_json, o_json = strings[i % 1000]
+            with tracer.start_as_current_span(
+                tool,
+                attributes={
+                    "gen_ai.tool.name": tool,
+                    "gen_ai.tool.call.arguments": a_json,
+                    "gen_ai.tool.call.result": o_json,
+                    "tool.status": "succeeded",
+                    "agent.step": s,
+                },
+            ):
+                pass
+
+        subjects = {
+            "none": (step_none, lambda: None),
+            "process": (make_hs("process"), hs_p.flush),
+            "thread": (make_hs("thread"), hs_t.flush),
+            "otel": (step_otel, provider.force_flush),
+        }
+        names = list(subjects)
+
+        def block(name: str, threads: int, start: int) -> float:
+            step, flush = subjects[name]
+            per = steps // threads
+
+            def loop(k: int) -> None:
+                base = start + k * per
+                for i in range(base, base + per):
+                    step(i, k)
+
+            t0 = time.perf_counter()
+            if threads == 1:
+                loop(0)
+            else:
+                ts = [threading.Thread(target=loop, args=(k,)) for k in range(threads)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+            flush()
+            return time.perf_counter() - t0
+
+        for name in names:  # warm every path
+            for threads in thread_counts:
+                block(name, threads, 0)
+        times: dict[tuple[str, int], list[float]] = {
+            (n, t): [] for n in names for t in thread_counts
+        }
+        for r in range(rounds):
+            for threads in thread_counts:
+                order = names[r % 4 :] + names[: r % 4]
+                for name in order:
+                    times[(name, threads)].append(block(name, threads, r * steps))
+        for per_thread in tasks.values():
+            for task in per_thread:
+                task.__exit__(None, None, None)
+        hs_p.flush()
+        stored = hs_p.store.event_count()
+        stats_p = dict(hs_p.recorder.stats)
+        hs_p.close()
+        hs_t.close()
+        provider.shutdown()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    out: dict[str, Any] = {
+        "bench": "agent_step",
+        "rounds": rounds,
+        "steps_per_block": steps,
+        "work_us": WORK_US,
+        "construct_ms": construct_s * 1e3,
+        "writer_start_first_flush_ms": first_flush_s * 1e3,
+        "process_rows_stored": stored,
+        "process_lost": stats_p["lost"],
+    }
+    for threads in thread_counts:
+        base = times[("none", threads)]
+        out[f"t{threads}_none_step_us"] = spread([b / steps * 1e6 for b in base])
+        for name in ("process", "thread", "otel"):
+            extra = [
+                (s - b) / steps * 1e6 for s, b in zip(times[(name, threads)], base, strict=True)
+            ]
+            out[f"t{threads}_{name}_extra_us"] = spread(extra)
+        for name in ("process", "thread"):
+            ratios = [
+                (s - b) / (o - b) if o > b else float("nan")
+                for s, o, b in zip(
+                    times[(name, threads)], times[("otel", threads)], base, strict=True
+                )
+            ]
+            out[f"t{threads}_{name}_over_otel"] = spread(
+                [x for x in ratios if x == x] or [float("nan")]
+            )
+        out[f"t{threads}_process_over_otel_of_medians"] = statistics.median(
+            out[f"t{threads}_process_extra_us"] and [out[f"t{threads}_process_extra_us"]["median"]]
+        ) / max(out[f"t{threads}_otel_extra_us"]["median"], 1e-9)
+    return out
+
+
+def render(r: dict[str, Any]) -> str:
+    lines = [
+        f"{r['rounds']} rounds x {r['steps_per_block']} steps of ~{r['work_us']:.0f} µs work + one "
+        f"~1 KB tool call; extra µs per step over no recording (flush included), median (min-max)",
+        f"Hindsight() {r['construct_ms']:.0f} ms; first flush (writer process start) "
+        f"{r['writer_start_first_flush_ms']:.0f} ms",
+    ]
+    for t in (1, 4):
+        lines.append(f"{t} agent thread(s): step alone {r[f't{t}_none_step_us']['median']:.1f} µs")
+        for name in ("process", "thread", "otel"):
+            e = r[f"t{t}_{name}_extra_us"]
+            lines.append(f"  {name:8s} +{e['median']:6.1f} µs ({e['min']:.1f}-{e['max']:.1f})")
+        lines.append(
+            f"  writer process / OTel span: x{r[f't{t}_process_over_otel_of_medians']:.2f} "
+            f"(per block x{r[f't{t}_process_over_otel']['median']:.2f}); writer thread / OTel "
+            f"x{r[f't{t}_thread_over_otel']['median']:.2f}"
+        )
+    lines.append(
+        f"writer process: {r['process_rows_stored']:,} rows stored, lost {r['process_lost']}"
+    )
+    return "\n".join(lines)
+
+
+def _extra(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--steps", type=int, default=2000, help="steps per timed block")
+
+
+if __name__ == "__main__":
+    cli(__doc__ or "", run, render, _extra)

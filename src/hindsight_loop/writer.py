@@ -1,0 +1,765 @@
+"""The writer process: sanitizing, redacting, batching and writing events, away from the agent.
+
+In the agent's process an event costs one serialization (orjson) and one append: the agent's
+thread never sanitizes, redacts or writes, and no thread of its process holds the GIL for that
+work. A sender thread hands the serialized events (one line each) through a pipe to a writer
+process (``python -m hindsight_loop.writer``, started on the first event, one per recorder),
+where the recorder's own machinery does the rest: sanitize, redact before any cut, batch, write,
+dead-letter with the reason. The live anomaly rules run there too, after each written batch: they
+need the sanitized payloads (which exist only there) and the store (which the writer has), and
+what they decide is a review job in the store; the agent is sent one line, "a review was queued",
+to wake its review worker.
+
+Back from the writer come one-line JSON messages: how many events are durable (a count in the
+order they were sent), its counters, its warnings. The agent keeps every line it sent until it is
+acknowledged, so nothing accepted is lost when the writer dies: a new writer is started and handed
+the unacknowledged lines again (it skips those already stored, by event id), and past a few
+restarts, or when no process can be started at all, the agent writes in its own process, with a
+warning. ``flush()`` returns once the writer says everything before it is durable; a SIGKILL of
+the agent loses at most the lines it had not yet written to the pipe (the writer reads the pipe
+to its end, writes, and exits).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable
+from itertools import count
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+
+from hindsight_loop.models import new_id
+from hindsight_loop.record import (
+    BATCH_SIZE,
+    SPILL_FIRST,
+    HindsightWarning,
+    Item,
+    Recorder,
+    _Sanitizer,
+    warn,
+)
+
+log = logging.getLogger("hindsight_loop")
+
+#: Lines sent to the writer and not yet acknowledged, at most (they are kept for a resend).
+SEND_WINDOW = 4 * BATCH_SIZE
+#: Lines written to the pipe at a time.
+SEND_CHUNK = 2_000
+#: Writer processes started again after one died, before falling back to in-process writing.
+MAX_RESTARTS = 3
+#: How long ``close()`` waits for the writer process to finish before killing it, in seconds.
+EXIT_WAIT = 60.0
+#: How often the sender looks for lines when idle, in seconds (a line lives until then: one that
+#: is freed soon is memory the next serialization reuses while it is still in the CPU's cache).
+SEND_POLL = 0.002
+_OPT = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+_F_SETPIPE_SZ = 1031  # Linux: a larger pipe lets the sender write big chunks without waiting
+
+
+def event_id_for(session: str, own: int) -> str:
+    """The id of an event recorded without one: fixed when the agent accepts it, so a line
+    handed to a second writer after the first died is known by the id the first stored it under."""
+    return f"{session}_{own:x}"
+
+
+def frame_item(frame: bytes, session: str) -> Item:
+    """A line from the agent as the recorder's queued item."""
+    task_id, own, seq, ts, etype, payload, event_id = orjson.loads(frame)
+    return (
+        task_id,
+        own if seq is None else seq,
+        ts,
+        etype,
+        payload,
+        event_id or event_id_for(session, own),
+    )
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+# -- the agent's side ---------------------------------------------------------------------------
+
+
+class ProcessRecorder:
+    """The recorder as the agent's process sees it when a writer process does the writing.
+
+    Same face as ``Recorder`` (``emit``, ``emit_event``, ``keep_refused``, ``flush``, ``close``,
+    ``stats``, ``backlog``, ``pending``). ``local`` is an in-process ``Recorder`` made with
+    ``start=False``: it keeps the dead letter for what never reaches the writer (refused events,
+    events after close, spills under overload) and becomes the writer if the process cannot be.
+
+    Args:
+        db: The store as the writer process opens it (a path or URL).
+        local: The in-process recorder (its dead letter, limits and text length are used).
+        stored_ids: A task's stored event ids (skips what a dead writer stored, on fallback).
+        review_min_events: For the writer's triggers (end-of-task reviews).
+        live_triggers: Run the live anomaly rules in the writer.
+        on_review: Called when the writer queued a review (wakes the review worker).
+    """
+
+    def __init__(
+        self,
+        db: str,
+        *,
+        local: Recorder,
+        stored_ids: Callable[[str], set[str]],
+        review_min_events: int = 10,
+        live_triggers: bool = True,
+        on_review: Callable[[], None] | None = None,
+    ) -> None:
+        self._local = local
+        self._stored_ids = stored_ids
+        self._on_review = on_review
+        self.session = new_id("evt")
+        self._config = {
+            "db": db,
+            "dead_letter": str(local.dead_letter.absolute()),
+            "fallback_dir": str(local.fallback_dead_letter.parent),
+            "max_text": local.max_text,
+            "review_min_events": review_min_events,
+            "live": live_triggers,
+            "session": self.session,
+        }
+        self._seq = count(1)
+        self._mark_lock = threading.Lock()
+        self._flush_marks = 0
+        self._out: deque[bytes] = deque()  # accepted lines, not yet sent
+        # Sent and not yet all acknowledged durable, as the chunks written to the pipe (one
+        # object per chunk rather than per line: the lines are freed at once, see SEND_POLL).
+        self._sent: deque[tuple[int, bytes]] = deque()
+        self._sent_start = 0  # the index of the first line of the first chunk kept
+        self._sent_lines = 0  # lines in the chunks kept
+        self._cond = threading.Condition()
+        # What is handled, as counts of accepted events: acknowledged by a writer process,
+        # spilled here under overload, handed to the in-process fallback, or after close.
+        self._acked = 0
+        self._base = 0  # acknowledged before the current writer process started
+        self._spilled = 0
+        self._moved = 0
+        self._after = 0
+        self._remote: dict[str, int] = {}  # the current writer's counters
+        self._remote_past: dict[str, int] = {}  # those of writers that ended
+        self._lost_reported = 0
+        self._wake = threading.Event()
+        self._stop = False
+        self._closed = False
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._dead = False
+        self._restarts = 0
+        self._fallen_back = False
+        self._gen = 0
+        self._sender = threading.Thread(
+            target=self._send_loop, name="hindsight-sender", daemon=True
+        )
+        self._sender.start()
+
+    # -- what the facade reads --------------------------------------------------------------
+    @property
+    def dead_letter(self) -> Path:
+        return self._local.dead_letter
+
+    @property
+    def fallback_dead_letter(self) -> Path:
+        return self._local.fallback_dead_letter
+
+    @property
+    def queue_bound(self) -> int:
+        return self._local.queue_bound
+
+    @property
+    def block_seconds(self) -> float:
+        return self._local.block_seconds
+
+    @block_seconds.setter
+    def block_seconds(self, value: float) -> None:
+        self._local.block_seconds = value
+
+    @property
+    def max_text(self) -> int:
+        return self._local.max_text
+
+    @property
+    def mode(self) -> str:
+        """``process`` while a writer process writes, ``thread`` after falling back."""
+        return "thread" if self._fallen_back else "process"
+
+    @property
+    def pid(self) -> int | None:
+        """The writer process's id (None before the first event, or after falling back)."""
+        proc = self._proc
+        return None if proc is None or self._fallen_back else proc.pid
+
+    @property
+    def stats(self) -> dict[str, int]:
+        out = dict(self._local.stats)
+        for part in (self._remote_past, self._remote):
+            for k, v in part.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    @property
+    def backlog(self) -> int:
+        """Events accepted and not yet handed to the writer (the part ``queue_bound`` limits)."""
+        return len(self._out)
+
+    @property
+    def pending(self) -> int:
+        """Events accepted and not yet durable."""
+        return (
+            len(self._out) + self._sent_start + self._sent_lines - self._acked + self._local.pending
+        )
+
+    # -- hot path ---------------------------------------------------------------------------
+    def emit_event(self, event: dict[str, Any]) -> None:
+        """Queue a wire-format event that passed ``models.wire_event_problem``."""
+        event_id = event.get("event_id")
+        seq = event.get("seq")
+        self.emit(
+            event["task_id"],
+            event["type"],
+            event,  # serialized now: later changes by the caller cannot reach it
+            timestamp=event.get("timestamp"),
+            event_id=event_id if isinstance(event_id, str) else None,
+            seq=seq if type(seq) is int and -(2**63) <= seq < 2**63 else None,
+        )
+
+    def emit(
+        self,
+        task_id: str,
+        etype: str,
+        payload: dict[str, Any],
+        *,
+        timestamp: Any = None,
+        event_id: str | None = None,
+        seq: int | None = None,
+    ) -> int:
+        """Accept one event: serialize it once and append the line (no I/O, no lock)."""
+        own = next(self._seq)
+        if self._stop:
+            self._after_close(task_id, own, seq, timestamp, etype, payload, event_id)
+            return own
+        try:
+            frame = orjson.dumps(
+                (task_id, own, seq, timestamp or time.time_ns(), etype, payload, event_id),
+                option=_OPT,
+            )
+        except Exception:  # noqa: BLE001 - what orjson refuses is converted (rare, slower)
+            frame = self._portable(task_id, own, seq, timestamp, etype, payload, event_id)
+        q = self._out
+        if len(q) >= self._local.queue_bound:
+            self._overload()
+        q.append(frame)
+        return own
+
+    def _portable(
+        self,
+        task_id: str,
+        own: int,
+        seq: int | None,
+        timestamp: Any,
+        etype: str,
+        payload: Any,
+        event_id: str | None,
+    ) -> bytes:
+        """The line for an event orjson refuses as it is (a non-text key, an integer beyond 64
+        bits, a set, an object): its values converted as the writer would (no text cut: the
+        writer redacts before it cuts), the changes warned about here."""
+        sanitizer = _Sanitizer(1 << 62)
+        ts = timestamp or time.time_ns()
+        try:
+            clean = sanitizer.value(payload)
+            try:
+                return orjson.dumps((task_id, own, seq, ts, etype, clean, event_id), option=_OPT)
+            except (TypeError, orjson.JSONEncodeError):
+                clean = sanitizer.strict(clean)
+                if not isinstance(ts, (int, float, str)):
+                    ts = sanitizer._marker(ts)
+                return orjson.dumps(
+                    (str(task_id), own, seq, ts, str(etype), clean, event_id), option=_OPT
+                )
+        except Exception as exc:  # noqa: BLE001 - never lose the event for its content
+            sanitizer.problems.append(f"could not be stored as JSON ({exc!r}): kept as its error")
+            return orjson.dumps(
+                (
+                    str(task_id),
+                    own,
+                    seq,
+                    time.time_ns(),
+                    str(etype),
+                    {"unserializable": sanitizer.text(repr(exc))},
+                    event_id,
+                ),
+                option=_OPT,
+            )
+        finally:
+            if sanitizer.problems:
+                self._local.stats["warnings"] += 1
+                warn(
+                    f"event {own} of task {task_id!r}: "
+                    + "; ".join(sorted(set(sanitizer.problems)))
+                )
+
+    def _after_close(self, task_id: str, own: int, seq: Any, ts: Any, *rest: Any) -> None:
+        etype, payload, event_id = rest
+        item = (
+            task_id,
+            own if seq is None else seq,
+            ts or time.time_ns(),
+            etype,
+            payload,
+            event_id or event_id_for(self.session, own),
+        )
+        try:
+            self._local._after_close(*item)
+        finally:
+            with self._cond:
+                self._after += 1
+                self._cond.notify_all()
+
+    def _overload(self) -> None:
+        """The lines waiting for the writer reached ``queue_bound``: wait for the sender, then
+        spill the oldest to the dead letter, within ``block_seconds`` (as ``Recorder`` does)."""
+        self._wake.set()
+        local = self._local
+        started = time.monotonic()
+        deadline = started + local.block_seconds
+        wait_until = started + local.block_seconds / 2
+        while len(self._out) >= local.queue_bound and time.monotonic() < wait_until:
+            time.sleep(0.001)
+        spilled = 0
+        while len(self._out) >= local.queue_bound and spilled < BATCH_SIZE:
+            left = deadline - time.monotonic()
+            if spilled and left <= 0:
+                break
+            take = int(max(left, 0.0) / local._spill_cost) if spilled else SPILL_FIRST
+            take = max(SPILL_FIRST, min(BATCH_SIZE - spilled, take))
+            items: list[Item] = []
+            for _ in range(take):
+                try:
+                    frame = self._out.popleft()
+                except IndexError:
+                    break
+                items.append(frame_item(frame, self.session))
+            if not items:
+                break
+            with local._cond:
+                local._spilling += len(items)
+            t0 = time.perf_counter()
+            try:
+                local._spill(items)
+            finally:
+                local._spill_cost = max((time.perf_counter() - t0) / len(items), 1e-7)
+                with self._cond:
+                    self._spilled += len(items)
+                    self._cond.notify_all()
+            spilled += len(items)
+
+    def keep_refused(self, thing: Any, reason: str) -> None:
+        self._local.keep_refused(thing, reason)
+
+    # -- the sender thread ------------------------------------------------------------------
+    def _send_loop(self) -> None:
+        try:
+            while True:
+                if self._dead:
+                    self._recover()
+                    continue
+                if not self._out:
+                    if self._stop:
+                        return
+                    # Polled: setting an Event per event would cost the agent's thread more
+                    # than the whole append.
+                    self._wake.wait(SEND_POLL)
+                    self._wake.clear()
+                    continue
+                if self._fallen_back:
+                    self._move_to_local(self._take(SEND_CHUNK), skip=0, check=False)
+                    continue
+                if self._proc is None:
+                    if not self._spawn(resend=False):
+                        self._fall_back("the writer process could not be started")
+                    continue
+                room = SEND_WINDOW - self._sent_lines
+                if room <= 0:
+                    with self._cond:
+                        if self._sent_lines >= SEND_WINDOW and not self._dead:
+                            self._cond.wait(0.005)
+                    continue
+                frames = self._take(min(room, SEND_CHUNK))
+                chunk = b"".join(frames)
+                n = len(frames)
+                del frames
+                with self._cond:
+                    self._sent.append((n, chunk))
+                    self._sent_lines += n
+                self._send(chunk)
+        except Exception:  # noqa: BLE001 - the agent must never crash because of Hindsight
+            log.exception("hindsight: the sender thread failed; writing in-process from now")
+            with contextlib.suppress(Exception):
+                self._fall_back("the sender thread failed")
+                while self._out:
+                    self._move_to_local(self._take(SEND_CHUNK), skip=0, check=False)
+
+    def _take(self, n: int) -> list[bytes]:
+        frames = []
+        out = self._out
+        for _ in range(min(n, len(out))):
+            try:
+                frames.append(out.popleft())
+            except IndexError:
+                break
+        return frames
+
+    def _send(self, data: bytes) -> None:
+        proc = self._proc
+        try:
+            assert proc is not None and proc.stdin is not None
+            _write_all(proc.stdin.fileno(), data)
+        except (OSError, ValueError, AssertionError):
+            # The writer is gone: its reader sees the end of its pipe and says so.
+            with self._cond:
+                self._dead = True
+
+    def _spawn(self, *, resend: bool) -> bool:
+        """Start a writer process (and hand it the unacknowledged lines again)."""
+        import hindsight_loop
+
+        env = dict(os.environ)
+        root = str(Path(hindsight_loop.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "hindsight_loop.writer"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                close_fds=True,
+                # Its own session: a Ctrl-C meant for the agent must not kill its writer.
+                start_new_session=True,
+            )
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            log.warning("hindsight: could not start the writer process: %r", exc)
+            return False
+        assert proc.stdin is not None and proc.stdout is not None
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(proc.stdin.fileno(), _F_SETPIPE_SZ, 1 << 20)
+        with self._cond:
+            self._gen += 1
+            self._proc = proc
+            self._dead = False
+            if self._remote:
+                for k, v in self._remote.items():
+                    self._remote_past[k] = self._remote_past.get(k, 0) + v
+                self._remote = {}
+            # The new writer counts from the first line handed to it again: those of the first
+            # chunk already acknowledged are stored, and it skips them by their ids.
+            resent = list(self._sent) if resend else []
+            lines = self._sent_lines if resend else 0
+            self._base = self._sent_start if resend else self._acked
+        self._reader = threading.Thread(
+            target=self._read_acks, args=(proc, self._gen), name="hindsight-acks", daemon=True
+        )
+        self._reader.start()
+        head = orjson.dumps(self._config) + b"\n"
+        if resent:
+            head += orjson.dumps({"resent": lines}) + b"\n"
+        self._send(head)
+        for _n, chunk in resent:
+            self._send(chunk)
+        return True
+
+    def _read_acks(self, proc: subprocess.Popen[bytes], gen: int) -> None:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                try:
+                    msg = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                done = msg.get("done")
+                if done is not None:
+                    with self._cond:
+                        if gen == self._gen:
+                            acked = self._acked = max(self._acked, self._base + done)
+                            sent = self._sent
+                            while sent and self._sent_start + sent[0][0] <= acked:
+                                n = sent.popleft()[0]
+                                self._sent_start += n
+                                self._sent_lines -= n
+                            self._remote = msg.get("stats") or self._remote
+                            self._cond.notify_all()
+                elif "wake" in msg:
+                    if self._on_review is not None:
+                        with contextlib.suppress(Exception):
+                            self._on_review()
+                elif "warn" in msg:
+                    warn(str(msg["warn"]))
+        except Exception:  # noqa: BLE001
+            log.exception("hindsight: reading the writer's messages failed")
+        finally:
+            with self._cond:
+                if gen == self._gen:
+                    self._dead = True
+                    self._cond.notify_all()
+            self._wake.set()
+
+    def _reap(self) -> int | None:
+        proc = self._proc
+        if proc is None:
+            return None
+        with contextlib.suppress(Exception):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        try:
+            code = proc.wait(timeout=EXIT_WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        if proc.stdout is not None:
+            with contextlib.suppress(Exception):
+                proc.stdout.close()
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout=5)
+        return code
+
+    def _recover(self) -> None:
+        """The writer process ended while it was needed: start another and hand it what was
+        not acknowledged, or (past ``MAX_RESTARTS``, or when none starts) write in-process."""
+        code = self._reap()
+        unacked = self._sent_start + self._sent_lines - self._acked
+        if self._stop and not self._out and not unacked:
+            self._dead = False
+            return
+        if self._restarts < MAX_RESTARTS:
+            self._restarts += 1
+            warn(
+                f"the Hindsight writer process ended (exit code {code}); restarted it and "
+                f"handed it the {unacked} events it had not written"
+            )
+            if self._spawn(resend=True):
+                return
+        self._fall_back(f"the writer process ended (exit code {code})")
+
+    def _fall_back(self, reason: str) -> None:
+        """From now on the agent's process writes (``local``), starting with what no writer
+        process acknowledged (those a dead one did store are skipped by event id)."""
+        if self._fallen_back:
+            return
+        self._reap()
+        self._fallen_back = True
+        self._dead = False
+        warn(f"{reason}: Hindsight writes events in the agent's process from now on")
+        self._local.start()
+        with self._cond:
+            frames = [line for _n, chunk in self._sent for line in chunk.splitlines()]
+            skip = self._acked - self._sent_start  # acknowledged: durable already
+            self._sent.clear()
+            self._sent_start += self._sent_lines
+            self._sent_lines = 0
+        self._move_to_local(frames, skip=skip, check=True)
+
+    def _move_to_local(self, frames: list[bytes], *, skip: int, check: bool) -> None:
+        """Hand lines to the in-process writer: all but the first ``skip`` (durable already),
+        and with ``check``, all but those a dead writer stored (by event id)."""
+        items = []
+        for frame in frames[skip:]:
+            try:
+                items.append(frame_item(frame, self.session))
+            except Exception:  # noqa: BLE001 - a line that cannot be read is kept as it is
+                self._local.keep_refused(frame[:100_000], "unreadable recorder line")
+        if check:
+            # Those a dead writer stored are a prefix (it wrote in order): skip them.
+            known: dict[str, set[str]] = {}
+            skip = 0
+            for task_id, _seq, _ts, _etype, _p, event_id in items:
+                ids = known.get(task_id)
+                if ids is None:
+                    ids = known[task_id] = self._stored_ids(task_id)
+                if event_id not in ids:
+                    break
+                skip += 1
+            items = items[skip:]
+        self._local.emit_items(items)
+        with self._cond:
+            self._moved += len(frames) - skip
+            self._cond.notify_all()
+
+    # -- control ----------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> bool:
+        """Block until every event accepted so far is durable (stored or dead-lettered).
+
+        False on timeout, when no writer is left, or when events were lost since the previous
+        ``flush()`` reported (each loss is reported once).
+        """
+        with self._mark_lock:
+            mark = next(self._seq)
+            self._flush_marks += 1
+            target = mark - self._flush_marks
+        self._wake.set()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._acked + self._spilled + self._moved + self._after < target:
+                if not self._sender.is_alive() and not self._fallen_back:
+                    return False
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(0.05 if left is None else min(left, 0.05))
+        ok = True
+        if self._local.started:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ok = self._local.flush(left)
+        lost = self.stats["lost"]
+        if lost != self._lost_reported:
+            ok = False
+            self._lost_reported = lost
+        return ok
+
+    def close(self) -> None:
+        """Flush, stop the sender, let the writer process finish and exit, reap it."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush()
+        finally:
+            self._stop = True
+            self._wake.set()
+            self._sender.join(timeout=EXIT_WAIT)
+            with self._cond:
+                self._gen += 1  # the writer's end of pipe is expected now, not a death
+            self._reap()
+            self._local.close()
+
+
+# -- the writer process -------------------------------------------------------------------------
+
+
+def main() -> int:
+    """Read the agent's lines from stdin, write them, report on stdout; exit at the pipe's end."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when its writer stops
+    nice = int(os.environ.get("HINDSIGHT_WRITER_NICE", "0"))
+    if nice:
+        with contextlib.suppress(OSError):
+            os.nice(nice)
+    out_fd = os.dup(1)
+    os.dup2(2, 1)  # stray prints must not reach the agent's message pipe
+    send_lock = threading.Lock()
+
+    def send(msg: dict[str, Any]) -> None:
+        with send_lock, contextlib.suppress(OSError):
+            _write_all(out_fd, orjson.dumps(msg) + b"\n")
+
+    warnings.simplefilter("always", HindsightWarning)
+
+    def show(message: Any, category: Any, *_: Any, **__: Any) -> None:
+        send({"warn": str(message)})
+
+    warnings.showwarning = show
+
+    stdin = cast(io.BufferedReader, sys.stdin.buffer)
+    head = stdin.readline()
+    if not head:
+        return 0
+    config = orjson.loads(head)
+    from hindsight_loop.store import open_store
+    from hindsight_loop.triggers import Triggers
+
+    store = open_store(config["db"])
+    triggers = Triggers(
+        store,
+        review_min_events=config["review_min_events"],
+        live=config["live"],
+        wake=lambda: send({"wake": 1}),
+    )
+    skipped = 0
+    recorder: Recorder | None = None
+
+    def done(n: int) -> None:
+        assert recorder is not None
+        send({"done": n + skipped, "stats": recorder.stats})
+
+    recorder = Recorder(
+        store.write_event_batch,
+        dead_letter=config["dead_letter"],
+        fallback_dir=config["fallback_dir"],
+        max_text=config["max_text"],
+        on_batch=triggers.on_batch,
+        on_done=done,
+        start=False,
+    )
+    # This thread prepares (the Python work), the committer writes: two threads, not three.
+    recorder.start_committer()
+    session = config["session"]
+    resent = 0  # lines still to come that a dead writer may have stored
+    known: dict[str, set[str]] = {}
+    tail = b""
+    try:
+        while True:
+            chunk = stdin.read1(1 << 20)
+            if not chunk:
+                break
+            lines = (tail + chunk).split(b"\n") if tail else chunk.split(b"\n")
+            tail = lines.pop()  # an incomplete last line: the rest of it comes next
+            items: list[Item] = []
+            for line in lines:
+                try:
+                    item = frame_item(line, session)
+                except Exception:  # noqa: BLE001
+                    try:
+                        control = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        control = None
+                    if isinstance(control, dict) and "resent" in control:
+                        resent = int(control["resent"])
+                        known.clear()
+                    else:
+                        recorder.keep_refused(line[:100_000], "unreadable recorder line")
+                        skipped += 1
+                    continue
+                if resent:
+                    ids = known.get(item[0])
+                    if ids is None:
+                        ids = known[item[0]] = store.event_ids(item[0])
+                    if item[5] in ids:
+                        skipped += 1  # stored by the writer that died (a prefix: in order)
+                        resent -= 1
+                        continue
+                    resent = 0  # the first one not stored: the rest were not either
+                items.append(item)
+            del lines
+            if items:
+                # Waits while the committer still has a batch waiting: the pipe fills and the
+                # agent's sender waits in turn (its overload policy takes over from there).
+                recorder.commit_items(items)
+            else:
+                send({"done": recorder._done + skipped, "stats": recorder.stats})
+            del items
+    finally:
+        recorder.finish()
+        send({"done": recorder._done + skipped, "stats": recorder.stats})
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
