@@ -683,7 +683,7 @@ def test_detect_format() -> None:
         detect_format([{"role": "user", "content": "hi"}]) == "openai"
     )  # plain text reads the same
     assert detect_format(runs_from(CHINESE_RUN)[0].events) == "wire"
-    assert FORMATS == ("auto", "wire", "openai", "anthropic", "otlp")
+    assert FORMATS == ("auto", "wire", "openai", "anthropic", "otlp", "ag2")
     for unsure in (
         {},
         [],

@@ -285,6 +285,7 @@ KeyNodeKind = Literal[
     "consecutive_failures",
     "dissatisfaction",
     "recovery",
+    "handoff",
 ]
 
 

@@ -21,6 +21,13 @@ holding the per-run state it needs (``Detector``: ``observe(seen)``, ``finish()`
   output that is not the ``expected_type`` the result or the input named.
 - ``Dissatisfaction``: a negative feedback score, or complaint words (English or Chinese) in
   feedback or user input.
+- ``Handoff``: in a run of many agents (events naming ``agent_state.agent``), the turn passing
+  from one agent to another; ``related`` is ``[the last step of the one who handed over, the
+  first step of the one who took over]``, so a reviewer reads what was asked and what came back.
+
+A run where more than one agent speaks replays into a ``TeamChronicle``: the same chronicle plus
+each step's agent and each agent's key nodes (``agents``). A single-agent run's chronicle is a
+plain ``Chronicle``, exactly as before.
 
 ``replay`` runs them all; ``AnomalyWatch`` runs the ``LIVE_KINDS`` among them. Whether a call
 failed is ``models.is_failure``, the one rule for it. ``local_window`` says which steps a local
@@ -39,6 +46,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
 from operator import attrgetter
@@ -76,6 +84,7 @@ __all__ = [
     "AnomalyWatch",
     "Detector",
     "Seen",
+    "TeamChronicle",
     "local_window",
     "run_language",
     "looks_dissatisfied",
@@ -196,6 +205,11 @@ def replay(task: Task, events: Sequence[Event], *, max_steps: int = 500) -> Chro
     else:
         kept = list(range(n))
     steps = [_step(new, ordered[old]) for new, old in enumerate(kept)]
+    if any(node.kind == "handoff" for node in nodes):
+        # Only a run whose turn passed between agents pays for the per-agent view.
+        return _team_chronicle(
+            task, steps, nodes, [ordered[old] for old in kept], len(events), len(steps) < n
+        )
     return Chronicle(
         task=task,
         steps=steps,
@@ -751,6 +765,48 @@ class Dissatisfaction:
         return _NONE
 
 
+class Handoff:
+    """``handoff``: the turn passed from one agent to another (who asked whom, what came back).
+
+    Agents are read from ``agent_state.agent`` of the events where an agent speaks (a
+    decision or a user input); a run that never names two agents has none.
+    """
+
+    kind: KeyNodeKind = "handoff"
+    __slots__ = ("_agent", "_index")
+
+    def __init__(self) -> None:
+        self._agent: str | None = None
+        self._index = -1
+
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        etype = seen.type
+        if etype != "llm_decision" and etype != "user_input":
+            return _NONE
+        state = seen.event.agent_state
+        agent = state.get("agent") if state else None
+        if not isinstance(agent, str) or not agent:
+            return _NONE
+        before, i = self._agent, seen.index
+        self._agent = agent
+        prev, self._index = self._index, i
+        if before is None or before == agent:
+            return _NONE
+        return (
+            _node(
+                "handoff",
+                i,
+                seen.event,
+                f"{_name(before, 22)} → {_name(agent, 22)}",
+                action=seen.name,
+                related=[prev, i],
+            ),
+        )
+
+    def finish(self) -> Sequence[KeyNode]:
+        return _NONE
+
+
 #: Every detector replay runs, in the order its nodes are listed at one step.
 DETECTORS: tuple[Callable[[], Detector], ...] = (
     FirstFailure,
@@ -760,6 +816,7 @@ DETECTORS: tuple[Callable[[], Detector], ...] = (
     Hesitation,
     Anomaly,
     Dissatisfaction,
+    Handoff,
 )
 #: The kinds the live watch reports during the run: each can start a local review (most
 #: telling first: a review of several names the first).
@@ -972,6 +1029,60 @@ def _anomaly(ev: Event, result: dict[str, Any]) -> str | None:
         return None  # a type name we do not understand is no evidence of anything
     got = _JSON_NAMES.get(type(output), type(output).__name__)
     return f"{what} gave {got}, expected {'|'.join(map(str, wanted))}"
+
+
+# -- many agents ------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True)
+class TeamChronicle(Chronicle):
+    """The chronicle of a run where several agents took turns: who did each step, and what
+    each agent's key nodes are."""
+
+    step_agents: list[str | None] = field(default_factory=list)
+    """The agent of each step (parallel to ``steps``): who spoke, or whose tool call it was."""
+    agents: dict[str, list[KeyNode]] = field(default_factory=dict)
+    """Each agent (in order of first appearance) -> the key nodes at its steps; a handoff is
+    listed under the agent who took over."""
+    roles: dict[str, str] = field(default_factory=dict)
+    """Agent -> role, for events that named one (``agent_state.role``)."""
+
+
+def _team_chronicle(
+    task: Task,
+    steps: list[Step],
+    nodes: list[KeyNode],
+    events: list[Event],
+    count: int,
+    compressed: bool,
+) -> TeamChronicle:
+    step_agents: list[str | None] = []
+    roles: dict[str, str] = {}
+    agents: dict[str, list[KeyNode]] = {}
+    for ev in events:
+        state = ev.agent_state or {}
+        agent = state.get("agent")
+        agent = agent if isinstance(agent, str) and agent else None
+        step_agents.append(agent)
+        if agent is not None:
+            agents.setdefault(agent, [])
+            role = state.get("role")
+            if isinstance(role, str) and role:
+                roles.setdefault(agent, role)
+    for node in nodes:
+        owner = step_agents[node.index]
+        if owner is not None:
+            agents[owner].append(node)
+    return TeamChronicle(
+        task=task,
+        steps=steps,
+        key_nodes=nodes,
+        event_count=count,
+        compressed=compressed,
+        step_agents=step_agents,
+        agents=agents,
+        roles=roles,
+    )
 
 
 # -- compression ------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from hindsight_loop.ingest.ag2 import ag2_events, is_ag2_run
 from hindsight_loop.ingest.anthropic import anthropic_events
 from hindsight_loop.ingest.openai import openai_events
 from hindsight_loop.ingest.otlp import otlp_events
@@ -45,7 +46,7 @@ from hindsight_loop.ingest.wire import (
 )
 from hindsight_loop.models import wire_event_problem
 
-FORMATS = ("auto", "wire", "openai", "anthropic", "otlp")
+FORMATS = ("auto", "wire", "openai", "anthropic", "otlp", "ag2")
 
 __all__ = [
     "FORMATS",
@@ -155,6 +156,9 @@ def runs_from(
         return [Run(task_id=t, events=e) for t, e in wire_runs(data)]
     if format == "otlp":
         return [Run(task_id=t, events=e) for t, e in otlp_events(data, overrides)]
+    if format == "ag2":
+        chats = data if isinstance(data, list) else [data]
+        return [Run(task_id=t, events=e) for t, e in (ag2_events(c, overrides) for c in chats)]
     mapping = openai_events if format == "openai" else anthropic_events
     runs: list[Run] = []
     for run in _runs_in(data):
@@ -219,13 +223,13 @@ _ANTHROPIC_BLOCKS = frozenset(
 def _unsure(what: str) -> ValueError:
     return ValueError(
         f"cannot tell the format of this data ({what}); "
-        "name it with --format wire|openai|anthropic|otlp "
+        "name it with --format wire|openai|anthropic|otlp|ag2 "
         "(format=... in runs_from / read_runs)"
     )
 
 
 def detect_format(data: Any) -> str:
-    """Guess the format of parsed JSON data: ``wire``, ``openai``, ``anthropic`` or ``otlp``.
+    """Guess the format of parsed JSON data: ``wire``, ``openai``, ``anthropic``, ``otlp`` or ``ag2``.
 
     Plain text messages read the same in both chat formats and are called ``openai``.
 
@@ -238,6 +242,8 @@ def detect_format(data: Any) -> str:
             return "otlp"
         if is_wire_event(data):
             return "wire"
+        if is_ag2_run(data):
+            return "ag2"  # an AG2 group chat: {"history": [{"name", "content", …}]}
         if any(isinstance(data.get(k), list) for k in MESSAGE_KEYS):
             return _chat_format([data])
         raise _unsure("an object with neither 'resourceSpans', 'messages' nor a wire 'type'")
@@ -249,6 +255,8 @@ def detect_format(data: Any) -> str:
         return "otlp"
     if all(is_wire_event(x) for x in data):
         return "wire"
+    if all(is_ag2_run(x) for x in data):
+        return "ag2"
     if all(isinstance(x, dict) and "role" in x for x in data):
         return _chat_format([data])  # one run: a list of messages
     if all(
