@@ -63,7 +63,7 @@ def is_executor(name: str | None, content: str) -> bool:
     """Whether a message is the code executor's answer rather than an agent speaking."""
     if _EXIT.match(content) or _NO_CODE.match(content):
         return True
-    return bool(name) and name.lower() in _EXECUTORS and content.strip() != "TERMINATE"
+    return name is not None and name.lower() in _EXECUTORS and content.strip() != "TERMINATE"
 
 
 def ag2_events(run: Any, overrides: Overrides | None = None) -> tuple[str, list[dict[str, Any]]]:

@@ -287,3 +287,44 @@ def _cut(text: str, budget_tokens: int, *, middle: bool = False) -> str:
         else:
             hi = mid - 1
     return shortened(lo)
+
+
+# -- failure attribution (hindsight_loop.attribute) -------------------------------------------
+# Kept here beside the review prompts; rendered with ``Template.substitute``, so a missing value
+# is an error, as for the prompt files.
+
+ATTRIBUTION_SYSTEM = (
+    "You review a failed run of a team of AI agents and find the one decisive mistake: the "
+    "earliest step whose error made the team's final answer wrong. Answer with one JSON object "
+    "and nothing else."
+)
+ATTRIBUTION_ALL_AT_ONCE = Template(
+    """The team worked on this task and its final answer was wrong.
+
+Task: $goal
+
+Agents: $agents
+
+The run, one step a line (a code execution is shown under the agent whose code it ran):
+$steps
+
+Which agent made the decisive mistake, and at which step? Prefer the earliest step whose
+error the run never recovered from (wrong facts, made-up data, a wrong plan, buggy code, a
+false claim of success) over later steps that only repeated or confirmed it.
+
+Answer: {"agent": "<agent name>", "step": <step number>, "reason": "<one sentence>",
+"confidence": <0..1>}"""
+)
+ATTRIBUTION_BISECT = Template(
+    """The team worked on this task and its final answer was wrong.
+
+Task: $goal
+
+Part of the run, one step a line:
+$steps
+
+Is the decisive mistake (the earliest error the run never recovered from) in steps $first or
+in steps $second?
+
+Answer: {"half": "first" or "second", "reason": "<one sentence>"}"""
+)
