@@ -57,6 +57,10 @@ DEFAULT_BUDGET_TOKENS = 4000
 #: trims it further.
 STEP_TEXT_MAX = 900
 
+#: Each offline rule's confidence: the share of the Who&When logs the rules were designed on
+#: (Algorithm-Generated 1-63) where the rule, when it decided, named the right agent.
+RULE_CONFIDENCE = {"failed_execution": 0.6, "made_up_input": 0.57, "first_worker": 0.67}
+
 Method = Literal["offline", "all_at_once", "binary_search"]
 
 
@@ -175,7 +179,7 @@ def _offline(chronicle: Chronicle, agents: list[str | None]) -> Attribution:
             author,
             "failed_execution",
             f"its code was the first to fail ({why}); the run built on that",
-            0.5,
+            RULE_CONFIDENCE["failed_execution"],
         )
     if made_up is not None:
         word = _MADE_UP.search(_text(steps[made_up]))
@@ -186,7 +190,7 @@ def _offline(chronicle: Chronicle, agents: list[str | None]) -> Attribution:
             made_up,
             "made_up_input",
             f"it worked from made-up input ({said!r}) instead of finding the real data",
-            0.5,
+            RULE_CONFIDENCE["made_up_input"],
         )
     first = _first_work(steps, turns)
     return _blame(
@@ -195,7 +199,7 @@ def _offline(chronicle: Chronicle, agents: list[str | None]) -> Attribution:
         first,
         "first_worker",
         "it did the first real work on the task; the others built on what it said",
-        0.35,
+        RULE_CONFIDENCE["first_worker"],
     )
 
 

@@ -24,6 +24,9 @@ from hindsight_loop.models import (
     Lesson,
     Reflection,
     Task,
+    iso,
+    new_id,
+    utcnow,
     wire_event_problem,
 )
 from hindsight_loop.record import DEFAULT_MAX_TEXT, Recorder, warn
@@ -40,6 +43,7 @@ from hindsight_loop.triggers import Triggers
 from hindsight_loop.worker import Curator, Worker
 
 if TYPE_CHECKING:
+    from hindsight_loop.attribute import Attribution
     from hindsight_loop.embed import Embedder
     from hindsight_loop.ingest import ImportReport
     from hindsight_loop.lessons import Change
@@ -608,6 +612,44 @@ class Hindsight:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def attribute(
+        self,
+        task_id: str,
+        *,
+        llm: Any = None,
+        method: Literal["all_at_once", "binary_search"] = "all_at_once",
+        save: bool = True,
+    ) -> Attribution:
+        """Say which agent of a run caused it to fail, at which step and why
+        (``attribute.attribute``), and keep the answer beside the task's reflections.
+
+        ``llm``: a model client (``hindsight_loop.llm.connect``) to review the run; None for the
+        offline rules. The answer is stored as a reflection with ``trigger="attribution"`` and
+        the attribution in ``parsed["attribution"]`` unless ``save`` is False.
+        """
+        from hindsight_loop.attribute import attribute
+
+        self.flush()
+        events = self.store.events(task_id)
+        found = attribute(self.worker.chronicle(task_id), events=events, llm=llm, method=method)
+        if save:
+            self.store.save_reflection(
+                Reflection(
+                    reflection_id=new_id("ref"),
+                    task_id=task_id,
+                    status="ok" if found.error is None else "suspect",
+                    reflector=found.method,
+                    model=getattr(llm, "model", None),
+                    tokens_in=found.tokens_in or None,
+                    tokens_out=found.tokens_out or None,
+                    parsed={"attribution": found.to_dict()},
+                    error=found.error,
+                    created_at=iso(utcnow()),
+                    trigger="attribution",
+                )
+            )
+        return found
 
 
 __all__ = ["ActionCall", "Hindsight", "TaskRun", "current_task"]
