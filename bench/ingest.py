@@ -5,7 +5,10 @@ of events (per 10: 4 tool calls of ~1 KB, 3 decisions, a user input, a state cha
 feedback; ~500 B of body on average), recorded with ``TaskRun`` calls on the agent's thread
 (``record_action``, ``decision``, ``user_input``, ``state``, ``feedback``). Each run appends to
 the same store, so the last run ends at ``--events`` x runs rows: the rate must hold as the
-table grows. Baseline, interleaved run by run: a naive synchronous logger on the agent's thread
+table grows. Subjects: the writer process (``writer="process"``: the agent's process serializes,
+another sanitizes, redacts, writes and runs the live triggers) and the writer thread (the
+default), each with the live triggers on; the thread also with them off. Baseline, interleaved
+run by run: a naive synchronous logger on the agent's thread
 that serializes each event with orjson and writes it to the same schema with ``executemany``,
 one transaction per 10,000 events, without sanitizing or redacting: roughly what this disk and
 SQLite can take.
@@ -66,13 +69,16 @@ def _replay_onto(task: Any, events: list[dict[str, Any]]) -> None:
             task.feedback(ev["input"]["text"], score=ev["input"]["score"])
 
 
-def _subject(db: Path, events: list[dict[str, Any]], triggers: bool = True) -> tuple[float, int]:
+def _subject(
+    db: Path, events: list[dict[str, Any]], triggers: bool = True, writer: str = "thread"
+) -> tuple[float, int]:
     """The recorder as users get it (live anomaly triggers on), or with the triggers off."""
     from hindsight_loop import Hindsight
 
-    hs = Hindsight(db, background=False, triggers=triggers)
+    hs = Hindsight(db, background=False, triggers=triggers, writer=writer)  # type: ignore[arg-type]
     try:
         with hs.task("ingest", goal="bulk", recall=False) as task:
+            hs.flush()  # the writer process starts: once per agent, not part of the rate
             t0 = time.perf_counter()
             _replay_onto(task, events)
             hs.flush()
@@ -184,10 +190,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             len(orjson.dumps({k: v for k, v in e.items() if k not in ("type", "task_id")}))
             for e in events[:10_000]
         ) / min(n, 10_000)
-        subj, prop, base, rows = [], [], [], 0
+        subj, prop, base, proc, rows, proc_rows = [], [], [], [], 0, 0
         for r in range(runs):
-            for which in [(0, 1, 2), (2, 1, 0), (1, 2, 0)][r % 3]:
-                if which == 0:
+            for which in [(3, 0, 1, 2), (2, 1, 0, 3), (1, 3, 2, 0)][r % 3]:
+                if which == 3:
+                    elapsed, proc_rows = _subject(tmp / "process.db", events, writer="process")
+                    proc.append(n / elapsed)
+                elif which == 0:
                     elapsed, rows = _subject(tmp / "subject.db", events)
                     subj.append(n / elapsed)
                 elif which == 1:
@@ -214,6 +223,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "events_per_run": n,
             "avg_body_bytes": avg_body,
             "rows_at_end": rows,
+            "process_rows_at_end": proc_rows,
+            "process_events_per_s": spread(proc),
+            "process_last_run_events_per_s": proc[-1],
+            "ratio_process_over_baseline": spread([p / b for p, b in zip(proc, base, strict=True)]),
+            "ratio_process_over_thread": spread([p / s for p, s in zip(proc, subj, strict=True)]),
             "rows_expected": expected_rows,
             "subject_events_per_s": spread(subj),
             "baseline_events_per_s": spread(base),
@@ -247,6 +261,12 @@ def render(r: dict[str, Any]) -> str:
         [
             f"{r['runs']} runs x {r['events_per_run']:,} events (~{r['avg_body_bytes']:.0f} B body), "
             f"store ends at {r['rows_at_end']:,} rows (expected {r['rows_expected']:,})",
+            f"writer process (triggers on) {r['process_events_per_s']['median']:,.0f} events/s "
+            f"({r['process_events_per_s']['min']:,.0f}-{r['process_events_per_s']['max']:,.0f}), "
+            f"last run (store at {r['process_rows_at_end']:,} rows) "
+            f"{r['process_last_run_events_per_s']:,.0f}; / baseline "
+            f"{r['ratio_process_over_baseline']['median']:.2f}, / writer thread "
+            f"{r['ratio_process_over_thread']['median']:.2f}",
             f"recorder (defaults, triggers on) {s['median']:,.0f} events/s ({s['min']:,.0f}-{s['max']:,.0f})",
             f"with the live triggers off {r['no_triggers_events_per_s']['median']:,.0f} events/s",
             f"naive executemany logger {b['median']:,.0f} events/s ({b['min']:,.0f}-{b['max']:,.0f})",

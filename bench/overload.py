@@ -13,6 +13,11 @@ falls behind and the queue fills. The resident memory of the process is sampled 
 At the end: rows in the store + lines in the dead-letter file must equal the events accepted,
 and memory must stop growing once the queue is full.
 
+With the writer process (``writer="process"``) the slow disk is another connection holding the
+database's write lock ``--disk-delay`` seconds at a time (the writer process is not patched): the
+writer waits, stops reading its pipe, the agent's sender waits, the lines waiting in the agent
+reach the bound and spill. Memory is then sampled in both processes (the agent's, the writer's).
+
 Baseline, interleaved run by run: the same workload with the bound lifted (``queue_bound`` of
 10^9), which is what an unbounded in-memory queue would do: its memory grows with the backlog.
 """
@@ -37,28 +42,59 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import action_payload, cli, rss_bytes, spread  # noqa: E402
 
 
-def _one(db: Path, n: int, bound: int, delay: float, block_seconds: float) -> dict[str, Any]:
+def _rss_of(pid: int | None) -> int:
+    if pid is None:
+        return 0
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * 4096
+    except (OSError, ValueError):
+        return 0
+
+
+def _one(
+    db: Path, n: int, bound: int, delay: float, block_seconds: float, writer: str = "thread"
+) -> dict[str, Any]:
+    import sqlite3
+
     from hindsight_loop import Hindsight, HindsightWarning
 
-    hs = Hindsight(db, background=False, triggers=False, queue_bound=bound)
+    hs = Hindsight(db, background=False, triggers=False, queue_bound=bound, writer=writer)  # type: ignore[arg-type]
     hs.recorder.block_seconds = block_seconds
-    write = hs.recorder._write
+    done = threading.Event()
+    if writer == "thread":
+        write = hs.recorder._write
 
-    def slow_disk(rows: list) -> Any:
-        time.sleep(delay)
-        return write(rows)
+        def slow_disk(rows: list) -> Any:
+            time.sleep(delay)
+            return write(rows)
 
-    hs.recorder._write = slow_disk
+        hs.recorder._write = slow_disk
+    else:
+
+        def hold_lock() -> None:  # a slow disk for a process we do not patch
+            con = sqlite3.connect(db, isolation_level=None, timeout=60)
+            while not done.is_set():
+                con.execute("BEGIN IMMEDIATE")
+                time.sleep(delay)
+                con.execute("COMMIT")
+                time.sleep(0.01)
+            con.close()
+
+        threading.Thread(target=hold_lock, daemon=True).start()
     rng = random.Random(11)
     templates = [action_payload(rng) for _ in range(200)]
     marks: list[int] = []  # resident memory after each twentieth of the events
     step = max(1, n // 20)
     peak = [0]
-    done = threading.Event()
+    writer_peak = [0]
+    writer_marks: list[int] = []
+    sampling = threading.Event()
 
     def sample() -> None:  # the peak between marks (a spill or a batch can spike it)
-        while not done.is_set():
+        while not sampling.is_set():
             peak[0] = max(peak[0], rss_bytes())
+            writer_peak[0] = max(writer_peak[0], _rss_of(getattr(hs.recorder, "pid", None)))
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -82,11 +118,13 @@ def _one(db: Path, n: int, bound: int, delay: float, block_seconds: float) -> di
             accepted += 1
             if i % step == step - 1:
                 marks.append(rss_bytes())
+                writer_marks.append(_rss_of(getattr(hs.recorder, "pid", None)))
         t_emit = time.perf_counter() - t0
         task.__exit__(None, None, None)
         accepted += 1
+        done.set()  # the disk is fast again: what is left drains
         hs.flush()
-        done.set()
+        sampling.set()
         sampler.join()
     rows = hs.store.event_count()
     stats = dict(hs.recorder.stats)
@@ -108,12 +146,24 @@ def _one(db: Path, n: int, bound: int, delay: float, block_seconds: float) -> di
         "rss_growth_second_half_mb": (marks[-1] - marks[half]) / 2**20,
         "rss_growth_first_half_mb": (marks[half] - rss0) / 2**20,
         "emit_s": t_emit,
+        "writer_peak_rss_mb": writer_peak[0] / 2**20,
+        "writer_rss_growth_second_half_mb": (writer_marks[-1] - writer_marks[half]) / 2**20,
     }
 
 
-def _child(db: Path, n: int, bound: int, delay: float, block: float) -> dict[str, Any]:
+def _child(db: Path, n: int, bound: int, delay: float, block: float, writer: str) -> dict[str, Any]:
     """One measurement in a fresh process, so memory freed by an earlier one cannot hide growth."""
-    cmd = [sys.executable, __file__, "--child", str(db), str(n), str(bound), str(delay), str(block)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(db),
+        str(n),
+        str(bound),
+        str(delay),
+        str(block),
+        writer,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -131,9 +181,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for which in (0, 1) if r % 2 == 0 else (1, 0):
                 db = tmp / f"o{r}{which}.db"
                 if which == 0:
-                    bounded.append(_child(db, n, bound, args.disk_delay, args.block))
+                    bounded.append(_child(db, n, bound, args.disk_delay, args.block, args.writer))
                 else:
-                    unbounded.append(_child(db, n, 10**9, args.disk_delay, args.block))
+                    unbounded.append(_child(db, n, 10**9, args.disk_delay, args.block, args.writer))
         return {
             "bench": "overload",
             "runs": runs,
@@ -154,6 +204,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ),
             "emit_events_per_s": spread([n / x["emit_s"] for x in bounded]),
             "block_seconds": args.block,
+            "writer": args.writer,
+            "writer_process_peak_rss_mb": spread([x["writer_peak_rss_mb"] for x in bounded]),
+            "writer_process_second_half_growth_mb": spread(
+                [x["writer_rss_growth_second_half_mb"] for x in bounded]
+            ),
         }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -162,7 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def render(r: dict[str, Any]) -> str:
     return "\n".join(
         [
-            f"{r['runs']} runs x {r['events']:,} events, queue bound {r['queue_bound']:,}, disk "
+            f"writer {r['writer']}: {r['runs']} runs x {r['events']:,} events, queue bound {r['queue_bound']:,}, disk "
             f"{r['disk_delay_s']} s per batch",
             f"accepted {r['accepted_total']:,} = rows {r['rows_total']:,} + dead letter "
             f"{r['dead_letter_total']:,}; lost {r['lost_total']}",
@@ -170,6 +225,9 @@ def render(r: dict[str, Any]) -> str:
             f"{r['second_half_growth_mb']['median']:+.1f} MB",
             f"unbounded: peak +{r['unbounded_peak_rss_mb']['median']:.0f} MB, growth over the second "
             f"half {r['unbounded_second_half_growth_mb']['median']:+.1f} MB",
+            f"writer process (bounded runs): peak {r['writer_process_peak_rss_mb']['median']:.0f} MB"
+            f" resident, growth over the second half "
+            f"{r['writer_process_second_half_growth_mb']['median']:+.1f} MB",
         ]
     )
 
@@ -180,11 +238,12 @@ def _extra(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bound", type=int, default=20_000)
     p.add_argument("--disk-delay", type=float, default=0.3)
     p.add_argument("--block", type=float, default=0.1, help="the recorder's block_seconds")
+    p.add_argument("--writer", choices=("thread", "process"), default="thread")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        db, n, bound, delay, block = sys.argv[2:7]
-        print(json.dumps(_one(Path(db), int(n), int(bound), float(delay), float(block))))
+        db, n, bound, delay, block, writer = sys.argv[2:8]
+        print(json.dumps(_one(Path(db), int(n), int(bound), float(delay), float(block), writer)))
     else:
         cli(__doc__ or "", run, render, _extra)

@@ -8,6 +8,10 @@ distinct payloads, cycled):
   per-event call of the facade;
 - ``hs.record``: the wire-format path, ``hs.record({...})``, building the event dict included.
 
+Each with the writer thread in the agent's process (``writer="thread"``, the default) and with
+the writer process (``writer="process"``: the call serializes the event; the rest happens in
+another process).
+
 Baseline: an OpenTelemetry SDK span with 5 attributes (tool name, arguments and result as JSON
 strings, status, step; the strings prepared beforehand, which favours OpenTelemetry) through a
 ``BatchSpanProcessor`` with an exporter that drops everything, the attributes dict built in the
@@ -75,37 +79,52 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     strings = [(orjson.dumps(a).decode(), orjson.dumps(o).decode()) for _t, a, o, _s in pool]
 
     tmp = Path(tempfile.mkdtemp(prefix="hs-bench-"))
-    hs = Hindsight(tmp / "bench.db", background=False, triggers=False)
+    instances = {
+        mode: Hindsight(tmp / f"{mode}.db", background=False, triggers=False, writer=mode)
+        for mode in ("thread", "process")
+    }
     provider, tracer = _otel_tracer()
-    task = hs.task(
-        "bench", goal="measure recording", tools=list({p[0] for p in pool}), recall=False
-    ).__enter__()
-    tid = task.task_id
+    tasks = {
+        mode: h.task(
+            "bench", goal="measure recording", tools=list({p[0] for p in pool}), recall=False
+        ).__enter__()
+        for mode, h in instances.items()
+    }
     import time
 
     pc = time.perf_counter_ns
 
-    def record_action(samples: list[int], start: int) -> None:
-        for i in range(start, start + BLOCK):
-            tool, a, o, step = pool[i % 1000]
-            t0 = pc()
-            task.record_action(tool, a, output=o, step=step)
-            samples.append(pc() - t0)
+    def make_record_action(mode: str) -> Any:
+        task = tasks[mode]
 
-    def wire_record(samples: list[int], start: int) -> None:
-        for i in range(start, start + BLOCK):
-            tool, a, o, step = pool[i % 1000]
-            t0 = pc()
-            hs.record(
-                {
-                    "type": "action_executed",
-                    "task_id": tid,
-                    "input": {"tool": tool, "args": a},
-                    "result": {"status": "succeeded", "output": o},
-                    "agent_state": {"current_step": step},
-                }
-            )
-            samples.append(pc() - t0)
+        def record_action(samples: list[int], start: int) -> None:
+            for i in range(start, start + BLOCK):
+                tool, a, o, step = pool[i % 1000]
+                t0 = pc()
+                task.record_action(tool, a, output=o, step=step)
+                samples.append(pc() - t0)
+
+        return record_action
+
+    def make_wire_record(mode: str) -> Any:
+        hs, tid = instances[mode], tasks[mode].task_id
+
+        def wire_record(samples: list[int], start: int) -> None:
+            for i in range(start, start + BLOCK):
+                tool, a, o, step = pool[i % 1000]
+                t0 = pc()
+                hs.record(
+                    {
+                        "type": "action_executed",
+                        "task_id": tid,
+                        "input": {"tool": tool, "args": a},
+                        "result": {"status": "succeeded", "output": o},
+                        "agent_state": {"current_step": step},
+                    }
+                )
+                samples.append(pc() - t0)
+
+        return wire_record
 
     def otel_span(samples: list[int], start: int) -> None:
         for i in range(start, start + BLOCK):
@@ -125,22 +144,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 pass
             samples.append(pc() - t0)
 
-    subjects = {"record_action": record_action, "hs.record": wire_record, "otel_span": otel_span}
+    subjects = {
+        "record_action": make_record_action("thread"),
+        "hs.record": make_wire_record("thread"),
+        "record_action/process": make_record_action("process"),
+        "hs.record/process": make_wire_record("process"),
+        "otel_span": otel_span,
+    }
     names = list(subjects)
-    # Warm up every path (imports, caches, the writer's first batches).
+    # Warm up every path (imports, caches, the writer's first batches, the writer process).
     for fn in subjects.values():
         fn([], 0)
-    hs.flush()
+    for h in instances.values():
+        h.flush()
 
     per_run: list[dict[str, dict[str, float]]] = []
     backlog_max = 0
     for r in range(runs):
         samples: dict[str, list[int]] = {n: [] for n in names}
         for b in range(blocks):
-            order = names[b % 3 :] + names[: b % 3]  # rotate who goes first
+            k = b % len(names)
+            order = names[k:] + names[:k]  # rotate who goes first
             for n in order:
                 subjects[n](samples[n], (r * blocks + b) * BLOCK)
-            backlog_max = max(backlog_max, hs.recorder.backlog)
+            backlog_max = max(backlog_max, *(h.recorder.backlog for h in instances.values()))
         stats = {}
         for n, s in samples.items():
             s.sort()
@@ -150,12 +177,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "p999": percentile(s, 99.9),
             }
         per_run.append(stats)
-        hs.flush()  # between runs, untimed: each run starts with the writer caught up
+        for h in instances.values():
+            h.flush()  # between runs, untimed: each run starts with the writer caught up
 
-    recorded = hs.store.event_count(tid)
+    recorded = min(h.store.event_count(tasks[m].task_id) for m, h in instances.items())
     expected = 2 * (runs * blocks + 1) * BLOCK + 1
-    task.__exit__(None, None, None)
-    hs.close()
+    for mode, h in instances.items():
+        tasks[mode].__exit__(None, None, None)
+        h.close()
     provider.shutdown()
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -172,7 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for n in names:
         for q in ("p50", "p99", "p999"):
             out[f"{n}_{q}_ns"] = spread([s[n][q] for s in per_run])
-    for n in ("record_action", "hs.record"):
+    for n in ("record_action", "hs.record", "record_action/process", "hs.record/process"):
         out[f"otel_over_{n}_p50"] = spread([s["otel_span"]["p50"] / s[n]["p50"] for s in per_run])
         out[f"otel_over_{n}_p99"] = spread([s["otel_span"]["p99"] / s[n]["p99"] for s in per_run])
     return out
@@ -184,18 +213,24 @@ def render(r: dict[str, Any]) -> str:
         f"median (min-max) over runs; timer {r['timer_ns']} ns included; "
         f"~{r['avg_body_bytes']:.0f} B per event"
     ]
-    for n in ("record_action", "hs.record", "otel_span"):
+    for n in (
+        "record_action",
+        "hs.record",
+        "record_action/process",
+        "hs.record/process",
+        "otel_span",
+    ):
         p50, p99 = r[f"{n}_p50_ns"], r[f"{n}_p99_ns"]
         lines.append(
-            f"{n:14s} p50 {p50['median']:7.0f} ({p50['min']:.0f}-{p50['max']:.0f})  "
+            f"{n:22s} p50 {p50['median']:7.0f} ({p50['min']:.0f}-{p50['max']:.0f})  "
             f"p99 {p99['median']:7.0f} ({p99['min']:.0f}-{p99['max']:.0f})"
         )
-    for n in ("record_action", "hs.record"):
+    for n in ("record_action", "hs.record", "record_action/process", "hs.record/process"):
         lines.append(
             f"OTel span / {n}: p50 x{r[f'otel_over_{n}_p50']['median']:.1f}, "
             f"p99 x{r[f'otel_over_{n}_p99']['median']:.1f}"
         )
-    lines.append(f"events stored {r['recorded']} of {r['expected']}")
+    lines.append(f"events stored (each writer) {r['recorded']} of {r['expected']}")
     return "\n".join(lines)
 
 

@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import io
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -55,7 +56,7 @@ from hindsight_loop.record import (
 log = logging.getLogger("hindsight_loop")
 
 #: Lines sent to the writer and not yet acknowledged, at most (they are kept for a resend).
-SEND_WINDOW = 4 * BATCH_SIZE
+SEND_WINDOW = BATCH_SIZE  # the pipe and the two batches in the writer hold ~2,500
 #: Lines written to the pipe at a time.
 SEND_CHUNK = 2_000
 #: Writer processes started again after one died, before falling back to in-process writing.
@@ -167,6 +168,9 @@ class ProcessRecorder:
         self._restarts = 0
         self._fallen_back = False
         self._gen = 0
+        #: Lines written whole to a writer process's pipe so far (what a SIGKILL of the agent
+        #: cannot take back: the writer reads its pipe to the end).
+        self.handed_over = 0
         self._sender = threading.Thread(
             target=self._send_loop, name="hindsight-sender", daemon=True
         )
@@ -257,13 +261,13 @@ class ProcessRecorder:
         if self._stop:
             self._after_close(task_id, own, seq, timestamp, etype, payload, event_id)
             return own
+        ts = timestamp or time.time_ns()
+        if type(ts) is float and not math.isfinite(ts):
+            ts = repr(ts)  # orjson would write null: the writer keeps the original text
         try:
-            frame = orjson.dumps(
-                (task_id, own, seq, timestamp or time.time_ns(), etype, payload, event_id),
-                option=_OPT,
-            )
+            frame = orjson.dumps((task_id, own, seq, ts, etype, payload, event_id), option=_OPT)
         except Exception:  # noqa: BLE001 - what orjson refuses is converted (rare, slower)
-            frame = self._portable(task_id, own, seq, timestamp, etype, payload, event_id)
+            frame = self._portable(task_id, own, seq, ts, etype, payload, event_id)
         q = self._out
         if len(q) >= self._local.queue_bound:
             self._overload()
@@ -291,7 +295,9 @@ class ProcessRecorder:
                 return orjson.dumps((task_id, own, seq, ts, etype, clean, event_id), option=_OPT)
             except (TypeError, orjson.JSONEncodeError):
                 clean = sanitizer.strict(clean)
-                if not isinstance(ts, (int, float, str)):
+                if type(ts) is int and not -(2**63) <= ts < 2**64:
+                    ts = str(ts)  # past 64 bits: the writer reads it as the text it is
+                elif not isinstance(ts, (int, float, str)):
                     ts = sanitizer._marker(ts)
                 return orjson.dumps(
                     (str(task_id), own, seq, ts, str(etype), clean, event_id), option=_OPT
@@ -411,7 +417,8 @@ class ProcessRecorder:
                 with self._cond:
                     self._sent.append((n, chunk))
                     self._sent_lines += n
-                self._send(chunk)
+                if self._send(chunk):
+                    self.handed_over += n
         except Exception:  # noqa: BLE001 - the agent must never crash because of Hindsight
             log.exception("hindsight: the sender thread failed; writing in-process from now")
             with contextlib.suppress(Exception):
@@ -429,15 +436,17 @@ class ProcessRecorder:
                 break
         return frames
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes) -> bool:
         proc = self._proc
         try:
             assert proc is not None and proc.stdin is not None
             _write_all(proc.stdin.fileno(), data)
+            return True
         except (OSError, ValueError, AssertionError):
             # The writer is gone: its reader sees the end of its pipe and says so.
             with self._cond:
                 self._dead = True
+            return False
 
     def _spawn(self, *, resend: bool) -> bool:
         """Start a writer process (and hand it the unacknowledged lines again)."""
@@ -553,7 +562,7 @@ class ProcessRecorder:
             self._restarts += 1
             warn(
                 f"the Hindsight writer process ended (exit code {code}); restarted it and "
-                f"handed it the {unacked} events it had not written"
+                f"handed it again the {unacked} events it had not acknowledged"
             )
             if self._spawn(resend=True):
                 return

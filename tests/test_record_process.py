@@ -1,0 +1,320 @@
+"""The writer process: real subprocesses, real SIGKILLs, a real SQLite file; nothing accepted lost.
+
+The agent's side of each SIGKILL test is a child Python process (so the test can kill it): it
+records, says how far it got on stdout, and waits to be killed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+import pytest
+
+from hindsight_loop import Hindsight, HindsightWarning
+
+SECRET = "sk-live0123456789abcdefABCDEF"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not count: it is gone but for its exit status)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        assert time.monotonic() < deadline, f"process {pid} still runs"
+        time.sleep(0.02)
+
+
+def _rows(db: Path) -> list[tuple[str, str, str]]:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT event_id, type, body FROM events ORDER BY id").fetchall()
+    finally:
+        con.close()
+
+
+def _kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    _wait_gone(pid)
+
+
+def test_records_through_a_writer_process_and_close_reaps_it(tmp_path: Path) -> None:
+    hs = Hindsight(tmp_path / "h.db", writer="process", background=False)
+    assert hs.recorder.pid is None  # started on the first event, not by Hindsight()
+    args = {"path": "/data/a.csv", "api_key": SECRET, "note": f"token={SECRET}"}
+    with hs.task("parse", goal="load", recall=False) as task:
+        task.record_action("read_csv", args, output={"rows": 3})
+        args["path"] = "/changed/after/the/call"  # serialized at the call: cannot reach it
+        for i in range(200):
+            task.record_action("read_csv", {"i": i}, output="x" * 2000)
+    assert hs.flush() is True
+    pid = hs.recorder.pid
+    assert pid is not None and pid != os.getpid() and _alive(pid)
+    hs.close()
+    _wait_gone(pid, timeout=5)  # reaped by close(): no zombie either
+
+    rows = _rows(tmp_path / "h.db")
+    assert len(rows) == 203
+    assert len({r[0] for r in rows}) == 203
+    first = orjson.loads(rows[1][2])
+    assert first["input"]["args"]["path"] == "/data/a.csv"
+    assert first["input"]["args"]["api_key"] == "[REDACTED]"
+    raw = (tmp_path / "h.db").read_bytes() + b"".join(
+        p.read_bytes() for p in tmp_path.glob("h.db*")
+    )
+    assert SECRET.encode() not in raw  # redacted before anything reached the disk
+    long = orjson.loads(rows[5][2])["result"]["output"]
+    assert len(long) < 600 and "cut" in long  # cut in the writer process
+    assert hs.stats["written"] == 203 and hs.stats["lost"] == 0
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: float
+
+
+def test_the_writer_process_stores_what_the_writer_thread_stores(tmp_path: Path) -> None:
+    """Odd values take the agent-side conversion path (orjson refuses them as they are) or go
+    through orjson and the writer's sanitizer: either way the bodies match the thread's."""
+    payloads = [
+        {"plain": "text", "n": 3, "f": 1.5, "none": None, "list": [1, "a", {"b": True}]},
+        {1: "int key", Color.RED: "enum key", "set": {3, 1, 2}, "big": 2**70},
+        {"when": datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC), "point": Point(x=1, y=2.5)},
+        {"color": Color.RED, "tuple": (1, 2), "bytes": b"abc", "password": "hunter2"},
+        {"deep": {"a": {"b": {"c": {"d": {"e": [1, 2, {"f": "g"}]}}}}}},
+        {"long": "word " * 400 + f"api_key={SECRET}", "zh": "密码：abc123secret 文件"},
+        {"tokens": ["a"] * 30, "max_tokens": 512, "Authorization": "Bearer abcdefghijkl"},
+    ]
+    bodies = {}
+    for mode in ("thread", "process"):
+        db = tmp_path / f"{mode}.db"
+        hs = Hindsight(db, writer=mode, background=False)  # type: ignore[arg-type]
+        with pytest.warns(HindsightWarning) if mode == "process" else _no_check():
+            with hs.task("t", recall=False) as task:
+                for p in payloads:
+                    task.record_action("tool", p, output={"ok": True}, step="s")
+                    task.state(current_step="s", context_count=2)
+            assert hs.flush() is True
+        hs.close()
+        bodies[mode] = [(r[1], r[2]) for r in _rows(db)]
+    assert bodies["process"] == bodies["thread"]
+    assert SECRET not in str(bodies["process"]) and "hunter2" not in str(bodies["process"])
+
+
+class _no_check:
+    def __enter__(self) -> None:
+        import warnings
+
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("ignore", HindsightWarning)
+
+    def __exit__(self, *exc: object) -> None:
+        self._cm.__exit__(*exc)
+
+
+def test_live_triggers_run_in_the_writer_process_and_wake_the_agent(tmp_path: Path) -> None:
+    """Two failed tool calls in a row queue a local review, from the writer process as from
+    the writer thread, and the end of a failed task a full one."""
+    jobs = {}
+    for mode in ("thread", "process"):
+        hs = Hindsight(tmp_path / f"{mode}.db", writer=mode, background=False)  # type: ignore[arg-type]
+        with hs.task("etl", goal="load", recall=False) as task:
+            for _ in range(2):
+                task.record_action(
+                    "read_csv",
+                    {"path": "/x.csv"},
+                    status="failed",
+                    error_type="EncodingError",
+                    error_message="codec can't decode byte 0xed",
+                )
+            task.fail("could not read")
+        assert hs.flush() is True
+        deadline = time.monotonic() + 10
+        while hs.pending_jobs() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the trigger's jobs are queued after the batch is written
+        kinds = hs.store._db.execute("SELECT kind FROM jobs ORDER BY kind").fetchall()
+        jobs[mode] = [k[0] for k in kinds]
+        hs.close()
+    assert "local" in jobs["thread"] and "full" in jobs["thread"]
+    assert jobs["process"] == jobs["thread"]
+
+
+_AGENT = """
+import os, sys, time
+from hindsight_loop import Hindsight
+
+db, n, flush = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "flush"
+hs = Hindsight(db, writer="process", background=False)
+task = hs.task("agent", goal="be killed", recall=False).__enter__()
+for i in range(n):
+    task.record_action("step", {"i": i, "text": "x" * 300}, output={"ok": i})
+if flush:
+    assert hs.flush()
+else:
+    # Not flushed: wait only until every line is written to the pipe (handed over).
+    while hs.recorder.handed_over < n + 1:
+        time.sleep(0.001)
+print(hs.recorder.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("flush", ["flush", "handed-over"])
+def test_sigkill_of_the_agent_loses_nothing_it_handed_over(tmp_path: Path, flush: str) -> None:
+    script = tmp_path / "agent.py"
+    script.write_text(textwrap.dedent(_AGENT))
+    db = tmp_path / "k.db"
+    n = 20_000
+    agent = subprocess.Popen(
+        [sys.executable, str(script), str(db), str(n), flush],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = agent.stdout.readline() if agent.stdout else ""
+        writer_pid = int(line)
+        assert _alive(writer_pid)
+        agent.kill()  # SIGKILL: no atexit, no close(), no flush
+        agent.wait(timeout=10)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        if agent.stdout:
+            agent.stdout.close()
+    # The writer reads its pipe to the end, writes everything, and exits by itself.
+    _wait_gone(writer_pid, timeout=60)
+    rows = _rows(db)
+    assert len(rows) == n + 1
+    assert len({r[0] for r in rows}) == n + 1
+    seen = sorted(orjson.loads(r[2])["input"]["args"]["i"] for r in rows[1:])
+    assert seen == list(range(n))
+
+
+def test_a_killed_writer_is_restarted_and_given_what_it_had_not_written(tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    hs = Hindsight(db, writer="process", background=False)
+    with (
+        pytest.warns(HindsightWarning, match="writer process ended"),
+        hs.task("t", recall=False) as task,
+    ):
+        task.record_action("a", {"i": -1})
+        assert hs.flush()
+        first = hs.recorder.pid
+        assert first is not None
+        for i in range(30_000):
+            task.record_action("a", {"i": i, "pad": "y" * 200})
+            if i == 15_000:
+                _kill(first)  # mid-stream: lines in the pipe and unacknowledged
+        assert hs.flush() is True
+    second = hs.recorder.pid
+    assert second is not None and second != first
+    assert hs.recorder.mode == "process"
+    hs.close()
+    rows = _rows(db)
+    ids = [r[0] for r in rows]
+    assert len(ids) == len(set(ids)) == 30_003  # none lost, none stored twice
+    assert hs.stats["lost"] == 0
+
+
+def test_past_its_restarts_the_writer_falls_back_in_process(tmp_path: Path) -> None:
+    from hindsight_loop.writer import MAX_RESTARTS
+
+    db = tmp_path / "f.db"
+    hs = Hindsight(db, writer="process", background=False)
+    n = 0
+    with pytest.warns(HindsightWarning) as caught, hs.task("t", recall=False) as task:
+        for _ in range(MAX_RESTARTS + 1):
+            for _ in range(2000):
+                task.record_action("a", {"i": n})
+                n += 1
+            assert hs.flush() is True
+            pid = hs.recorder.pid
+            assert pid is not None
+            _kill(pid)
+            for _ in range(2000):
+                task.record_action("a", {"i": n})
+                n += 1
+        assert hs.flush() is True
+    said = [str(w.message) for w in caught]
+    assert sum("restarted it" in m for m in said) == MAX_RESTARTS
+    assert any("in the agent's process from now on" in m for m in said)
+    assert hs.recorder.mode == "thread"
+    hs.close()
+    rows = _rows(db)
+    assert len(rows) == len({r[0] for r in rows}) == n + 2
+
+
+def test_where_no_process_can_start_it_writes_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    db = tmp_path / "n.db"
+    hs = Hindsight(db, writer="process", background=False)
+    with (
+        pytest.warns(HindsightWarning, match="could not be started"),
+        hs.task("t", recall=False) as task,
+    ):
+        for i in range(100):
+            task.record_action("a", {"i": i, "password": "pw"})
+        assert hs.flush() is True
+    assert hs.recorder.mode == "thread"
+    hs.close()
+    rows = _rows(db)
+    assert len(rows) == 102
+    assert all(
+        "pw" not in orjson.loads(r[2]).get("input", {}).get("args", {}).values() for r in rows
+    )
+
+
+def test_writer_policy_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hindsight_loop.record import Recorder
+    from hindsight_loop.writer import ProcessRecorder
+
+    monkeypatch.setenv("HINDSIGHT_WRITER", "process")
+    with Hindsight(tmp_path / "a.db", background=False) as hs:
+        assert isinstance(hs.recorder, ProcessRecorder)
+    monkeypatch.delenv("HINDSIGHT_WRITER")
+    with Hindsight(tmp_path / "b.db", background=False) as hs:
+        assert type(hs.recorder) is Recorder
+    with pytest.raises(ValueError, match="'thread' or 'process'"):
+        Hindsight(tmp_path / "c.db", writer="proc")  # type: ignore[arg-type]
+
+
+def test_refused_and_after_close_events_reach_the_dead_letter(tmp_path: Path) -> None:
+    hs = Hindsight(tmp_path / "d.db", writer="process", background=False)
+    with pytest.warns(HindsightWarning):
+        assert hs.record({"type": "no_such_type", "task_id": "t", "password": "pw1"}) is False
+        with hs.task("t", recall=False) as task:
+            task.record_action("a", {"i": 1})
+        hs.close()
+        task.record_action("late", {"secret": "pw2"})
+    dead = hs.recorder.dead_letter.read_text()
+    assert "no_such_type" in dead and "recorded after close" in dead
+    assert "pw1" not in dead and "pw2" not in dead
+    assert len(_rows(tmp_path / "d.db")) == 3
