@@ -155,6 +155,10 @@ def test_replay_finds_handoffs_and_groups_key_nodes_by_agent() -> None:
     assert [k.kind for k in chronicle.agents["Excel_Expert"]] == ["handoff", "first_failure"]
     assert [k.kind for k in chronicle.agents["Verification_Expert"]] == ["handoff"]
     assert chronicle.agents["Planner_Expert"] == []
+    # A reviewer sees who did each step.
+    assert chronicle.steps[3].summary.startswith("Excel_Expert: execute_code")
+    assert chronicle.steps[4].summary.startswith("Verification_Expert: ")
+    assert all(len(s.summary) <= 80 for s in chronicle.steps)
 
 
 def test_wire_events_can_name_agent_and_role() -> None:

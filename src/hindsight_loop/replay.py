@@ -26,7 +26,8 @@ holding the per-run state it needs (``Detector``: ``observe(seen)``, ``finish()`
   first step of the one who took over]``, so a reviewer reads what was asked and what came back.
 
 A run where more than one agent speaks replays into a ``TeamChronicle``: the same chronicle plus
-each step's agent and each agent's key nodes (``agents``). A single-agent run's chronicle is a
+each step's agent and each agent's key nodes (``agents``); its step summaries start with the
+agent's name. A single-agent run's chronicle is a
 plain ``Chronicle``, exactly as before.
 
 ``replay`` runs them all; ``AnomalyWatch`` runs the ``LIVE_KINDS`` among them. Whether a call
@@ -1073,6 +1074,10 @@ def _team_chronicle(
         owner = step_agents[node.index]
         if owner is not None:
             agents[owner].append(node)
+    # A reviewer reading the steps must see who did each one: the agent leads the summary.
+    for step, agent in zip(steps, step_agents, strict=True):
+        if agent is not None:
+            step.summary = _clip(f"{agent}: {step.summary}", STEP_SUMMARY_MAX)
     return TeamChronicle(
         task=task,
         steps=steps,
