@@ -11,4 +11,5 @@ bash scripts/setup-mcp-time.sh
 # The reference servers on npm (Node.js and npm are on the machine): the gateway's
 # direct-vs-gateway comparisons run against server-everything.
 bash scripts/setup-mcp-npm.sh >/dev/null
+bash scripts/setup-postgres.sh install  # PostgreSQL 15 + pgvector; the tests start their own cluster
 exec .venv/bin/python -m pytest -q "$@"

@@ -66,3 +66,7 @@ def http_process() -> Iterator[Any]:
         proc.wait(timeout=30)
         if proc.stderr:
             proc.stderr.close()
+
+
+# PostgreSQL fixtures (pg_server, pg_url): a throwaway cluster started once per session.
+from pg import pg_server, pg_url  # noqa: E402, F401

@@ -1,9 +1,12 @@
-"""The SQLite store: migrations from a blank file and from the first schema, the review queue."""
+"""The store protocol on both backends (SQLite and PostgreSQL): migrations from a blank database
+and from the first schema, lessons, reflections, the review queue and its leases."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+
+import pytest
 
 from hindsight_loop.models import Lesson, Reflection, Task, iso, utcnow
 from hindsight_loop.store import open_store
@@ -11,8 +14,16 @@ from hindsight_loop.store.migrations import MIGRATIONS, applied, migrate
 from hindsight_loop.store.sqlite import SQLiteStore
 
 
-def test_blank_database_gets_every_migration(db_path: Path) -> None:
-    store = SQLiteStore(db_path)
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, db_path: Path) -> str:
+    """The same test against an SQLite file and a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(db_path)
+    return request.getfixturevalue("pg_url")
+
+
+def test_blank_database_gets_every_migration(store_url: str) -> None:
+    store = open_store(store_url)
     try:
         assert store.meta()["migrations"] == [name for name, _ in MIGRATIONS]
     finally:
@@ -49,8 +60,8 @@ def test_open_store_urls(tmp_path: Path) -> None:
         raise AssertionError("expected a ValueError")
 
 
-def test_lessons_roundtrip_and_book_version(db_path: Path) -> None:
-    store = SQLiteStore(db_path)
+def test_lessons_roundtrip_and_book_version(store_url: str) -> None:
+    store = open_store(store_url)
     try:
         v0 = store.book_version()
         lesson = Lesson(
@@ -70,8 +81,8 @@ def test_lessons_roundtrip_and_book_version(db_path: Path) -> None:
         store.close()
 
 
-def test_review_queue_claims_each_job_once(db_path: Path) -> None:
-    a, b = SQLiteStore(db_path), SQLiteStore(db_path)
+def test_review_queue_claims_each_job_once(store_url: str) -> None:
+    a, b = open_store(store_url), open_store(store_url)
     try:
         a.upsert_task(Task(task_id="tsk_1", task_type="t"))
         ids = [
@@ -90,8 +101,8 @@ def test_review_queue_claims_each_job_once(db_path: Path) -> None:
         b.close()
 
 
-def test_reflections_roundtrip(db_path: Path) -> None:
-    store = SQLiteStore(db_path)
+def test_reflections_roundtrip(store_url: str) -> None:
+    store = open_store(store_url)
     try:
         r = Reflection(
             reflection_id="ref_1",
@@ -110,8 +121,8 @@ def test_reflections_roundtrip(db_path: Path) -> None:
         store.close()
 
 
-def test_a_review_left_running_by_a_dead_worker_is_taken_back(db_path: Path) -> None:
-    dead, alive = SQLiteStore(db_path), SQLiteStore(db_path)
+def test_a_review_left_running_by_a_dead_worker_is_taken_back(store_url: str) -> None:
+    dead, alive = open_store(store_url), open_store(store_url)
     try:
         dead.upsert_task(Task(task_id="tsk_1", task_type="t"))
         job_id = dead.enqueue_job("tsk_1")
@@ -126,9 +137,8 @@ def test_a_review_left_running_by_a_dead_worker_is_taken_back(db_path: Path) -> 
         alive.close()
 
 
-def test_a_reflection_round_trips_through_its_wire_form_and_the_store(tmp_path) -> None:
+def test_a_reflection_round_trips_through_its_wire_form_and_the_store(store_url: str) -> None:
     from hindsight_loop.models import Features, LessonDraft, Reflection, Structured
-    from hindsight_loop.store.sqlite import SQLiteStore
 
     reflection = Reflection(
         reflection_id="ref_1",
@@ -150,7 +160,7 @@ def test_a_reflection_round_trips_through_its_wire_form_and_the_store(tmp_path) 
         created_at="2024-01-01T00:00:00.000Z",
     )
     assert Reflection.from_dict(reflection.to_dict()) == reflection
-    store = SQLiteStore(tmp_path / "s.db")
+    store = open_store(store_url)
     store.save_reflection(reflection)
     assert store.reflections("tsk_1") == [reflection]
     store.close()

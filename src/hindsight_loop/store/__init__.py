@@ -1,6 +1,7 @@
 """Storage behind one narrow protocol.
 
-SQLite (a file, embedded) is the default. Everything else in Hindsight talks to a ``Store`` and
+SQLite (a file, embedded) is the default; PostgreSQL (``postgresql://…``) is the store many
+agents on many hosts share. Everything else in Hindsight talks to a ``Store`` and
 never to a database directly, so another backend only has to implement this protocol.
 """
 
@@ -123,7 +124,8 @@ class Store(Protocol):
 
 
 def open_store(url: str, *, readonly: bool = False) -> Store:
-    """Open a store from a path or URL: ``hindsight.db``, ``sqlite:///path/to.db``.
+    """Open a store from a path or URL: ``hindsight.db``, ``sqlite:///path/to.db``,
+    ``postgresql://user@host/db`` (needs the ``[postgres]`` extra).
 
     ``readonly`` opens an existing store for reading only (nothing is written to the file or
     next to it; a store on read-only media can be read).
@@ -134,10 +136,16 @@ def open_store(url: str, *, readonly: bool = False) -> Store:
         return SQLiteStore(url[len("sqlite:///") :], readonly=readonly)
     if url.startswith("sqlite://"):
         return SQLiteStore(url[len("sqlite://") :], readonly=readonly)
+    if url.startswith(("postgresql://", "postgres://")):
+        # Imported here: psycopg is an extra, and the core must import without it.
+        from hindsight_loop.store.postgres import PostgresStore
+
+        return PostgresStore(url, readonly=readonly)
     if "://" in url:
         scheme = url.split("://", 1)[0]
         raise ValueError(
-            f"unsupported store URL scheme {scheme!r}: use a file path or 'sqlite:///path.db'"
+            f"unsupported store URL scheme {scheme!r}: use a file path, 'sqlite:///path.db' or "
+            "'postgresql://user@host/db'"
         )
     return SQLiteStore(url, readonly=readonly)
 

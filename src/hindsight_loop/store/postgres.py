@@ -1,0 +1,545 @@
+"""The shared store: one PostgreSQL database for many agent processes on many hosts.
+
+Same ``Store`` protocol and the same numbered migrations as SQLite. Three things differ because
+many processes write at once:
+
+- the recorder's batches go in with ``COPY`` (one round trip for the events of a batch);
+- jobs are claimed with ``FOR UPDATE SKIP LOCKED``, so any number of workers share the queue, and
+  leases are timed by the database server's clock, not each host's;
+- ``transaction()`` takes a transaction-scoped advisory lock on the lesson book: what SQLite's
+  ``BEGIN IMMEDIATE`` gives for free. Curation reads the book, decides and writes inside it, so two
+  workers learning the same lesson at the same moment merge it (support 2), never add it twice.
+
+psycopg is imported here only: ``import hindsight_loop`` works without the ``[postgres]`` extra.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import orjson
+
+from hindsight_loop.models import EVENT_BODY_FIELDS, Event, Lesson, Reflection, Task, iso, utcnow
+from hindsight_loop.store import Job
+from hindsight_loop.store.pg_migrations import MIGRATIONS, applied, check_schema, migrate
+from hindsight_loop.store.sqlite import JOB_LEASE, MAX_ATTEMPTS, _dumps, _task_from_start
+
+try:
+    import psycopg
+    from psycopg import pq
+except ImportError as exc:  # pragma: no cover - exercised without the extra installed
+    raise ImportError(
+        "the PostgreSQL store needs psycopg: pip install 'hindsight-loop[postgres]'"
+    ) from exc
+
+#: Key of the advisory lock that serializes writes to the lesson book (curation, outcomes,
+#: expiry): any constant no other code uses.
+BOOK_LOCK = 0x48534C42  # "HSLB"
+
+# Server clock in epoch seconds: leases compare claims from many hosts against one clock.
+_NOW = "extract(epoch from clock_timestamp())"
+
+
+def _redact_url(url: str) -> str:
+    """The URL without its password, for messages and ``meta()``."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return url.split("@")[-1]
+    user = info.get("user") or ""
+    host = info.get("host") or ""
+    port = f":{info['port']}" if info.get("port") else ""
+    return f"postgresql://{user}{'@' if user else ''}{host}{port}/{info.get('dbname') or ''}"
+
+
+class PostgresStore:
+    """A ``Store`` on a PostgreSQL database (``postgresql://user@host/db``)."""
+
+    def __init__(self, url: str, *, readonly: bool = False) -> None:
+        self.dsn = url
+        self.url = _redact_url(url)
+        self.readonly = readonly
+        self._local = threading.local()
+        self._conns: list[Any] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        #: Names this store object's claims on jobs.
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        db = self._db
+        check_schema(db, self.url)
+        if readonly:
+            missing = [name for name, _ in MIGRATIONS if name not in applied(db)]
+            if missing:
+                raise ValueError(
+                    f"{self.url!r} has no Hindsight store or an older one (missing "
+                    f"{missing[0]!r}); open it once with a write command to create or upgrade it"
+                )
+            return
+        migrate(db)
+
+    # -- connections -----------------------------------------------------------------------
+    @property
+    def _db(self) -> Any:
+        db = getattr(self._local, "db", None)
+        if db is None or db.closed:
+            if self._closed:
+                raise RuntimeError(f"store {self.url!r} is closed")
+            # Autocommit: a statement outside transaction() is its own transaction, as with
+            # SQLite in autocommit mode; transaction() opens an explicit one.
+            kwargs: dict[str, Any] = {"autocommit": True}
+            if self.readonly:
+                kwargs["options"] = "-c default_transaction_read_only=on"
+            try:
+                db = psycopg.connect(self.dsn, **kwargs)
+            except psycopg.OperationalError as exc:
+                raise ConnectionError(
+                    f"cannot connect to {self.url!r}: {str(exc).strip()}; check --db / HINDSIGHT_DB"
+                ) from None
+            self._local.db = db
+            with self._lock:
+                self._conns.append(db)
+        return db
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._conns = self._conns, []
+        for db in conns:
+            with contextlib.suppress(Exception):
+                db.close()
+        self._local = threading.local()
+
+    def _in_transaction(self, db: Any) -> bool:
+        return db.info.transaction_status != pq.TransactionStatus.IDLE
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One write transaction for this thread, holding the book's advisory lock (released at
+        commit or rollback); writes inside it join it."""
+        db = self._db
+        if self._in_transaction(db):
+            yield
+            return
+        with db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (BOOK_LOCK,))
+            yield
+
+    @contextlib.contextmanager
+    def _unit(self) -> Iterator[Any]:
+        """A transaction without the book's lock (event batches, job claims), or the caller's."""
+        db = self._db
+        if self._in_transaction(db):
+            yield db
+            return
+        with db.transaction():
+            yield db
+
+    # -- events ----------------------------------------------------------------------------
+    def write_event_batch(self, rows: Sequence[tuple[str, str, int, str, str, bytes]]) -> list[str]:
+        if not rows:
+            return []
+        with self._unit() as db:
+            # COPY: one round trip for the batch's events, however many.
+            with db.cursor().copy(
+                "COPY events(event_id, task_id, seq, ts, type, body) FROM STDIN"
+            ) as copy:
+                for event_id, task_id, seq, ts, etype, body in rows:
+                    copy.write_row((event_id, task_id, seq, ts, etype, body.decode()))
+            unknown = self._adopt_unknown_tasks(db, rows)
+            self._apply_task_events(db, rows)
+        return unknown
+
+    def _adopt_unknown_tasks(
+        self, db: Any, rows: Sequence[tuple[str, str, int, str, str, bytes]]
+    ) -> list[str]:
+        """Events for a task nobody started are kept, under a placeholder task, and reported."""
+        first_ts: dict[str, str] = {}
+        started = set()
+        for _eid, task_id, _seq, ts, etype, _body in rows:
+            if etype == "task_start":
+                started.add(task_id)
+            elif task_id not in first_ts or ts < first_ts[task_id]:
+                first_ts[task_id] = ts
+        for task_id in started:
+            first_ts.pop(task_id, None)
+        if not first_ts:
+            return []
+        # ON CONFLICT DO NOTHING: another host's writer may create the task meanwhile; only
+        # the placeholders this batch made are reported.
+        made = db.execute(
+            """INSERT INTO tasks(task_id, task_type, started_at)
+               SELECT t, 'unknown', s FROM unnest(%s::text[], %s::text[]) AS u(t, s)
+               ON CONFLICT (task_id) DO NOTHING RETURNING task_id""",
+            (list(first_ts), list(first_ts.values())),
+        ).fetchall()
+        return sorted(r[0] for r in made)
+
+    def _apply_task_events(
+        self, db: Any, rows: Sequence[tuple[str, str, int, str, str, bytes]]
+    ) -> None:
+        """Create tasks from their ``task_start`` and close them on ``task_end``."""
+        for _event_id, task_id, _seq, ts, etype, body in rows:
+            if etype == "task_start":
+                fields = orjson.loads(body)
+                db.execute(
+                    """INSERT INTO tasks(task_id, task_type, goal, scope, tools, intent, injected,
+                                         started_at)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+                       ON CONFLICT(task_id) DO UPDATE SET task_type=excluded.task_type,
+                         goal=excluded.goal, scope=excluded.scope, tools=excluded.tools,
+                         intent=excluded.intent, injected=excluded.injected,
+                         started_at=excluded.started_at""",
+                    _task_from_start(task_id, ts, fields),
+                )
+                if fields.get("injected_lesson_ids"):
+                    self._bump_hits(db, fields["injected_lesson_ids"])
+            elif etype == "task_end":
+                from hindsight_loop.models import task_outcome
+
+                result = orjson.loads(body).get("result") or {}
+                db.execute(
+                    "UPDATE tasks SET status=%s, outcome=%s, ended_at=%s WHERE task_id=%s",
+                    (task_outcome(result.get("status")), _dumps(result), ts, task_id),
+                )
+
+    def event_ids(self, task_id: str) -> set[str]:
+        return {
+            r[0]
+            for r in self._db.execute("SELECT event_id FROM events WHERE task_id=%s", (task_id,))
+        }
+
+    def runs_with(self, task_type: str, fragment: str, *, besides: str) -> int:
+        row = self._db.execute(
+            """SELECT count(DISTINCT e.task_id) FROM events e JOIN tasks t USING (task_id)
+               WHERE t.task_type = %s AND e.type = 'action_executed' AND e.task_id != %s
+                 AND (strpos(e.body, %s) > 0 OR strpos(e.body, %s) > 0)""",
+            # followed by the next key or the object's end: "page":1 is not "page":10
+            (task_type, besides, fragment + ",", fragment + "}"),
+        ).fetchone()
+        return int(row[0])
+
+    def events(self, task_id: str) -> list[Event]:
+        out = []
+        for event_id, tid, seq, ts, etype, body in self._db.execute(
+            "SELECT event_id, task_id, seq, ts, type, body FROM events "
+            "WHERE task_id=%s ORDER BY ts, seq, id",
+            (task_id,),
+        ):
+            data = orjson.loads(body)
+            extra = {k: v for k, v in data.items() if k not in EVENT_BODY_FIELDS}
+            out.append(
+                Event(
+                    event_id=event_id,
+                    task_id=tid,
+                    seq=seq,
+                    timestamp=ts,
+                    type=etype,
+                    agent_state=data.get("agent_state"),
+                    context=data.get("context"),
+                    input=data.get("input"),
+                    decision=data.get("decision"),
+                    result=data.get("result"),
+                    extra=extra,
+                )
+            )
+        return out
+
+    def event_count(self, task_id: str | None = None) -> int:
+        if task_id is None:
+            return self._db.execute("SELECT count(*) FROM events").fetchone()[0]
+        return self._db.execute(
+            "SELECT count(*) FROM events WHERE task_id=%s", (task_id,)
+        ).fetchone()[0]
+
+    # -- tasks -----------------------------------------------------------------------------
+    def upsert_task(self, task: Task) -> None:
+        self._db.execute(
+            """INSERT INTO tasks(task_id, task_type, goal, scope, tools, intent, status, outcome,
+                                 injected, started_at, ended_at)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+               ON CONFLICT(task_id) DO UPDATE SET task_type=excluded.task_type,
+                 goal=excluded.goal, scope=excluded.scope, tools=excluded.tools,
+                 intent=excluded.intent, status=excluded.status, outcome=excluded.outcome,
+                 injected=excluded.injected, started_at=excluded.started_at,
+                 ended_at=excluded.ended_at""",
+            (
+                task.task_id,
+                task.task_type,
+                task.goal,
+                task.scope,
+                _dumps(task.tools),
+                task.intent,
+                task.status,
+                _dumps(task.outcome) if task.outcome is not None else None,
+                _dumps(task.injected_lesson_ids),
+                task.started_at or iso(utcnow()),
+                task.ended_at,
+            ),
+        )
+
+    _TASK_COLS = (
+        "t.task_id, t.task_type, t.goal, t.scope, t.tools, t.intent, t.status, t.outcome, "
+        "t.injected, t.started_at, t.ended_at, "
+        "(SELECT count(*) FROM events e WHERE e.task_id = t.task_id)"
+    )
+
+    @staticmethod
+    def _task_row(row: tuple) -> Task:
+        return Task(
+            task_id=row[0],
+            task_type=row[1],
+            goal=row[2],
+            scope=row[3],
+            tools=orjson.loads(row[4]),
+            intent=row[5],
+            status=row[6],
+            outcome=orjson.loads(row[7]) if row[7] else None,
+            injected_lesson_ids=orjson.loads(row[8]),
+            started_at=row[9],
+            ended_at=row[10],
+            event_count=row[11],
+        )
+
+    def get_task(self, task_id: str) -> Task | None:
+        row = self._db.execute(
+            f"SELECT {self._TASK_COLS} FROM tasks t WHERE t.task_id=%s", (task_id,)
+        ).fetchone()
+        return self._task_row(row) if row else None
+
+    def list_tasks(
+        self, *, limit: int = 50, task_type: str | None = None, status: str | None = None
+    ) -> list[Task]:
+        where: list[str] = []
+        args: list[Any] = []
+        if task_type:
+            where.append("t.task_type=%s")
+            args.append(task_type)
+        if status:
+            where.append("t.status=%s")
+            args.append(status)
+        sql = f"SELECT {self._TASK_COLS} FROM tasks t"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY t.started_at DESC, t.id DESC LIMIT %s"
+        args.append(limit)
+        return [self._task_row(r) for r in self._db.execute(sql, args)]
+
+    # -- lessons ---------------------------------------------------------------------------
+    def save_lesson(
+        self, lesson: Lesson, *, embedding: bytes | None = None, embed_model: str | None = None
+    ) -> None:
+        body = lesson.to_dict()
+        body.pop("score", None)
+        with self.transaction():
+            db = self._db
+            db.execute(
+                """INSERT INTO lessons(lesson_id, task_type, status, scope, updated_at, body,
+                                       embedding, embed_model)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+                   ON CONFLICT(lesson_id) DO UPDATE SET task_type=excluded.task_type,
+                     status=excluded.status, scope=excluded.scope,
+                     updated_at=excluded.updated_at, body=excluded.body,
+                     embedding=coalesce(excluded.embedding, lessons.embedding),
+                     embed_model=coalesce(excluded.embed_model, lessons.embed_model)""",
+                (
+                    lesson.lesson_id,
+                    lesson.task_type,
+                    lesson.status,
+                    lesson.scope,
+                    lesson.updated_at or iso(utcnow()),
+                    _dumps(body),
+                    embedding,
+                    embed_model,
+                ),
+            )
+            db.execute("UPDATE meta SET value = (value::bigint + 1)::text WHERE key='book_version'")
+
+    def get_lesson(self, lesson_id: str) -> Lesson | None:
+        row = self._db.execute(
+            "SELECT body FROM lessons WHERE lesson_id=%s", (lesson_id,)
+        ).fetchone()
+        return Lesson.from_dict(orjson.loads(row[0])) if row else None
+
+    def list_lessons(
+        self, *, status: str | None = None, task_type: str | None = None
+    ) -> list[Lesson]:
+        where, args = [], []
+        if status:
+            where.append("status=%s")
+            args.append(status)
+        if task_type:
+            where.append("task_type=%s")
+            args.append(task_type)
+        sql = "SELECT body FROM lessons"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id"
+        return [Lesson.from_dict(orjson.loads(r[0])) for r in self._db.execute(sql, args)]
+
+    def lesson_embeddings(self) -> dict[str, tuple[str, bytes]]:
+        return {
+            r[0]: (r[1], bytes(r[2]))
+            for r in self._db.execute(
+                "SELECT lesson_id, embed_model, embedding FROM lessons WHERE embedding IS NOT NULL"
+            )
+        }
+
+    def bump_hits(self, lesson_ids: Sequence[str]) -> None:
+        self._bump_hits(self._db, lesson_ids)
+
+    @staticmethod
+    def _bump_hits(db: Any, lesson_ids: Sequence[str]) -> None:
+        # Hit counts do not change the book's version: recall does not rank on them, and a
+        # recall must not invalidate the index it was served from.
+        if not lesson_ids:
+            return
+        db.execute(
+            """UPDATE lessons SET body = jsonb_set(body::jsonb, '{hit_count}',
+                   to_jsonb(coalesce((body::jsonb->>'hit_count')::bigint, 0) + 1))::text
+               WHERE lesson_id = ANY(%s)""",
+            ([str(x) for x in lesson_ids],),
+        )
+
+    def book_version(self) -> int:
+        return int(
+            self._db.execute("SELECT value FROM meta WHERE key='book_version'").fetchone()[0]
+        )
+
+    # -- reflections and jobs --------------------------------------------------------------
+    def save_reflection(self, reflection: Reflection) -> None:
+        self._db.execute(
+            """INSERT INTO reflections(reflection_id, task_id, status, created_at, body)
+               VALUES (%s, %s, %s, %s, %s)
+               ON CONFLICT(reflection_id) DO UPDATE SET status=excluded.status,
+                 body=excluded.body""",
+            (
+                reflection.reflection_id,
+                reflection.task_id,
+                reflection.status,
+                reflection.created_at or iso(utcnow()),
+                _dumps(reflection.to_dict()),
+            ),
+        )
+
+    def reflections(self, task_id: str | None = None, *, limit: int = 100) -> list[Reflection]:
+        if task_id:
+            rows = self._db.execute(
+                "SELECT body FROM reflections WHERE task_id=%s ORDER BY created_at, id LIMIT %s",
+                (task_id, limit),
+            )
+        else:
+            rows = self._db.execute(
+                "SELECT body FROM reflections ORDER BY created_at DESC, id DESC LIMIT %s",
+                (limit,),
+            )
+        return [Reflection.from_dict(orjson.loads(body)) for (body,) in rows]
+
+    def enqueue_job(
+        self,
+        task_id: str,
+        *,
+        kind: str = "full",
+        trigger: str = "task_end",
+        window: list[int] | None = None,
+        use_llm: bool = True,
+    ) -> int:
+        row = self._db.execute(
+            """INSERT INTO jobs(task_id, kind, trigger, "window", use_llm, created_at, queued_by)
+               VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING job_id""",
+            (
+                task_id,
+                kind,
+                trigger,
+                _dumps(window) if window else None,
+                int(use_llm),
+                iso(utcnow()),
+                self.owner,
+            ),
+        ).fetchone()
+        return int(row[0])
+
+    def claim_job(self, *, lease: float = JOB_LEASE) -> Job | None:
+        # A job still 'running' past its lease belongs to a process that died mid-review: take
+        # it back. One that has been claimed MAX_ATTEMPTS times is given up as failed instead.
+        # SKIP LOCKED: a job another worker is claiming right now is passed over, not waited
+        # for, so any number of workers drain the queue without taking a job twice.
+        with self._unit() as db:
+            db.execute(
+                f"""UPDATE jobs SET status='failed', error='given up after repeated crashes',
+                       finished_at=%s
+                   WHERE status='running' AND claimed_at < {_NOW} - %s AND attempts >= %s""",
+                (iso(utcnow()), lease, MAX_ATTEMPTS),
+            )
+            row = db.execute(
+                f"""WITH next AS (
+                       SELECT job_id FROM jobs
+                       WHERE status='pending' OR (status='running' AND claimed_at < {_NOW} - %s)
+                       ORDER BY job_id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                   UPDATE jobs j SET status='running', attempts=j.attempts+1,
+                       claimed_at={_NOW}, claimed_by=%s
+                   FROM next WHERE j.job_id = next.job_id
+                   RETURNING j.job_id, j.task_id, j.kind, j.trigger, j."window", j.attempts,
+                             j.use_llm""",
+                (lease, self.owner),
+            ).fetchone()
+        if row is None:
+            return None
+        return Job(
+            job_id=row[0],
+            task_id=row[1],
+            kind=row[2],
+            trigger=row[3],
+            window=orjson.loads(row[4]) if row[4] else None,
+            attempts=row[5],
+            use_llm=bool(row[6]),
+        )
+
+    def finish_job(self, job_id: int, *, status: str, error: str | None = None) -> None:
+        self._db.execute(
+            "UPDATE jobs SET status=%s, error=%s, finished_at=%s WHERE job_id=%s",
+            (status, error, iso(utcnow()), job_id),
+        )
+
+    def has_pending_job(self, task_id: str, *, kind: str) -> bool:
+        return (
+            self._db.execute(
+                "SELECT 1 FROM jobs WHERE task_id=%s AND kind=%s AND status='pending' LIMIT 1",
+                (task_id, kind),
+            ).fetchone()
+            is not None
+        )
+
+    def pending_jobs(self, *, mine: bool = False) -> int:
+        """Jobs waiting or running; with ``mine``, only those this store object queued or is
+        running (another process's jobs, or one left behind when it died, are not ours)."""
+        if mine:
+            return self._db.execute(
+                f"""SELECT count(*) FROM jobs WHERE (status='pending' AND queued_by=%s)
+                    OR (status='running' AND (claimed_by=%s
+                        OR (queued_by=%s AND claimed_at > {_NOW} - %s)))""",
+                (self.owner, self.owner, self.owner, JOB_LEASE),
+            ).fetchone()[0]
+        return self._db.execute(
+            "SELECT count(*) FROM jobs WHERE status IN ('pending', 'running')"
+        ).fetchone()[0]
+
+    def jobs(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        cols = ("job_id", "task_id", "kind", "trigger", "status", "attempts", "error", "created_at")
+        rows = self._db.execute(
+            f"SELECT {', '.join(cols)} FROM jobs ORDER BY job_id DESC LIMIT %s", (limit,)
+        )
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+
+    # -- misc ------------------------------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "migrations": applied(self._db),
+            "book_version": self.book_version(),
+            "events": self.event_count(),
+        }
