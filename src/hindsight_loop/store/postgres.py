@@ -70,9 +70,16 @@ class PostgresStore:
         self._closed = False
         #: Names this store object's claims on jobs.
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        try:
+            self._open()
+        except BaseException:
+            self.close()  # a refused database leaves no connection behind
+            raise
+
+    def _open(self) -> None:
         db = self._db
         check_schema(db, self.url)
-        if readonly:
+        if self.readonly:
             missing = [name for name, _ in MIGRATIONS if name not in applied(db)]
             if missing:
                 raise ValueError(

@@ -35,7 +35,8 @@ class Copied:
 def copy_store(src: Store, dst: Store) -> Copied:
     """Copy every task, event, lesson and reflection of ``src`` into ``dst``."""
     out = Copied()
-    tasks = src.list_tasks(limit=2**62)
+    # Oldest first throughout: rows tied on their timestamp keep the source's insertion order.
+    tasks = list(reversed(src.list_tasks(limit=2**62)))
     rows: list[tuple[str, str, int, str, str, bytes]] = []
     for task in tasks:
         have = dst.event_ids(task.task_id)
@@ -62,7 +63,7 @@ def copy_store(src: Store, dst: Store) -> Copied:
         out.events += len(rows)
     # After the events: a task_start written above re-creates its task from the event alone;
     # the source's row (status, outcome, injected lessons) is what the copy must hold.
-    for task in reversed(tasks):  # oldest first, so listings keep their order
+    for task in tasks:
         dst.upsert_task(task)
         out.tasks += 1
     # After the tasks' events too: a copied task_start counts a hit on the lessons it injected,

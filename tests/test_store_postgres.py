@@ -1,0 +1,262 @@
+"""What only the shared PostgreSQL store has to get right: many processes at once.
+
+Every test runs against a real PostgreSQL cluster started for the session (tests/pg.py); the
+processes are real processes, each with its own connections.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hindsight_loop import Hindsight, LessonDraft
+from hindsight_loop.models import Features, Lesson, Task, iso, utcnow
+from hindsight_loop.store import open_store
+from hindsight_loop.store.migrations import SchemaError
+
+SPAWN = multiprocessing.get_context("spawn")
+
+ZH_ADVICE = "读取 GBK 编码的 CSV 文件时，你应该先用 encoding='gbk' 调用 read_csv。"
+
+
+# -- curation under concurrency -------------------------------------------------------------
+def _learn(url: str, barrier: Any, queue: Any) -> None:
+    hs = Hindsight(url, background=False, triggers=False)
+    try:
+        hs.embedder.embed(["warm up"])  # both processes ready before the race starts
+        draft = LessonDraft(
+            task_type="csv_cleaning",
+            advice="When read_csv fails with UnicodeDecodeError, you should pass encoding='gbk'.",
+            features=Features(tools=["read_csv"], error_type="UnicodeDecodeError"),
+            source_task_ids=[f"tsk_{os.getpid()}"],
+        )
+        barrier.wait(timeout=60)
+        queue.put(hs.curator.add(draft).action)
+    finally:
+        hs.close()
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_two_workers_learning_the_same_lesson_at_once_give_one_lesson_with_support_2(
+    pg_url: str, attempt: int
+) -> None:
+    del attempt  # the race is rerun: each time both processes read the book at the barrier
+    barrier = SPAWN.Barrier(2)
+    queue = SPAWN.Queue()
+    procs = [SPAWN.Process(target=_learn, args=(pg_url, barrier, queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    actions = sorted(queue.get(timeout=10) for _ in procs)
+    store = open_store(pg_url)
+    try:
+        lessons = store.list_lessons(task_type="csv_cleaning")
+        assert len(lessons) == 1, [x.advice for x in lessons]
+        assert lessons[0].support == 2
+        assert actions == ["add", "merge"]
+        assert len(lessons[0].source_task_ids) == 2
+    finally:
+        store.close()
+
+
+# -- the job queue -------------------------------------------------------------------------
+def _drain(url: str, out: Any) -> None:
+    store = open_store(url)
+    done = []
+    try:
+        while (job := store.claim_job()) is not None:
+            done.append(job.job_id)
+            store.finish_job(job.job_id, status="done")
+    finally:
+        store.close()
+    out.put(done)
+
+
+def test_four_worker_processes_drain_the_queue_each_job_exactly_once(pg_url: str) -> None:
+    store = open_store(pg_url)
+    try:
+        store.upsert_task(Task(task_id="tsk_1", task_type="t"))
+        queued = [store.enqueue_job("tsk_1") for _ in range(400)]
+        out = SPAWN.Queue()
+        procs = [SPAWN.Process(target=_drain, args=(pg_url, out)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+        claimed = [job_id for r in results for job_id in r]
+        assert sorted(claimed) == queued  # none lost, none twice
+        assert sum(1 for r in results if r) >= 2  # the queue was shared, not drained by one
+        assert store.pending_jobs() == 0
+        assert {j["status"] for j in store.jobs(limit=1000)} == {"done"}  # type: ignore[attr-defined]
+        assert {j["attempts"] for j in store.jobs(limit=1000)} == {1}  # type: ignore[attr-defined]
+    finally:
+        store.close()
+
+
+_CLAIM_AND_DIE = """
+import os, sys
+from hindsight_loop.store import open_store
+store = open_store(sys.argv[1])
+job = store.claim_job()
+print(job.job_id, flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_a_job_whose_worker_was_killed_is_taken_back_after_its_lease(pg_url: str) -> None:
+    alive = open_store(pg_url)
+    try:
+        alive.upsert_task(Task(task_id="tsk_1", task_type="t"))
+        job_id = alive.enqueue_job("tsk_1")
+        proc = subprocess.run(
+            [sys.executable, "-c", _CLAIM_AND_DIE, pg_url], capture_output=True, timeout=60
+        )
+        assert proc.returncode == -signal.SIGKILL
+        assert int(proc.stdout) == job_id
+        assert alive.claim_job() is None  # still within the dead worker's lease
+        taken = alive.claim_job(lease=0.0)  # type: ignore[call-arg]
+        assert taken is not None and taken.job_id == job_id and taken.attempts == 2
+        alive.finish_job(job_id, status="done")
+        assert alive.claim_job(lease=0.0) is None  # type: ignore[call-arg]
+    finally:
+        alive.close()
+
+
+# -- the whole loop, text in both languages ------------------------------------------------
+def test_record_drain_recall_on_postgres(pg_url: str) -> None:
+    from test_loop import _failing_then_recovering_task
+
+    hs = Hindsight(pg_url, background=False)
+    try:
+        first = _failing_then_recovering_task(hs)
+        assert hs.drain()
+        assert [r.status for r in hs.store.reflections(first)] == ["ok"]
+        lessons = hs.store.list_lessons(task_type="csv_cleaning")
+        assert len(lessons) == 1 and "gbk" in lessons[0].advice
+        assert hs.store.event_count(first) == hs.store.get_task(first).event_count > 10
+        found = hs.recall(task_type="csv_cleaning", tools=["read_csv"], query="erp_cn export")
+        assert [x.lesson_id for x in found] == [lessons[0].lesson_id]
+    finally:
+        hs.close()
+
+
+def test_a_chinese_lesson_and_run_round_trip(pg_url: str) -> None:
+    hs = Hindsight(pg_url, background=False)
+    try:
+        with (
+            hs.task("数据清洗", goal="清洗来自华东仓库的每晚导出", tools=["read_csv"]) as task,
+            task.action("read_csv", {"path": "销售.csv"}, step="解析") as call,
+        ):
+            call.result({"rows": 3, "说明": "成功"})
+        hs.flush()
+        events = hs.store.events(task.task_id)
+        assert events[0].type == "task_start"
+        assert hs.store.get_task(task.task_id).goal == "清洗来自华东仓库的每晚导出"
+        assert any(e.input == {"tool": "read_csv", "args": {"path": "销售.csv"}} for e in events)
+        lesson = Lesson(
+            lesson_id="les_zh",
+            task_type="数据清洗",
+            advice=ZH_ADVICE,
+            features=Features(tools=["read_csv"], keywords=["编码"]),
+            language="zh",
+            valid_until=iso(utcnow()),
+        )
+        hs.store.save_lesson(lesson)
+        assert hs.store.get_lesson("les_zh") == lesson
+        hs.store.bump_hits(["les_zh"])  # a JSON update in SQL must keep the text as it was
+        assert hs.store.get_lesson("les_zh").advice == ZH_ADVICE
+    finally:
+        hs.close()
+
+
+# -- migrate between stores ------------------------------------------------------------------
+def _rows(url: str) -> dict[str, Any]:
+    store = open_store(url, readonly=True)
+    try:
+        tasks = store.list_tasks(limit=10_000)
+        return {
+            "tasks": tasks,
+            "events": {t.task_id: store.events(t.task_id) for t in tasks},
+            "lessons": store.list_lessons(),
+            "embeddings": store.lesson_embeddings(),
+            "reflections": store.reflections(limit=10_000),
+        }
+    finally:
+        store.close()
+
+
+def _hindsight(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = str(Path(sys.executable).with_name("hindsight"))
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_migrate_copies_sqlite_into_postgres_and_back_idempotently(
+    pg_url: str, tmp_path: Path
+) -> None:
+    src = tmp_path / "demo.db"
+    assert _hindsight("demo", "--db", str(src)).returncode == 0
+    first = _hindsight("migrate", str(src), pg_url, "--json")
+    assert first.returncode == 0, first.stderr
+    assert '"events": 0' not in first.stdout
+    again = _hindsight("migrate", str(src), pg_url, "--json")
+    assert again.returncode == 0 and '"events": 0' in again.stdout
+    original = _rows(str(src))
+    assert original["lessons"] and original["reflections"]
+    assert _rows(pg_url) == original
+    back = tmp_path / "back.db"
+    for _ in range(2):
+        assert _hindsight("migrate", pg_url, str(back)).returncode == 0
+    assert _rows(str(back)) == original
+
+
+def test_migrate_says_what_is_wrong(tmp_path: Path) -> None:
+    missing = _hindsight("migrate", str(tmp_path / "nope.db"), "postgresql://x@127.0.0.1:1/db")
+    assert missing.returncode == 1 and "no store at" in missing.stderr
+    (tmp_path / "a.db").touch()
+    down = _hindsight("migrate", str(tmp_path / "a.db"), "postgresql://x@127.0.0.1:1/db")
+    assert down.returncode == 1 and "cannot" in down.stderr
+
+
+# -- opening -------------------------------------------------------------------------------
+def test_a_database_with_foreign_tables_is_left_untouched(pg_url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("CREATE TABLE lessons (x int)")
+    with pytest.raises(SchemaError, match="did not create"):
+        open_store(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        assert db.execute("SELECT to_regclass('_migrations')").fetchone()[0] is None
+
+
+def test_an_unreachable_server_names_the_fix() -> None:
+    with pytest.raises(ConnectionError, match="HINDSIGHT_DB"):
+        open_store("postgresql://nobody:secret@127.0.0.1:1/db")
+    try:
+        open_store("postgresql://nobody:secret@127.0.0.1:1/db")
+    except ConnectionError as exc:
+        assert "secret" not in str(exc)
+
+
+def test_a_readonly_store_writes_nothing(pg_url: str) -> None:
+    with pytest.raises(ValueError, match="write command"):
+        open_store(pg_url, readonly=True)  # an empty database: not created by a read
+    open_store(pg_url).close()
+    reader = open_store(pg_url, readonly=True)
+    try:
+        assert reader.list_lessons() == []
+        with pytest.raises(Exception, match="read-only"):
+            reader.upsert_task(Task(task_id="tsk_1", task_type="t"))
+    finally:
+        reader.close()
