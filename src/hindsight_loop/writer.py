@@ -270,7 +270,10 @@ class ProcessRecorder:
             frame = self._portable(task_id, own, seq, ts, etype, payload, event_id)
         q = self._out
         if len(q) >= self._local.queue_bound:
-            self._overload()
+            try:
+                self._overload()
+            except Exception:  # noqa: BLE001 - the agent must never crash because of Hindsight
+                log.exception("hindsight: spilling under overload failed")
         q.append(frame)
         return own
 
@@ -469,7 +472,7 @@ class ProcessRecorder:
             log.warning("hindsight: could not start the writer process: %r", exc)
             return False
         assert proc.stdin is not None and proc.stdout is not None
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, AttributeError):  # Linux only
             fcntl.fcntl(proc.stdin.fileno(), _F_SETPIPE_SZ, 1 << 20)
         with self._cond:
             self._gen += 1
