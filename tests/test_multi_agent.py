@@ -240,7 +240,7 @@ def test_a_team_lesson_reaches_every_agent_and_a_role_lesson_only_its_role(
             found = hs.recall(
                 task_type=TEAM,
                 query="count even street numbers in the clients spreadsheet and verify the output",
-                scope=scopes_for(agent, TEAM),  # type: ignore[arg-type]
+                scope=scopes_for(agent, TEAM),
             )
             ids = {lesson.lesson_id for lesson in found}
             assert team.lesson_id in ids, agent

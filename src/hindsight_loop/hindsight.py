@@ -304,9 +304,9 @@ class Hindsight:
         scope: str | None = None,
         source: str = "",
     ) -> ImportReport:
-        """Record runs an agent already produced: OpenAI or Anthropic messages, OTLP GenAI
-        traces or wire-format events (``format``: ``auto``, ``openai``, ``anthropic``,
-        ``otlp``, ``wire``). One run (a message list) or many; what the caller passes wins over
+        """Record runs an agent already produced: OpenAI or Anthropic messages, AG2 group
+        chats, OTLP GenAI traces or wire-format events (``format``: ``auto``, ``openai``,
+        ``anthropic``, ``ag2``, ``otlp``, ``wire``). One run (a message list) or many; what the caller passes wins over
         what a run says about itself. Events already stored are skipped, so importing the same
         transcript twice stores it once. Ended runs are queued for reflection like live ones.
 
@@ -468,7 +468,7 @@ class Hindsight:
         tools: Sequence[str] = (),
         query: str = "",
         intent: str | None = None,
-        scope: str | None = None,
+        scope: str | Sequence[str] | None = None,
         step: str | None = None,
         error_type: str | None = None,
         limit: int = MAX_LESSONS,

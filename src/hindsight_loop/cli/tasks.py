@@ -195,7 +195,7 @@ def import_(
     format_: Annotated[
         str,
         typer.Option(
-            "--format", "-f", help="auto, wire, openai, anthropic or otlp (auto tells them apart)."
+            "--format", "-f", help="auto, wire, openai, anthropic, ag2 or otlp (auto tells them apart)."
         ),
     ] = "auto",
     task_type: Annotated[
