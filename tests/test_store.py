@@ -164,3 +164,76 @@ def test_a_reflection_round_trips_through_its_wire_form_and_the_store(store_url:
     store.save_reflection(reflection)
     assert store.reflections("tsk_1") == [reflection]
     store.close()
+
+
+def _row(event_id: str, task_id: str, seq: int, ts: str, etype: str, body: dict) -> tuple:
+    import orjson
+
+    return (event_id, task_id, seq, ts, etype, orjson.dumps(body))
+
+
+def test_event_batches_create_close_and_adopt_tasks(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        start = {"task_type": "csv", "goal": "清洗导出", "tools": ["read_csv"], "scope": "global"}
+        call = {"input": {"tool": "read_csv", "args": {"page": 10}}, "result": {"status": "ok"}}
+        unknown = store.write_event_batch(
+            [
+                _row("e1", "tsk_a", 0, "2025-01-01T00:00:00.000Z", "task_start", start),
+                # same timestamp, later seq, written first: read back in (timestamp, seq) order
+                _row("e3", "tsk_a", 2, "2025-01-01T00:00:01.000Z", "action_executed", call),
+                _row("e2", "tsk_a", 1, "2025-01-01T00:00:01.000Z", "action_executed", call),
+                _row("x1", "tsk_orphan", 0, "2025-01-01T00:00:05.000Z", "user_input", {}),
+            ]
+        )
+        assert unknown == ["tsk_orphan"]
+        assert (
+            store.write_event_batch(
+                [_row("x2", "tsk_orphan", 1, "2025-01-01T00:00:06.000Z", "user_input", {})]
+            )
+            == []
+        )  # adopted once, not reported again
+        store.write_event_batch(
+            [
+                _row(
+                    "e4",
+                    "tsk_a",
+                    3,
+                    "2025-01-01T00:00:02.000Z",
+                    "task_end",
+                    {"result": {"status": "failed"}},
+                )
+            ]
+        )
+        assert [e.event_id for e in store.events("tsk_a")] == ["e1", "e2", "e3", "e4"]
+        assert store.events("tsk_a")[1].input == {"tool": "read_csv", "args": {"page": 10}}
+        task = store.get_task("tsk_a")
+        assert (task.goal, task.status, task.event_count) == ("清洗导出", "failed", 4)
+        assert store.get_task("tsk_orphan").task_type == "unknown"
+        assert store.event_ids("tsk_orphan") == {"x1", "x2"}
+        assert store.event_count() == 6
+        assert [t.task_id for t in store.list_tasks()] == ["tsk_orphan", "tsk_a"]
+        assert [t.task_id for t in store.list_tasks(status="failed")] == ["tsk_a"]
+        assert store.runs_with("csv", '"page":10', besides="tsk_b") == 1
+        assert store.runs_with("csv", '"page":1', besides="tsk_b") == 0
+        assert store.runs_with("csv", '"page":10', besides="tsk_a") == 0
+    finally:
+        store.close()
+
+
+def test_a_failed_transaction_writes_nothing(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        lesson = Lesson(lesson_id="les_1", task_type="csv", advice="You should use gbk.")
+        try:
+            with store.transaction():
+                store.save_lesson(lesson)
+                raise RuntimeError("curation failed midway")
+        except RuntimeError:
+            pass
+        assert store.get_lesson("les_1") is None
+        with store.transaction():
+            store.save_lesson(lesson)
+        assert store.get_lesson("les_1") == lesson
+    finally:
+        store.close()

@@ -68,6 +68,60 @@ def test_two_workers_learning_the_same_lesson_at_once_give_one_lesson_with_suppo
         store.close()
 
 
+# -- many recorders into one database -----------------------------------------------------------
+def _record(url: str, worker: int, barrier: Any, out: Any) -> None:
+    store = open_store(url)
+    adopted = []
+    try:
+        barrier.wait(timeout=60)
+        for round_ in range(10):
+            rows = []
+            for t in range(20):  # every process writes into the same 20 tasks
+                task_id = f"tsk_{t:02d}"
+                if worker == 0 and round_ == 5:
+                    body: dict[str, Any] = {"task_type": "shared", "goal": f"目标 {t}"}
+                    etype = "task_start"
+                else:
+                    body, etype = {"input": {"text": f"第 {round_} 轮"}}, "user_input"
+                ts = f"2025-01-01T00:00:{round_:02d}.{worker:03d}Z"
+                rows.append((f"e_{worker}_{round_}_{t}", task_id, round_, ts, etype, _dumps(body)))
+            adopted += store.write_event_batch(rows)
+    finally:
+        store.close()
+    out.put(adopted)
+
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    import orjson
+
+    return orjson.dumps(body)
+
+
+def test_four_recorder_processes_write_into_the_same_tasks_and_lose_nothing(pg_url: str) -> None:
+    open_store(pg_url).close()
+    barrier = SPAWN.Barrier(4)
+    out = SPAWN.Queue()
+    procs = [SPAWN.Process(target=_record, args=(pg_url, w, barrier, out)) for w in range(4)]
+    for p in procs:
+        p.start()
+    adopted = [task_id for _ in procs for task_id in out.get(timeout=120)]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    store = open_store(pg_url)
+    try:
+        assert store.event_count() == 4 * 10 * 20
+        tasks = store.list_tasks(limit=100)
+        assert len(tasks) == 20
+        # a placeholder made by one writer is reported once, and its task_start fills it in
+        assert len(adopted) == len(set(adopted)) <= 20
+        assert {t.task_type for t in tasks} == {"shared"}
+        assert store.get_task("tsk_07").goal == "目标 7"
+        assert all(t.event_count == 40 for t in tasks)
+    finally:
+        store.close()
+
+
 # -- the job queue -------------------------------------------------------------------------
 def _drain(url: str, out: Any) -> None:
     store = open_store(url)

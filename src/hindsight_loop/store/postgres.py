@@ -132,9 +132,20 @@ class PostgresStore:
         if self._in_transaction(db):
             yield
             return
-        with db.transaction():
-            db.execute("SELECT pg_advisory_xact_lock(%s)", (BOOK_LOCK,))
-            yield
+        self._local.book_changed = False
+        try:
+            with db.transaction():
+                db.execute("SELECT pg_advisory_xact_lock(%s)", (BOOK_LOCK,))
+                yield
+                # The book's version moves once per transaction, not once per saved lesson:
+                # each UPDATE of one row in a transaction adds a row version that the next
+                # must walk past, so re-embedding a large book would slow quadratically.
+                if self._local.book_changed:
+                    db.execute(
+                        "UPDATE meta SET value = (value::bigint + 1)::text WHERE key='book_version'"
+                    )
+        finally:
+            self._local.book_changed = False
 
     @contextlib.contextmanager
     def _unit(self) -> Iterator[Any]:
@@ -364,7 +375,7 @@ class PostgresStore:
                     embed_model,
                 ),
             )
-            db.execute("UPDATE meta SET value = (value::bigint + 1)::text WHERE key='book_version'")
+            self._local.book_changed = True  # the version moves at commit (transaction())
 
     def get_lesson(self, lesson_id: str) -> Lesson | None:
         row = self._db.execute(
