@@ -258,3 +258,69 @@ def test_a_team_lesson_reaches_every_agent_and_a_role_lesson_only_its_role(
             assert ("check the column names first" in prompt) == (agent == "Excel_Expert")
         # Global recall alone sees neither: the scoped lessons stay with their role and team.
         assert not hs.recall(task_type=TEAM, query="spreadsheet verify output")
+
+
+def _recovered_log() -> dict[str, Any]:
+    """LOG, where Excel_Expert fixes its code and the run goes on."""
+    log = copy.deepcopy(LOG)
+    fixed = (
+        "Fixed.\n```python\nimport pandas as pd\nprint(pd.read_excel('clients.xlsx').shape)\n```"
+    )
+    log["history"][3:3] = [
+        {"content": fixed, "role": "user", "name": "Excel_Expert"},
+        {"content": "exitcode: 0 (execution succeeded)\nCode output: (10, 3)", "role": "user",
+         "name": "Computer_terminal"},
+    ]  # fmt: skip
+    return log
+
+
+def test_a_team_runs_reflected_lessons_are_scoped_to_the_role_it_turned_on(hs: Hindsight) -> None:
+    hs.import_transcript(_recovered_log())
+    [task] = hs.tasks()
+    reflection = hs.reflect(task.task_id)  # the offline reflector: a lesson on the failed code
+    assert reflection.status == "ok" and reflection.lesson_ids
+    lesson = hs.lesson(reflection.lesson_ids[0])
+    assert lesson is not None and lesson.scope == "agent:Excel_Expert"
+    query = {"task_type": task.task_type, "tools": ["execute_code"], "query": "SyntaxError"}
+    mine = hs.recall(**query, scope=scopes_for("Excel_Expert", task.task_type))
+    assert lesson.lesson_id in mine.ids
+    theirs = hs.recall(**query, scope=scopes_for("Verification_Expert", task.task_type))
+    assert lesson.lesson_id not in theirs.ids
+
+
+def test_a_lesson_naming_two_agents_is_the_teams(tmp_path: Path) -> None:
+    from hindsight_loop.llm.openai import OpenAILLM
+    from hindsight_loop.llm.reflector import LLMReflector
+    from hindsight_loop.testing.llm_server import LLMServer, answer
+
+    lesson = {
+        "advice": "Excel_Expert, you should send the file path to Verification_Expert with the "
+        "count, so the check runs on the same data.",
+        "root_cause": "Verification_Expert checked a count it could not reproduce.",
+        "suggestions": ["Pass the data along", "Verify on the same file"],
+        "general_rule": "Hand over the inputs with the result.",
+        "tools": ["execute_code"],
+    }
+    full = {
+        "task_goal": "count clients",
+        "execution_path": "code failed, then ran",
+        "lesson": lesson,
+    }
+    with LLMServer([answer(full)]) as server:
+        llm = OpenAILLM("m", base_url=server.openai_base_url, api_key="k", timeout=2)
+        reflector = LLMReflector(llm, owns_llm=True)
+        with Hindsight(tmp_path / "hs.db", reflector=reflector, background=False) as hs:
+            hs.import_transcript(_recovered_log())
+            [task] = hs.tasks()
+            reflection = hs.reflect(task.task_id)
+            assert reflection.status == "ok"
+            team_lesson = hs.lesson(reflection.lesson_ids[0])
+            assert team_lesson is not None and team_lesson.scope == f"team:{task.task_type}"
+            for agent in AGENTS:  # every agent of the team gets it
+                found = hs.recall(
+                    task_type=task.task_type,
+                    tools=["execute_code"],
+                    query="verify the count on the same file",
+                    scope=scopes_for(agent, task.task_type),
+                )
+                assert team_lesson.lesson_id in found.ids, agent

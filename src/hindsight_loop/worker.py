@@ -36,7 +36,7 @@ from hindsight_loop.models import (
     utcnow,
 )
 from hindsight_loop.record import redact_text
-from hindsight_loop.replay import replay
+from hindsight_loop.replay import TeamChronicle, replay
 from hindsight_loop.store import Job, Store
 from hindsight_loop.text import defuse, value_shape
 
@@ -241,6 +241,8 @@ class Worker:
             reflection.lessons = [
                 d for d in reflection.lessons if self._values_recur(d, chronicle.task)
             ]
+        if reflection.status == "ok" and isinstance(chronicle, TeamChronicle):
+            _team_scopes(reflection.lessons, chronicle)
         if reflection.status == "ok":
             for draft in reflection.lessons:
                 _defuse(draft)
@@ -466,6 +468,31 @@ class Worker:
             self._thread.join(timeout=timeout)
             return not self._thread.is_alive()
         return True
+
+
+def _team_scopes(drafts: list[LessonDraft], chronicle: TeamChronicle) -> None:
+    """Scope the lessons of a run of many agents: each is the team's or one role's.
+
+    A lesson that names two or more of the run's agents is about how they work together: the
+    team's (``team:<task type>``), injected into every agent of it. Any other is about the agent
+    the run turned on (``attribute``, offline): its role's (``agent:<role>``), injected only
+    into that role. A run that already has a scope of its own (a project, a user) keeps it.
+    """
+    from hindsight_loop.attribute import attribute, scopes_for
+
+    if chronicle.task.scope not in ("", "global"):
+        return
+    blamed = attribute(chronicle).agent
+    agents = [a.lower() for a in chronicle.agents]
+    [team] = scopes_for(team=chronicle.task.task_type)
+    for draft in drafts:
+        if draft.scope not in ("", "global"):
+            continue
+        text = f"{draft.advice} {draft.root_cause} {draft.general_rule}".lower()
+        if blamed is None or sum(a in text for a in agents) >= 2:
+            draft.scope = team
+        else:
+            [draft.scope] = scopes_for(agent=chronicle.roles.get(blamed, blamed))
 
 
 def _defuse(draft: LessonDraft) -> None:
