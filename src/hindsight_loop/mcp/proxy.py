@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -59,6 +59,7 @@ from hindsight_loop.mcp.events import (
     classify_result_error,
     summarize_content,
 )
+from hindsight_loop.mcp.forward import Forwarder, GatewayServer
 from hindsight_loop.models import MAX_LESSONS, new_id
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
     from hindsight_loop.hindsight import Hindsight
 
 logger = logging.getLogger("hindsight_loop.mcp.proxy")
+_R = TypeVar("_R")
 
 GATEWAY_NAME = "hindsight-gateway"
 #: Sessions without a transport session id (2026-era HTTP clients are sessionless) end after
@@ -165,7 +167,8 @@ class Gateway:
         self.sessions: dict[str, SessionTask] = {}
         self._closing: anyio.Event | None = None
         self._stack: AsyncExitStack | None = None
-        self.server: Server[Any] = Server(
+        self.forward = Forwarder(self)
+        self.server: Server[Any] = GatewayServer(
             GATEWAY_NAME,
             version=_version(),
             on_list_tools=self._on_list_tools,
@@ -173,6 +176,7 @@ class Gateway:
             get_tool_input_schema=self._input_schema,
         )
         self.server.middleware.append(_keep_is_error_absent)
+        self.server.middleware.append(self.forward.note_requests)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -188,6 +192,7 @@ class Gateway:
                 assert up.ready is not None
                 await up.ready.wait()
             self._rebuild_routes()
+            self.forward.register(self.server)
             self.server.instructions = _join_instructions(self.upstreams.values())
             tg.start_soon(self._sweep_idle, closing)
             self._stack = stack.pop_all()
@@ -215,7 +220,10 @@ class Gateway:
         """
         try:
             async with AsyncExitStack() as stack:
-                client = await stack.enter_async_context(await _open_client(up.config, stack))
+                callbacks = self.forward.client_callbacks(up.name)
+                client = await stack.enter_async_context(
+                    await _open_client(up.config, stack, callbacks)
+                )
                 up.tools = await _list_all_tools(client)
                 up.instructions = client.instructions
                 up.client = client
@@ -419,7 +427,8 @@ class Gateway:
 
         try:
             with anyio.fail_after(self.config.call_timeout):
-                result = await _forward(up.client, call.upstream_tool, params, ctx)
+                async with self.forward.calling(up, ctx):
+                    result = await _forward(up.client, call.upstream_tool, params, ctx)
         except anyio.get_cancelled_exc_class():
             # The client cancelled (or the gateway is stopping): the call still happened.
             call.done()
@@ -603,14 +612,17 @@ class _SessionEndWatcher:
 # -- helpers -------------------------------------------------------------------------------
 
 
-async def _open_client(config: UpstreamConfig, stack: AsyncExitStack) -> Client:
+async def _open_client(
+    config: UpstreamConfig, stack: AsyncExitStack, callbacks: dict[str, Any]
+) -> Client:
+    """A client for one upstream; ``callbacks`` relay its server-to-client traffic to clients."""
     info = types.Implementation(name=GATEWAY_NAME, version=_version())
     if config.transport == "stdio":
         assert config.command is not None
         params = StdioServerParameters(
             command=config.command, args=config.args, env=config.env or None, cwd=config.cwd
         )
-        return Client(params, client_info=info)
+        return Client(params, client_info=info, **callbacks)
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
@@ -618,7 +630,8 @@ async def _open_client(config: UpstreamConfig, stack: AsyncExitStack) -> Client:
     http = await stack.enter_async_context(
         httpx2.AsyncClient(headers=config.headers, timeout=httpx2.Timeout(30.0, read=300.0))
     )
-    return Client(streamable_http_client(config.url, http_client=http), client_info=info)
+    transport = streamable_http_client(config.url, http_client=http)
+    return Client(transport, client_info=info, **callbacks)
 
 
 _CALL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
@@ -698,17 +711,23 @@ async def _list_all_tools(client: Client) -> list[types.Tool]:
     return tools
 
 
-def _for_client_era(result: types.CallToolResult, version: str) -> types.CallToolResult:
+def _unavailable(up: Upstream) -> MCPError:
+    return MCPError(
+        INTERNAL_ERROR, f"MCP server '{up.name}' is unavailable: {up.error or 'not connected'}"
+    )
+
+
+def _for_client_era(result: _R, version: str) -> _R:
     """Drop the upstream's 2026-era ``serverInfo`` stamp when the client speaks the 2025 era.
 
     The stamp is part of a 2026 response envelope; a 2025 client talking to the server directly
     would never see it. A 2026 client keeps it, exactly as the upstream sent it.
     """
-    meta = result.meta
+    meta = getattr(result, "meta", None)
     if not meta or SERVER_INFO_META_KEY not in meta or version in MODERN_PROTOCOL_VERSIONS:
         return result
     rest = {k: v for k, v in meta.items() if k != SERVER_INFO_META_KEY}
-    return result.model_copy(update={"meta": rest or None})
+    return result.model_copy(update={"meta": rest or None})  # type: ignore[attr-defined, no-any-return]
 
 
 def _arguments_fit(route: Route | None, arguments: dict[str, Any] | None) -> bool | None:

@@ -1,0 +1,382 @@
+"""Everything a client can do with a server directly it can do through the gateway (issue 14).
+
+Against the reference ``@modelcontextprotocol/server-everything`` from npm: each test does the
+same things directly and through ``hindsight mcp proxy`` (a subprocess over stdio, as an MCP
+client launches it) with a real SDK client, and compares what the client sees field by field:
+tool listings, resources, prompts, completions, logging, progress, cancellation, the requests
+the server sends back (sampling, elicitation, roots) and unknown tools. The store must hold each
+tool call exactly once, and nothing for the rest (only tool calls are actions of the agent).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client, MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from test_mcp_everything import (  # noqa: E402  (the shared helpers live beside the first suite)
+    LONG,
+    _actions,
+    _config,
+    _direct,
+    _gateway,
+    _tasks,
+    _wire,
+    anyio_backend,  # noqa: F401  (fixture)
+    everything,  # noqa: F401  (fixture)
+)
+
+pytestmark = pytest.mark.anyio
+
+ROOTS = [types.Root(uri="file:///tmp/project", name="project")]
+
+
+class Peer:
+    """A client that answers the server's requests and keeps what it was asked and told."""
+
+    def __init__(self, *, sampling: bool = True, elicitation: bool = True, roots: bool = True):
+        self.asked: list[tuple[str, dict[str, Any]]] = []
+        self.logs: list[dict[str, Any]] = []
+        self.notes: list[dict[str, Any]] = []
+        self.sampling = sampling
+        self.elicitation = elicitation
+        self.roots = roots
+
+    async def _sampling(self, ctx: Any, params: types.CreateMessageRequestParams) -> Any:
+        self.asked.append(("sampling", params.model_dump(by_alias=True, exclude_none=True)))
+        return types.CreateMessageResult(
+            role="assistant",
+            content=types.TextContent(type="text", text="the model says hi"),
+            model="fake-model",
+            stop_reason="endTurn",
+        )
+
+    async def _elicitation(self, ctx: Any, params: types.ElicitRequestParams) -> Any:
+        self.asked.append(("elicitation", params.model_dump(by_alias=True, exclude_none=True)))
+        return types.ElicitResult(
+            action="accept", content={"name": "Ada", "check": True, "integer": 3}
+        )
+
+    async def _roots(self, ctx: Any) -> Any:
+        self.asked.append(("roots", {}))
+        return types.ListRootsResult(roots=ROOTS)
+
+    async def _log(self, params: types.LoggingMessageNotificationParams) -> None:
+        self.logs.append(params.model_dump(by_alias=True, exclude_none=True))
+
+    async def _message(self, message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            self.notes.append(message.model_dump(by_alias=True, exclude_none=True))
+
+    def client(self, server: Any, **kwargs: Any) -> Client:
+        return Client(
+            server,
+            sampling_callback=self._sampling if self.sampling else None,
+            elicitation_callback=self._elicitation if self.elicitation else None,
+            list_roots_callback=self._roots if self.roots else None,
+            logging_callback=self._log,
+            message_handler=self._message,
+            **kwargs,
+        )
+
+
+_CLOCK = re.compile(r"\d{1,2}:\d{2}:\d{2}\s?[AP]M")
+
+
+def _untimed(value: Any) -> Any:
+    """``value`` with wall-clock times (this server stamps its dynamic resources) made equal."""
+    if isinstance(value, dict):
+        out = {k: _untimed(v) for k, v in value.items()}
+        if isinstance(out.get("blob"), str):
+            raw = base64.b64decode(out["blob"]).decode("utf-8", "replace")
+            out["blob"] = _CLOCK.sub("<time>", raw)
+        return out
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return _CLOCK.sub("<time>", value) if isinstance(value, str) else value
+
+
+@contextmanager
+def _legacy() -> Iterator[None]:
+    """Subscriptions, logging and roots are deprecated at 2026-07-28, yet 2025-era servers use them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        yield
+
+
+def _servers(exe: str) -> dict[str, Any]:
+    return {"everything": {"command": exe, "args": ["stdio"]}}
+
+
+async def _wait_for(predicate: Any, timeout: float = 15.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_the_tool_listing_is_the_servers_own(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+    mode: str,
+) -> None:
+    async with Peer().client(_direct(everything)) as client:
+        expected = _wire(await client.list_tools(), era_stamps=True)
+        capabilities = client.server_capabilities
+    names = [t["name"] for t in expected["tools"]]
+    # The tools this server only offers to clients that can answer its requests are there.
+    for name in ("trigger-sampling-request", "trigger-elicitation-request", "get-roots-list"):
+        assert name in names
+
+    config = _config(tmp_path / "s.json", _servers(everything))
+    async with Peer().client(_gateway(config, tmp_path / "g.db"), mode=mode) as client:
+        through = _wire(await client.list_tools(), era_stamps=True)
+        mirrored = client.server_capabilities
+    through.pop("ttlMs", None), through.pop("cacheScope", None)  # 2026-era cache hints
+    expected.pop("ttlMs", None), expected.pop("cacheScope", None)
+    if mode == "auto":
+        # A 2026-era client has no tasks field on tools (the 2025-11-25 ``execution``): the SDK's
+        # server drops it for that era, as a 2026-era server would never send it.
+        for tool in expected["tools"]:
+            tool.pop("execution", None)
+    assert through == expected
+    # The gateway serves what the server declares: resources, prompts, completions, logging.
+    assert mirrored.resources is not None and mirrored.prompts is not None
+    assert mirrored.completions is not None
+    if mode == "legacy":
+        assert mirrored.logging is not None and capabilities.logging is not None
+        assert mirrored.resources.subscribe is True
+        assert mirrored.resources.list_changed is True and mirrored.prompts.list_changed is True
+
+
+async def _browse(client: Client) -> dict[str, Any]:
+    """Resources, prompts, completions and logging: everything but tools."""
+    seen: dict[str, Any] = {}
+
+    def wire(result: Any) -> dict[str, Any]:
+        return _untimed(_wire(result, era_stamps=True))  # type: ignore[no-any-return]
+
+    resources = await client.list_resources()
+    seen["resources"] = wire(resources)
+    seen["templates"] = wire(await client.list_resource_templates())
+    first = resources.resources[0].uri
+    seen["read"] = wire(await client.read_resource(first))
+    seen["read_template"] = wire(await client.read_resource("demo://resource/dynamic/text/7"))
+    seen["read_blob"] = wire(await client.read_resource("demo://resource/dynamic/blob/3"))
+    try:
+        await client.read_resource("demo://resource/no/such")
+    except MCPError as exc:
+        seen["read_missing"] = exc.error.model_dump(by_alias=True, exclude_none=True)
+    with _legacy():
+        seen["subscribe"] = wire(await client.subscribe_resource(first))
+    with _legacy():
+        seen["unsubscribe"] = wire(await client.unsubscribe_resource(first))
+    seen["prompts"] = wire(await client.list_prompts())
+    seen["simple"] = wire(await client.get_prompt("simple-prompt"))
+    seen["args"] = wire(await client.get_prompt("args-prompt", {"city": "Oslo", "state": "N"}))
+    seen["resource_prompt"] = wire(
+        await client.get_prompt("resource-prompt", {"resourceType": "Text", "resourceId": "2"})
+    )
+    try:
+        await client.get_prompt("no-such-prompt")
+    except MCPError as exc:
+        seen["prompt_missing"] = exc.error.model_dump(by_alias=True, exclude_none=True)
+    seen["complete"] = wire(
+        await client.complete(
+            types.PromptReference(type="ref/prompt", name="completable-prompt"),
+            {"name": "department", "value": "E"},
+        )
+    )
+    seen["complete_resource"] = wire(
+        await client.complete(
+            types.ResourceTemplateReference(
+                type="ref/resource", uri="demo://resource/dynamic/text/{resourceId}"
+            ),
+            {"name": "resourceId", "value": "1"},
+        )
+    )
+    with _legacy():
+        seen["set_level"] = wire(await client.set_logging_level("warning"))
+    for value in seen.values():
+        value.pop("ttlMs", None), value.pop("cacheScope", None)
+    return seen
+
+
+async def test_resources_prompts_completions_and_logging_pass_through(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    async with Peer().client(_direct(everything), mode="legacy") as client:
+        expected = await _browse(client)
+    assert expected["read_template"]["contents"][0]["uri"] == "demo://resource/dynamic/text/7"
+    assert "blob" in expected["read_blob"]["contents"][0]
+    assert "read_missing" in expected and "prompt_missing" in expected
+    assert expected["complete"]["completion"]["values"]  # the server completes "E..."
+
+    db = tmp_path / "g.db"
+    config = _config(tmp_path / "s.json", _servers(everything))
+    async with Peer().client(_gateway(config, db), mode="legacy") as client:
+        through = await _browse(client)
+    assert through == expected
+    # None of this is a tool call: the gateway recorded no action (and so no task).
+    assert all(not _actions(events) for _, events in _tasks(db))
+
+
+async def _ask_back(client: Client, peer: Peer) -> dict[str, Any]:
+    """The tools that make the server ask the client (sampling, elicitation, roots)."""
+    seen: dict[str, Any] = {}
+    sampled = await client.call_tool("trigger-sampling-request", {"prompt": "say hi"})
+    seen["sampling"] = _wire(sampled, era_stamps=True)
+    elicited = await client.call_tool("trigger-elicitation-request", {})
+    seen["elicitation"] = _wire(elicited, era_stamps=True)
+    # The server asks for the roots once the client is initialized; wait until it has them.
+    await _wait_for(lambda: any(kind == "roots" for kind, _ in peer.asked))
+    roots = await client.call_tool("get-roots-list", {})
+    seen["roots"] = _wire(roots, era_stamps=True)
+    seen["asked"] = sorted(peer.asked, key=lambda a: a[0])
+    return seen
+
+
+async def test_sampling_elicitation_and_roots_reach_the_client(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    peer = Peer()
+    async with peer.client(_direct(everything), mode="legacy") as client:
+        expected = await _ask_back(client, peer)
+    assert "the model says hi" in str(expected["sampling"])
+    assert "Ada" in str(expected["elicitation"])
+    assert "file:///tmp/project" in str(expected["roots"])
+    assert [kind for kind, _ in expected["asked"]] == ["elicitation", "roots", "sampling"]
+
+    peer = Peer()
+    db = tmp_path / "g.db"
+    config = _config(tmp_path / "s.json", _servers(everything))
+    async with peer.client(_gateway(config, db), mode="legacy") as client:
+        through = await _ask_back(client, peer)
+    # The client was asked the same things and the server answered it the same way.
+    assert through == expected
+    [(_, events)] = _tasks(db)
+    actions = _actions(events)
+    assert [e.input["tool"] for e in actions] == [  # type: ignore[index]
+        "trigger-sampling-request",
+        "trigger-elicitation-request",
+        "get-roots-list",
+    ]
+    assert not any(e.failed for e in actions)
+
+
+async def test_a_client_without_sampling_gets_what_a_direct_client_would_answer(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    async def refuse(ctx: Any, params: types.CreateMessageRequestParams) -> Any:
+        # What the SDK's client answers when it has no sampling callback.
+        return types.ErrorData(code=types.INVALID_REQUEST, message="Sampling not supported")
+
+    async with Client(_direct(everything), sampling_callback=refuse, mode="legacy") as client:
+        expected = _wire(
+            await client.call_tool("trigger-sampling-request", {"prompt": "hi"}), era_stamps=True
+        )
+    assert "Sampling not supported" in str(expected)
+
+    db = tmp_path / "g.db"
+    config = _config(tmp_path / "s.json", _servers(everything))
+    async with Client(_gateway(config, db), mode="legacy") as client:  # declares no sampling
+        through = _wire(
+            await client.call_tool("trigger-sampling-request", {"prompt": "hi"}), era_stamps=True
+        )
+    assert through == expected
+    [(_, events)] = _tasks(db)
+    [action] = _actions(events)
+    assert action.input["tool"] == "trigger-sampling-request"  # type: ignore[index]
+
+
+async def test_log_messages_and_resource_updates_reach_the_client(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    peer = Peer(roots=False)
+    db = tmp_path / "g.db"
+    config = _config(tmp_path / "s.json", _servers(everything))
+    async with peer.client(_gateway(config, db), mode="legacy") as client:
+        uri = (await client.list_resources()).resources[0].uri
+        with _legacy():
+            await client.set_logging_level("debug")
+            await client.subscribe_resource(uri)
+        await client.call_tool("toggle-subscriber-updates", {})
+        await client.call_tool("toggle-simulated-logging", {})
+        # The server sends both every 5 seconds, outside any call.
+        await _wait_for(lambda: peer.notes and peer.logs, timeout=20.0)
+    assert peer.notes[0]["params"]["uri"] == uri
+    assert {"level", "data"} <= set(peer.logs[-1])
+    [(_, events)] = _tasks(db)
+    assert len(_actions(events)) == 2  # the two toggles; notifications are not calls
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_calls_progress_cancellation_and_unknown_tools_record_once(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+    mode: str,
+) -> None:
+    async def drive(client: Client) -> dict[str, Any]:
+        progress: list[tuple[float, float | None, str | None]] = []
+
+        async def on_progress(done: float, total: float | None, message: str | None) -> None:
+            progress.append((done, total, message))
+
+        seen: dict[str, Any] = {}
+        long = await client.call_tool(
+            LONG, {"duration": 0.2, "steps": 2}, progress_callback=on_progress
+        )
+        seen["long"] = _wire(long, era_stamps=True)
+        seen["progress"] = progress
+        with anyio.move_on_after(0.5) as scope:
+            await client.call_tool(LONG, {"duration": 30, "steps": 30})
+        seen["cancelled"] = scope.cancelled_caught
+        for name, args in [
+            ("get-structured-content", {"location": "New York"}),
+            ("get-tiny-image", {}),
+            ("get-resource-links", {"count": 2}),
+            ("get-resource-reference", {"resourceType": "Text", "resourceId": 1}),
+            ("no-such-tool", {}),
+        ]:
+            seen[name] = _untimed(_wire(await client.call_tool(name, args), era_stamps=True))
+        return seen
+
+    async with Peer().client(_direct(everything), mode="legacy") as client:
+        expected = await drive(client)
+    assert expected["cancelled"] and expected["progress"] == [(1.0, 2.0, None), (2.0, 2.0, None)]
+
+    db = tmp_path / "g.db"
+    config = _config(tmp_path / "s.json", _servers(everything))
+    async with Peer().client(_gateway(config, db), mode=mode) as client:
+        through = await drive(client)
+    assert through == expected
+    [(_, events)] = _tasks(db)
+    tools = [e.input["tool"] for e in _actions(events)]  # type: ignore[index]
+    assert tools == [
+        LONG,
+        LONG,
+        "get-structured-content",
+        "get-tiny-image",
+        "get-resource-links",
+        "get-resource-reference",
+        "no-such-tool",
+    ]
+    errors = [e.result.get("error_type") for e in _actions(events)]  # type: ignore[union-attr]
+    assert errors == [None, "cancelled", None, None, None, None, "unknown_tool"]
