@@ -613,6 +613,11 @@ class Hindsight:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def book_version(self) -> int:
+        """A number that changes whenever a lesson is saved: a reader's cache of the book is
+        current while it holds (``hindsight serve`` parses the book once per version)."""
+        return self.store.book_version()
+
     def attribute(
         self,
         task_id: str,

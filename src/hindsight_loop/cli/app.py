@@ -16,7 +16,7 @@ app = typer.Typer(
 
 # Each module adds its commands with register(app). Kept as names so that a surface behind an
 # extra (mcp) costs nothing until its command runs.
-_MODULES = ("tasks", "lessons", "recall", "demo", "llm", "mcp", "attribute", "store")
+_MODULES = ("tasks", "lessons", "recall", "demo", "llm", "mcp", "attribute", "store", "serve")
 
 
 def _register() -> None:
