@@ -1,0 +1,308 @@
+"""``hindsight serve``'s JSON API over real HTTP: the real command on a free port, a real store."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("jinja2")
+
+from hindsight_loop import Hindsight  # noqa: E402
+from hindsight_loop.models import Lesson  # noqa: E402
+
+TOKEN = "test-token-not-secret"
+HINDSIGHT = str(Path(sys.executable).with_name("hindsight"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def conflict_pair(hs: Hindsight) -> tuple[str, str]:
+    """Two lessons that contradict each other, both waiting for a person (a restore)."""
+    a = Lesson(
+        lesson_id="les_keep",
+        task_type="csv_cleaning",
+        advice="You should read GBK files with encoding='gbk'.",
+        status="needs_review",
+        conflicts=["les_drop"],
+        created_at="2026-01-01T00:00:00.000Z",
+        valid_until="2099-01-01T00:00:00.000Z",
+    )
+    b = Lesson(
+        lesson_id="les_drop",
+        task_type="csv_cleaning",
+        advice="你不要用 gbk 编码读取文件。",
+        language="zh",
+        status="needs_review",
+        conflicts=["les_keep"],
+        created_at="2026-01-02T00:00:00.000Z",
+        valid_until="2099-01-01T00:00:00.000Z",
+    )
+    hs.save_lesson(a)
+    hs.save_lesson(b)
+    return a.lesson_id, b.lesson_id
+
+
+@pytest.fixture
+def server(tmp_path: Path, http_process: Any) -> Any:
+    from hindsight_loop.demo.run import run_demo
+
+    db = tmp_path / "serve.db"
+    run_demo(str(db), seed=7, files=12)
+    with Hindsight(db, background=False) as hs:
+        conflict_pair(hs)
+    port = free_port()
+    env = {**os.environ, "HINDSIGHT_TOKEN": TOKEN}
+    http_process(HINDSIGHT, ["serve", "--db", str(db), "--port", str(port)], port, env=env)
+    base = f"http://127.0.0.1:{port}"
+    with (
+        httpx.Client(base_url=base, timeout=30) as anon,
+        httpx.Client(
+            base_url=base, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as agent,
+    ):
+        yield {"db": db, "anon": anon, "agent": agent, "base": base}
+
+
+def test_access_rules(server: Any) -> None:
+    anon, agent = server["anon"], server["agent"]
+    # A read from this machine needs no token; a write does, and says how to send it.
+    assert anon.get("/api/tasks").status_code == 200
+    refused = anon.post("/api/events", json={"type": "task_start", "task_type": "t"})
+    assert refused.status_code == 401
+    assert "Authorization: Bearer" in refused.json()["error"]
+    wrong = anon.post(
+        "/api/events",
+        json={"type": "task_start", "task_type": "t"},
+        headers={"Authorization": "Bearer nope"},
+    )
+    assert wrong.status_code == 401
+    # DNS rebinding: a page of another site reaching the loopback server names its own host.
+    assert anon.get("/api/tasks", headers={"Host": "evil.example:80"}).status_code == 421
+    # A browser's session cookie alone does not make a write: the CSRF token must come too.
+    login = anon.post("/login", data={"token": TOKEN, "name": "ana"}, follow_redirects=False)
+    assert login.status_code == 303
+    assert "httponly" in login.headers["set-cookie"].lower()
+    assert "samesite=strict" in login.headers["set-cookie"].lower()
+    no_csrf = anon.post("/review/les_keep/pin")
+    assert no_csrf.status_code == 403
+    assert anon.get("/api/lessons/les_keep").json()["pinned"] is False
+    bad_login = httpx.post(server["base"] + "/login", data={"token": "guess"})
+    assert bad_login.status_code == 401
+    assert agent.get("/api/health").json() == {"ok": True}
+
+
+def test_a_bad_batch_records_nothing(server: Any) -> None:
+    agent = server["agent"]
+    batch = [
+        {"type": "task_start", "task_id": "tsk_half", "task_type": "csv_cleaning", "goal": "g"},
+        {"type": "action_executed", "task_id": "tsk_half", "input": {"tool": "read_csv"}},
+        {"type": "no_such_type", "task_id": "tsk_half"},
+        {"type": "user_input", "task_id": "tsk_half", "input": "not an object"},
+    ]
+    answer = agent.post("/api/events", json=batch)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert "nothing was recorded" in error
+    assert "event 2" in error and "event 3" in error
+    assert agent.get("/api/tasks/tsk_half").status_code == 404
+    for body, words in (
+        (b"{not json", "not valid JSON"),
+        (b"", "empty"),
+        (b"42", "one event object"),
+        (b"[]", "no events"),
+    ):
+        answer = agent.post("/api/events", content=body)
+        assert answer.status_code == 400, body
+        assert words in answer.json()["error"]
+
+
+def test_record_a_run_and_read_it_back(server: Any) -> None:
+    agent = server["agent"]
+    events = [
+        {"type": "task_start", "task_type": "报表整理", "goal": "整理销售数据 <script>x</script>"},
+        {
+            "type": "action_executed",
+            "input": {"tool": "read_csv", "args": {"path": "a.csv"}},
+            "result": {"status": "failed", "error_type": "UnicodeDecodeError"},
+        },
+        {
+            "type": "action_executed",
+            "input": {"tool": "read_csv", "args": {"path": "a.csv", "encoding": "gbk"}},
+            "result": {"status": "succeeded"},
+        },
+        {"type": "feedback", "input": {"text": "太慢了，不对", "score": -1}},
+    ]
+    answer = agent.post("/api/events", json={"events": events})
+    assert answer.status_code == 201, answer.text
+    task_id = answer.json()["task_id"]
+    assert answer.json()["recorded"] == 4
+    ended = agent.post(f"/api/tasks/{task_id}/end", json={"status": "succeeded"})
+    assert ended.status_code == 200
+    run = agent.get(f"/api/tasks/{task_id}").json()
+    assert run["task"]["goal"].startswith("整理销售数据")
+    assert run["task"]["status"] == "succeeded"
+    kinds = {node["kind"] for node in run["chronicle"]["key_nodes"]}
+    assert {"first_failure", "recovery"} <= kinds
+    listed = agent.get("/api/tasks", params={"task_type": "报表整理"}).json()
+    assert [t["task_id"] for t in listed["tasks"]] == [task_id]
+    # The page shows the Chinese goal as text: the recorded markup is escaped, never run.
+    page = server["anon"].get(f"/runs/{task_id}").text
+    assert "整理销售数据 &lt;script&gt;x&lt;/script&gt;" in page
+    assert "<script>x</script>" not in page
+    assert "首次失败" in server["anon"].get(f"/runs/{task_id}?lang=zh").text
+
+
+def test_start_recall_and_outcome(server: Any) -> None:
+    agent = server["agent"]
+    recalled = agent.post(
+        "/api/recall",
+        json={"task_type": "csv_cleaning", "tools": ["read_csv"], "query": "encoding error"},
+    ).json()
+    assert 1 <= len(recalled["lessons"]) <= 3
+    assert recalled["advice"]
+    via_get = (
+        server["anon"]
+        .get(
+            "/api/recall",
+            params={"task_type": "csv_cleaning", "tools": "read_csv", "query": "encoding error"},
+        )
+        .json()
+    )
+    assert [x["lesson_id"] for x in via_get["lessons"]] == [
+        x["lesson_id"] for x in recalled["lessons"]
+    ]
+    started = agent.post(
+        "/api/tasks",
+        json={
+            "task_type": "csv_cleaning",
+            "goal": "clean",
+            "tools": ["read_csv"],
+            "query": "encoding error",
+        },
+    )
+    assert started.status_code == 201
+    body = started.json()
+    ids = [x["lesson_id"] for x in body["lessons"]]
+    assert ids and body["advice"]
+    task = agent.get(f"/api/tasks/{body['task_id']}").json()["task"]
+    assert task["injected_lesson_ids"] == ids
+    before = agent.get(f"/api/lessons/{ids[0]}").json()["helpful"]
+    ended = agent.post(
+        f"/api/tasks/{body['task_id']}/end", json={"status": "succeeded", "helpful": [ids[0]]}
+    )
+    assert ended.status_code == 200
+    assert ids[0] in ended.json()["lessons_updated"]
+    assert agent.get(f"/api/lessons/{ids[0]}").json()["helpful"] == before + 1
+    for path, payload, words in (
+        ("/api/tasks", {"goal": "no type"}, "'task_type' is required"),
+        ("/api/recall", {"intent": "dance"}, "intent must be one of"),
+        ("/api/recall", {"scope": "team"}, "scope"),
+        ("/api/recall", {"limit": 9}, "limit must be"),
+        ("/api/tasks/tsk_nope/end", {"status": "succeeded"}, "no task"),
+        (f"/api/tasks/{body['task_id']}/end", {"status": "fine"}, "status must be"),
+        (f"/api/tasks/{body['task_id']}/feedback", {"score": 3}, "score must be"),
+    ):
+        answer = agent.post(path, json=payload)
+        assert answer.status_code in (400, 404), (path, answer.text)
+        assert words in answer.json()["error"], (path, answer.text)
+
+
+def test_review_actions_change_what_recall_returns(server: Any) -> None:
+    agent = server["agent"]
+    query = {"task_type": "csv_cleaning", "tools": ["read_csv"], "query": "encoding error"}
+    top = agent.post("/api/recall", json=query).json()["lessons"][0]["lesson_id"]
+    # A bad edit is refused whole: the lesson is as it was.
+    before = agent.get(f"/api/lessons/{top}").json()
+    bad = agent.post(
+        f"/api/lessons/{top}/edit", json={"by": "ana", "changes": {"advice": "x", "helpful": 99}}
+    )
+    assert bad.status_code == 400 and "cannot edit 'helpful'" in bad.json()["error"]
+    assert agent.get(f"/api/lessons/{top}").json() == before
+    assert agent.post(f"/api/lessons/{top}/frobnicate", json={"by": "ana"}).status_code == 400
+    assert agent.post(f"/api/lessons/{top}/pin", json={}).status_code == 400
+    assert agent.post("/api/lessons/les_none/pin", json={"by": "ana"}).status_code == 404
+    edited = agent.post(
+        f"/api/lessons/{top}/edit", json={"by": "ana", "changes": {"advice": "You 先检查编码。"}}
+    ).json()
+    assert edited["advice"] == "You 先检查编码。"
+    assert edited["history"][-1]["by"] == "ana"
+    rejected = agent.post(f"/api/lessons/{top}/reject", json={"by": "ana", "reason": "wrong"})
+    assert rejected.json()["status"] == "rejected"
+    after = agent.post("/api/recall", json=query).json()["lessons"]
+    assert top not in [x["lesson_id"] for x in after]
+    # The same answer from the facade on the same file.
+    with Hindsight(server["db"], background=False) as hs:
+        assert top not in hs.recall(**query).ids
+    # The review queue shows the conflict; settling it confirms one side and rejects the other.
+    queue = agent.get("/api/review").json()["queue"]
+    pair = next(i for i in queue if i["lesson"]["lesson_id"] in ("les_keep", "les_drop"))
+    assert {pair["lesson"]["lesson_id"], pair["conflicts_with"][0]["lesson_id"]} == {
+        "les_keep",
+        "les_drop",
+    }
+    assert (
+        agent.post(
+            "/api/conflicts/resolve", json={"keep": "les_keep", "reject": top, "by": "ana"}
+        ).status_code
+        == 400
+    )
+    settled = agent.post(
+        "/api/conflicts/resolve", json={"keep": "les_keep", "reject": "les_drop", "by": "ana"}
+    ).json()
+    assert settled["kept"]["status"] == "active"
+    assert settled["rejected"]["status"] == "rejected"
+    queue = agent.get("/api/review").json()["queue"]
+    assert not {"les_keep", "les_drop"} & {i["lesson"]["lesson_id"] for i in queue}
+
+
+def test_lists_paginate_and_filter(server: Any) -> None:
+    agent = server["agent"]
+    first = agent.get("/api/tasks", params={"limit": 5}).json()
+    second = agent.get("/api/tasks", params={"limit": 5, "page": 2}).json()
+    assert len(first["tasks"]) == 5 and first["next"] is True
+    assert not {t["task_id"] for t in first["tasks"]} & {t["task_id"] for t in second["tasks"]}
+    failed = agent.get("/api/tasks", params={"status": "failed", "limit": 500}).json()["tasks"]
+    assert failed and all(t["status"] == "failed" for t in failed)
+    assert agent.get("/api/tasks", params={"since": "2999-01-01"}).json()["tasks"] == []
+    assert agent.get("/api/tasks", params={"until": "2000-01-01"}).json()["tasks"] == []
+    newest = first["tasks"][0]["started_at"]
+    assert agent.get("/api/tasks", params={"since": newest, "limit": 1}).json()["tasks"] == [
+        first["tasks"][0]
+    ]
+    for params, words in (
+        ({"status": "happy"}, "status must be one of"),
+        ({"page": "0"}, "page must be"),
+        ({"since": "yesterday"}, "since must be a date"),
+    ):
+        answer = agent.get("/api/tasks", params=params)
+        assert answer.status_code == 400 and words in answer.json()["error"]
+    lessons = agent.get("/api/lessons", params={"q": "gbk", "limit": 2}).json()
+    assert lessons["total"] >= 1
+    assert all("gbk" in x["advice"].lower() or "gbk" in str(x).lower() for x in lessons["lessons"])
+    zh = agent.get("/api/lessons", params={"q": "编码"}).json()["lessons"]
+    assert [x["lesson_id"] for x in zh] == ["les_drop"]
+    assert agent.get("/api/reflections", params={"limit": 3}).json()["reflections"]
+    assert agent.get("/api/nowhere").status_code == 404
+
+
+def test_openapi_describes_every_route(server: Any) -> None:
+    spec = server["anon"].get("/openapi.json").json()
+    assert spec["openapi"].startswith("3.")
+    from hindsight_loop.serve.api import Api
+
+    for route in Api.routes(Api.__new__(Api)):
+        assert route.path in spec["paths"], route.path
+        for method in route.methods or ():
+            if method != "HEAD":
+                assert method.lower() in spec["paths"][route.path], (route.path, method)
