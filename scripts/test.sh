@@ -12,4 +12,5 @@ bash scripts/setup-mcp-time.sh
 # direct-vs-gateway comparisons run against server-everything.
 bash scripts/setup-mcp-npm.sh >/dev/null
 bash scripts/setup-postgres.sh install  # PostgreSQL 15 + pgvector; the tests start their own cluster
+bash scripts/setup-browser.sh
 exec .venv/bin/python -m pytest -q "$@"

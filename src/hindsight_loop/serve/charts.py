@@ -6,6 +6,7 @@ marked safe only as a whole, once built here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from markupsafe import Markup, escape
@@ -89,7 +90,8 @@ def line_chart(
 
 def bar_chart(title: str, labels: Sequence[str], series: dict[str, Sequence[float]]) -> Markup:
     """Grouped bars: one group per label, one bar per series."""
-    y_max = max([1.0, *(v for values in series.values() for v in values)])
+    # Up to a multiple of 4: the four grid lines then fall on whole counts.
+    y_max = 4.0 * math.ceil(max([1.0, *(v for values in series.values() for v in values)]) / 4)
     parts: list[str] = []
     _frame(y_max, "{:.0f}", parts)
     n, k = len(labels), max(1, len(series))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode
+from urllib.parse import quote, unquote, urlencode
 
 import jinja2
 from starlette.requests import Request
@@ -285,7 +285,7 @@ class Pages:
         return response
 
     def _who(self, request: Request) -> str:
-        return (request.cookies.get(USER_COOKIE) or "").strip()[:80] or "web"
+        return unquote(request.cookies.get(USER_COOKIE) or "").strip()[:80] or "web"
 
     def problem(self, request: Request, status: int, message: str) -> Response:
         return self.render(request, "error.html", status=status, message=message)
@@ -435,7 +435,8 @@ class Pages:
         # HttpOnly: no script reads it; Strict: no other site's page can make the browser send it.
         response.set_cookie(SESSION_COOKIE, self.access.session, httponly=True, samesite="strict")
         if name.strip():
-            response.set_cookie(USER_COOKIE, name.strip()[:80], samesite="strict")
+            # Percent-encoded: a cookie is Latin-1 on the wire, a name may be Chinese.
+            response.set_cookie(USER_COOKIE, quote(name.strip()[:80]), samesite="strict")
         return response
 
     def logout(self, request: Request) -> Response:
