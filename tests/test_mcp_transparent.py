@@ -380,3 +380,42 @@ async def test_calls_progress_cancellation_and_unknown_tools_record_once(
     ]
     errors = [e.result.get("error_type") for e in _actions(events)]  # type: ignore[union-attr]
     assert errors == [None, "cancelled", None, None, None, None, "unknown_tool"]
+
+
+def test_the_gateway_serves_a_stdin_that_is_a_file(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Pipes are served from the event loop; a regular file falls back to the SDK's transport."""
+    import subprocess
+
+    import orjson
+
+    lines = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "file-client", "version": "1"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        # Answered by the gateway itself: at the end of the file the session ends, and a call
+        # still in flight upstream would be answered "Connection closed".
+        {"jsonrpc": "2.0", "id": 2, "method": "ping"},
+    ]
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    config = _config(tmp_path / "s.json", _servers(everything))
+    gateway = _gateway(config, tmp_path / "g.db")
+    with requests.open("rb") as stdin:
+        proc = subprocess.run(
+            [gateway.command, *gateway.args], stdin=stdin, capture_output=True, timeout=120
+        )
+    answers = [orjson.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    by_id = {a.get("id"): a for a in answers}
+    assert by_id[1]["result"]["serverInfo"]["name"] == "hindsight-gateway"
+    assert by_id[2] == {"jsonrpc": "2.0", "id": 2, "result": {}}

@@ -249,9 +249,9 @@ class Gateway:
 
     async def serve_stdio(self) -> None:
         """Serve one client over this process's stdin/stdout until it disconnects."""
-        from mcp.server.stdio import stdio_server
+        from hindsight_loop.mcp.stdio import stdio_streams
 
-        async with stdio_server() as (read_stream, write_stream):
+        async with stdio_streams() as (read_stream, write_stream):
             await self.server.run(
                 read_stream, write_stream, self.server.create_initialization_options()
             )
