@@ -314,3 +314,35 @@ def test_a_readonly_store_writes_nothing(pg_url: str) -> None:
             reader.upsert_task(Task(task_id="tsk_1", task_type="t"))
     finally:
         reader.close()
+
+
+def test_worker_processes_share_the_review_queue_of_agents_on_postgres(pg_url: str) -> None:
+    from test_loop import _failing_then_recovering_task
+
+    hs = Hindsight(pg_url, background=False)  # reviews are queued, not run, by the agent
+    try:
+        tasks = [_failing_then_recovering_task(hs, source=f"erp_{i}") for i in range(6)]
+        hs.flush()
+        assert hs.store.pending_jobs() == 6
+    finally:
+        hs.close()
+    exe = str(Path(sys.executable).with_name("hindsight"))
+    workers = [
+        subprocess.Popen(
+            [exe, "worker", "--once", "--db", pg_url], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+    ran = 0
+    for w in workers:
+        out, _ = w.communicate(timeout=300)
+        assert w.returncode == 0
+        ran += int(out.split()[1])  # "ran N reviews"
+    assert ran == 6
+    store = open_store(pg_url)
+    try:
+        assert store.pending_jobs() == 0
+        assert all([r.status for r in store.reflections(t)] == ["ok"] for t in tasks)
+        assert store.list_lessons(task_type="csv_cleaning")
+    finally:
+        store.close()
