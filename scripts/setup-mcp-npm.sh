@@ -5,11 +5,13 @@
 # Why npm: the reference servers (`@modelcontextprotocol/server-everything` exercises every part
 # of the protocol: tools, resources, prompts, logging, completions, progress, sampling,
 # elicitation, roots) are published there. Versions are pinned so a release cannot change what
-# the tests see; bump deliberately.
+# the tests see; bump deliberately. `server-filesystem` and `server-memory` are two servers as
+# agents use them (files on disk, a knowledge graph in a JSON file).
 #
 # Usage: scripts/setup-mcp-npm.sh
 # Folder: <repo>/.mcp-servers (ignored by git through its own .gitignore), or $MCP_NPM_DIR.
-# Prints the path of the installed `mcp-server-everything` on its last line.
+# Prints the path of the installed `mcp-server-everything` on its last line (the other servers'
+# executables sit beside it in the same `node_modules/.bin`).
 # Idempotent: a folder that already holds the pinned versions is reused without network access.
 set -euo pipefail
 
@@ -17,6 +19,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dir="${MCP_NPM_DIR:-$here/.mcp-servers}"
 packages=(
     "@modelcontextprotocol/server-everything@2026.8.31"
+    "@modelcontextprotocol/server-filesystem@2026.8.31"
+    "@modelcontextprotocol/server-memory@2026.8.31"
 )
 exe="$dir/node_modules/.bin/mcp-server-everything"
 

@@ -419,3 +419,126 @@ def test_the_gateway_serves_a_stdin_that_is_a_file(
     by_id = {a.get("id"): a for a in answers}
     assert by_id[1]["result"]["serverInfo"]["name"] == "hindsight-gateway"
     assert by_id[2] == {"jsonrpc": "2.0", "id": 2, "result": {}}
+
+
+def _bin(exe: str, name: str) -> str:
+    return str(Path(exe).with_name(name))
+
+
+async def _files(client: Client, root: Path) -> list[Any]:
+    """A small edit session on the filesystem server, as an agent would run it."""
+    base = str(root)
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("list_allowed_directories", {}),
+        ("write_file", {"path": f"{base}/notes.md", "content": "# Notes\nalpha\nbeta\n"}),
+        ("create_directory", {"path": f"{base}/sub"}),
+        ("write_file", {"path": f"{base}/sub/a.txt", "content": "a"}),
+        ("read_text_file", {"path": f"{base}/notes.md", "head": 2}),
+        (
+            "edit_file",
+            {"path": f"{base}/notes.md", "edits": [{"oldText": "beta", "newText": "gamma"}]},
+        ),
+        ("read_multiple_files", {"paths": [f"{base}/notes.md", f"{base}/sub/a.txt"]}),
+        ("list_directory", {"path": base}),
+        ("directory_tree", {"path": base}),
+        ("search_files", {"path": base, "pattern": "*.txt"}),
+        ("move_file", {"source": f"{base}/sub/a.txt", "destination": f"{base}/b.txt"}),
+        ("read_text_file", {"path": f"{base}/missing.md"}),  # an error the server reports
+        ("read_text_file", {"path": "/etc/hostname"}),  # outside the allowed directories
+    ]
+    return [_wire(await client.call_tool(name, args), era_stamps=True) for name, args in calls]
+
+
+async def test_the_filesystem_server_answers_the_same_through_the_gateway(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    exe = _bin(everything, "mcp-server-filesystem")
+    root = tmp_path / "work"
+    root.mkdir()
+    params = _direct(exe)
+    params.args = [str(root)]
+    async with Client(params, mode="legacy") as client:
+        tools = _wire(await client.list_tools(), era_stamps=True)
+        expected = await _files(client, root)
+    assert [r.get("isError", False) for r in expected][-2:] == [True, True]
+
+    for path in sorted(root.rglob("*"), reverse=True):  # the same starting point again
+        path.rmdir() if path.is_dir() else path.unlink()
+    db = tmp_path / "g.db"
+    config = _config(tmp_path / "s.json", {"fs": {"command": exe, "args": [str(root)]}})
+    async with Client(_gateway(config, db), mode="legacy") as client:
+        assert _wire(await client.list_tools(), era_stamps=True) == tools
+        through = await _files(client, root)
+    assert through == expected
+    [(_, events)] = _tasks(db)
+    actions = _actions(events)
+    assert len(actions) == len(expected)
+    assert [e.failed for e in actions][-2:] == [True, True]
+
+
+async def _graph(client: Client) -> list[Any]:
+    """Knowledge-graph calls on the memory server."""
+    calls: list[tuple[str, dict[str, Any]]] = [
+        (
+            "create_entities",
+            {
+                "entities": [
+                    {"name": "Ada", "entityType": "person", "observations": ["writes programs"]},
+                    {"name": "Engine", "entityType": "machine", "observations": []},
+                ]
+            },
+        ),
+        (
+            "create_relations",
+            {"relations": [{"from": "Ada", "to": "Engine", "relationType": "programs"}]},
+        ),
+        (
+            "add_observations",
+            {"observations": [{"entityName": "Engine", "contents": ["analytical"]}]},
+        ),
+        ("search_nodes", {"query": "analytical"}),
+        ("open_nodes", {"names": ["Ada"]}),
+        (
+            "delete_relations",
+            {"relations": [{"from": "Ada", "to": "Engine", "relationType": "programs"}]},
+        ),
+        ("read_graph", {}),
+        ("add_observations", {"observations": [{"entityName": "Nobody", "contents": ["x"]}]}),
+    ]
+    return [_wire(await client.call_tool(name, args), era_stamps=True) for name, args in calls]
+
+
+async def test_the_memory_server_answers_the_same_through_the_gateway(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    import os
+
+    exe = _bin(everything, "mcp-server-memory")
+    env = {"PATH": os.environ["PATH"], "MEMORY_FILE_PATH": str(tmp_path / "direct.jsonl")}
+    params = _direct(exe)
+    params.args, params.env = [], env
+    async with Client(params, mode="legacy") as client:
+        tools = _wire(await client.list_tools(), era_stamps=True)
+        expected = await _graph(client)
+    assert expected[-1].get("isError") is True  # no such entity
+
+    db = tmp_path / "g.db"
+    env = {**env, "MEMORY_FILE_PATH": str(tmp_path / "gateway.jsonl")}
+    config = _config(tmp_path / "s.json", {"memory": {"command": exe, "env": env}})
+    async with Client(_gateway(config, db), mode="legacy") as client:
+        assert _wire(await client.list_tools(), era_stamps=True) == tools
+        through = await _graph(client)
+    assert through == expected
+    [(_, events)] = _tasks(db)
+    assert [e.input["tool"] for e in _actions(events)] == [  # type: ignore[index]
+        "create_entities",
+        "create_relations",
+        "add_observations",
+        "search_nodes",
+        "open_nodes",
+        "delete_relations",
+        "read_graph",
+        "add_observations",
+    ]

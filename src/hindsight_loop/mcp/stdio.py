@@ -78,27 +78,28 @@ def _can_pipe() -> bool:
 @asynccontextmanager
 async def _pipes() -> AsyncIterator[tuple[Any, Any] | None]:
     loop = asyncio.get_running_loop()
-    wire_in, wire_out = os.dup(0), os.dup(1)
-    saved_in, saved_out = os.dup(0), os.dup(1)
+    wire_in = os.fdopen(os.dup(0), "rb", buffering=0)
+    wire_out = os.fdopen(os.dup(1), "wb", buffering=0)
     transports: list[asyncio.BaseTransport] = []
     try:
         reader = asyncio.StreamReader(limit=_LINE_LIMIT)
         read_transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(wire_in, "rb", buffering=0)
+            lambda: asyncio.StreamReaderProtocol(reader), wire_in
         )
         transports.append(read_transport)
         write_transport, protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, os.fdopen(wire_out, "wb", buffering=0)
+            asyncio.streams.FlowControlMixin, wire_out
         )
         transports.append(write_transport)
         writer = asyncio.StreamWriter(write_transport, protocol, None, loop)
     except (OSError, ValueError):  # not a pipe, socket or tty: the SDK's transport serves
         for transport in transports:
             transport.close()
-        for fd in (saved_in, saved_out):
-            os.close(fd)
+        wire_in.close()
+        wire_out.close()
         yield None
         return
+    saved_in, saved_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
