@@ -239,6 +239,12 @@ def test_review_actions_change_what_recall_returns(server: Any) -> None:
     assert edited["history"][-1]["by"] == "ana"
     rejected = agent.post(f"/api/lessons/{top}/reject", json={"by": "ana", "reason": "wrong"})
     assert rejected.json()["status"] == "rejected"
+    # The page's cached book follows the change (patched in place, not re-read).
+    listed = agent.get("/api/lessons", params={"status": "rejected", "limit": 500}).json()
+    assert top in [x["lesson_id"] for x in listed["lessons"]]
+    assert agent.get("/api/lessons", params={"q": "先检查编码"}).json()["lessons"][0]["status"] == (
+        "rejected"
+    )
     after = agent.post("/api/recall", json=query).json()["lessons"]
     assert top not in [x["lesson_id"] for x in after]
     # The same answer from the facade on the same file.

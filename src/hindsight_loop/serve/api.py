@@ -405,6 +405,7 @@ class Api:
                 by=by,
                 reason=_text(data, "reason"),
                 changes=changes,
+                cache=self.cache,
             )
         )
         return JSONResponse(lesson_view(changed))
@@ -414,7 +415,9 @@ class Api:
         by = _text(data, "by", required=True)
         keep = _text(data, "keep", required=True)
         drop = _text(data, "reject", required=True)
-        kept, dropped = await _blocking(lambda: book.resolve_conflict(self.hs, keep, drop, by=by))
+        kept, dropped = await _blocking(
+            lambda: book.resolve_conflict(self.hs, keep, drop, by=by, cache=self.cache)
+        )
         return JSONResponse({"kept": lesson_view(kept), "rejected": lesson_view(dropped)})
 
     def health(self, request: Request) -> Response:

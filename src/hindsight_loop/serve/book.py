@@ -169,6 +169,22 @@ class BookCache:
             self._version, self._book = version, book
         return book
 
+    def version(self) -> int | None:
+        with self._lock:
+            return self._version
+
+    def changed(self, hs: Hindsight, before: int | None, lessons: list[Lesson]) -> None:
+        """Patch in lessons this process just saved, one save each, instead of parsing the
+        whole book again (a reviewer's next page would wait for that). Only when nobody else
+        saved in between: otherwise the next ``get`` reads the book anew."""
+        now = hs.book_version()
+        with self._lock:
+            if before is None or self._version != before or now != before + len(lessons):
+                return
+            by_id = {x.lesson_id: x for x in lessons}
+            self._book = [by_id.pop(x.lesson_id, x) for x in self._book] + list(by_id.values())
+            self._version = now
+
 
 def _matches(lesson: Lesson, words: list[str]) -> bool:
     hay = " ".join(
@@ -268,6 +284,7 @@ def act(
     by: str,
     reason: str = "",
     changes: dict[str, Any] | None = None,
+    cache: BookCache | None = None,
 ) -> Lesson:
     """Confirm, reject, pin, unpin or edit one lesson, as the CLI does.
 
@@ -290,12 +307,15 @@ def act(
     else:
         fields = _edit_fields(changes)
         apply = lambda x: book_ops.edit(x, by=by, **fields)  # noqa: E731
+    before = cache.version() if cache is not None else None
     try:
         changed = hs.change_lesson(lesson_id, apply)
     except ValueError as exc:  # a field the lesson book refused: nothing was saved
         raise BadInput(str(exc)) from None
     if changed is None:
         raise NotFound(f"no lesson {lesson_id!r}; list them at /lessons or GET /api/lessons")
+    if cache is not None:
+        cache.changed(hs, before, [changed])
     return changed
 
 
@@ -314,7 +334,9 @@ def _edit_fields(changes: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def resolve_conflict(hs: Hindsight, keep: str, drop: str, *, by: str) -> tuple[Lesson, Lesson]:
+def resolve_conflict(
+    hs: Hindsight, keep: str, drop: str, *, by: str, cache: BookCache | None = None
+) -> tuple[Lesson, Lesson]:
     """Settle a conflict: confirm the lesson to keep, reject the other (both checked first).
 
     Raises:
@@ -330,8 +352,10 @@ def resolve_conflict(hs: Hindsight, keep: str, drop: str, *, by: str) -> tuple[L
     assert kept is not None and dropped is not None
     if drop not in kept.conflicts and keep not in dropped.conflicts:
         raise BadInput(f"{keep!r} and {drop!r} do not conflict; reject or confirm each instead")
-    rejected = act(hs, drop, "reject", by=by, reason=f"conflict settled in favour of {keep}")
-    confirmed = act(hs, keep, "confirm", by=by)
+    rejected = act(
+        hs, drop, "reject", by=by, reason=f"conflict settled in favour of {keep}", cache=cache
+    )
+    confirmed = act(hs, keep, "confirm", by=by, cache=cache)
     return confirmed, rejected
 
 

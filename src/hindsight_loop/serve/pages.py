@@ -363,7 +363,9 @@ class Pages:
         from starlette.concurrency import run_in_threadpool
 
         lesson = await run_in_threadpool(
-            lambda: book.act(self.hs, lesson_id, action, by=by, reason=reason, changes=changes)
+            lambda: book.act(
+                self.hs, lesson_id, action, by=by, reason=reason, changes=changes, cache=self.cache
+            )
         )
         if request.headers.get("hx-request") != "true":
             return RedirectResponse("/review", status_code=303)
@@ -375,7 +377,9 @@ class Pages:
         by = self._who(request)
         from starlette.concurrency import run_in_threadpool
 
-        kept, _ = await run_in_threadpool(lambda: book.resolve_conflict(self.hs, keep, drop, by=by))
+        kept, _ = await run_in_threadpool(
+            lambda: book.resolve_conflict(self.hs, keep, drop, by=by, cache=self.cache)
+        )
         if request.headers.get("hx-request") != "true":
             return RedirectResponse("/review", status_code=303)
         return self.render(request, "_done.html", lesson=kept, action="resolve")
