@@ -121,6 +121,15 @@ def test_reject_from_the_queue_and_settle_a_conflict(site: Any, tmp_path: Path) 
     page.screenshot(path=str(tmp_path / "serve.png"))
     shutil.copyfile(tmp_path / "serve.png", DOCS_SHOT)
 
+    # A refused edit changes nothing and says why on the page.
+    card.locator("details.edit summary").click()
+    card.locator("textarea[name=advice]").fill("   ")
+    card.locator("button[data-action=edit]").click()
+    page.wait_for_selector("#flash:not([hidden])")
+    assert "'advice' must be non-empty text" in page.locator("#flash").inner_text()
+    with Hindsight(site["db"], background=False) as hs:
+        unchanged = hs.lesson(doubtful)
+        assert unchanged is not None and unchanged.advice.strip()
     card.locator("button[data-action=reject]").click()
     page.wait_for_selector(f"#card-{doubtful}.done")
     assert "rejected" in page.locator(f"#card-{doubtful}").inner_text()
