@@ -197,6 +197,9 @@ def test_start_recall_and_outcome(server: Any) -> None:
     assert ids and body["advice"]
     task = agent.get(f"/api/tasks/{body['task_id']}").json()["task"]
     assert task["injected_lesson_ids"] == ids
+    # The run's page lists the lessons injected into it.
+    run_page = server["anon"].get(f"/runs/{body['task_id']}").text
+    assert all(f'id="lesson-{x}"' in run_page for x in ids)
     before = agent.get(f"/api/lessons/{ids[0]}").json()["helpful"]
     ended = agent.post(
         f"/api/tasks/{body['task_id']}/end", json={"status": "succeeded", "helpful": [ids[0]]}
@@ -312,3 +315,66 @@ def test_openapi_describes_every_route(server: Any) -> None:
         for method in route.methods or ():
             if method != "HEAD":
                 assert method.lower() in spec["paths"][route.path], (route.path, method)
+
+
+def _outward_address() -> str | None:
+    """An address of this machine that is not loopback, if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET: no packet is sent for a UDP connect
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_bound_to_the_network_every_request_needs_the_token(
+    tmp_path: Path, http_process: Any
+) -> None:
+    address = _outward_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to bind")
+    db = tmp_path / "net.db"
+    with Hindsight(db, background=False) as hs:
+        conflict_pair(hs)
+    port = free_port()
+    env = {**os.environ, "HINDSIGHT_TOKEN": TOKEN}
+    http_process(
+        HINDSIGHT,
+        ["serve", "--db", str(db), "--host", "0.0.0.0", "--port", str(port)],
+        port,
+        env=env,
+    )
+    remote = f"http://{address}:{port}"
+    # From a non-loopback address even a read needs the token; from loopback it does not.
+    assert httpx.get(f"{remote}/api/lessons").status_code == 401
+    assert httpx.get(f"{remote}/runs").status_code == 401
+    with_token = httpx.get(f"{remote}/api/lessons", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert with_token.status_code == 200
+    assert httpx.get(f"http://127.0.0.1:{port}/api/lessons").status_code == 200
+
+
+def test_serve_cli_reports_a_taken_port_and_a_generated_token(
+    tmp_path: Path, http_process: Any
+) -> None:
+    import subprocess
+
+    db = tmp_path / "cli.db"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "HINDSIGHT_TOKEN"}
+    proc = http_process(HINDSIGHT, ["serve", "--db", str(db), "--port", str(port)], port, env=env)
+    taken = subprocess.run(
+        [HINDSIGHT, "serve", "--db", str(db), "--port", str(port)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert taken.returncode == 1
+    assert "already in use" in taken.stderr and "--port" in taken.stderr
+    proc.terminate()
+    proc.wait(timeout=30)
+    notice = proc.stderr.read().decode()
+    assert "generated one for this run" in notice
+    token = notice.split("Authorization: Bearer ", 1)[1].split()[0]
+    assert f"/login?token={token}" in notice
