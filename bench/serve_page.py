@@ -45,6 +45,7 @@ PAGES = {
     "review page": "/review",
     "runs page 50": "/runs?page=50",
     "lessons search": "/lessons?q=gbk",
+    "trends page": "/trends",
 }
 COLD = "lessons page, book just changed"
 BASELINES = {"static file": "/static/style.css", "health (JSON)": "/api/health"}
