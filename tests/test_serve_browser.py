@@ -35,6 +35,8 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+#: The README's screenshot is refreshed only when asked (HINDSIGHT_SCREENSHOT=1): the demo's
+#: ids differ on every run, so writing it always would leave the checkout modified.
 DOCS_SHOT = Path(__file__).resolve().parents[1] / "docs" / "serve.png"
 QUERY = {"task_type": "csv_cleaning", "tools": ["read_csv"], "query": "encoding error"}
 
@@ -117,9 +119,10 @@ def test_reject_from_the_queue_and_settle_a_conflict(site: Any, tmp_path: Path) 
     assert pair.locator(".choice").count() == 2
     assert "你不要用 gbk 编码读取文件。" in pair.inner_text()
     page.screenshot(path=str(tmp_path / "review.png"), full_page=True)
-    DOCS_SHOT.parent.mkdir(exist_ok=True)
     page.screenshot(path=str(tmp_path / "serve.png"))
-    shutil.copyfile(tmp_path / "serve.png", DOCS_SHOT)
+    if os.environ.get("HINDSIGHT_SCREENSHOT"):
+        DOCS_SHOT.parent.mkdir(exist_ok=True)
+        shutil.copyfile(tmp_path / "serve.png", DOCS_SHOT)
 
     # A refused edit changes nothing and says why on the page.
     card.locator("details.edit summary").click()
