@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import re
 import sys
+import textwrap
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -541,3 +542,55 @@ async def test_the_memory_server_answers_the_same_through_the_gateway(
         "read_graph",
         "add_observations",
     ]
+
+
+PID_SERVER = textwrap.dedent(
+    '''
+    """An upstream that tells its process id, so a test can kill it."""
+    import os
+
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("pid")
+
+    @server.tool()
+    def pid() -> str:
+        """This server's process id."""
+        return str(os.getpid())
+
+    server.run()
+    '''
+)
+
+
+async def test_a_crashed_stdio_upstream_is_restarted_on_the_next_call(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    script = tmp_path / "pid_server.py"
+    script.write_text(PID_SERVER)
+    db = tmp_path / "g.db"
+    config = _config(
+        tmp_path / "s.json", {"pid": {"command": sys.executable, "args": [str(script)]}}
+    )
+    async with Client(_gateway(config, db)) as client:
+        first = (await client.call_tool("pid", {})).content[0].text  # type: ignore[union-attr]
+        os.kill(int(first), signal.SIGKILL)
+        await anyio.sleep(0.3)
+        # The call that meets the dead server fails (it may have had effects, so it is never
+        # resent); the next one gets a fresh server.
+        failed = 0
+        with anyio.fail_after(30):
+            while True:
+                try:
+                    result = await client.call_tool("pid", {})
+                    break
+                except MCPError:
+                    failed += 1
+        second = result.content[0].text  # type: ignore[union-attr]
+    assert int(second) != int(first) and failed <= 1
+    [(_, events)] = _tasks(db)
+    actions = _actions(events)
+    assert not actions[0].failed and not actions[-1].failed
+    assert len(actions) == 2 + failed
+    assert [a.result.get("error_type") for a in actions[1:-1]] == ["upstream_unavailable"] * failed  # type: ignore[union-attr]

@@ -41,6 +41,7 @@ from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp_types import (
     CLIENT_INFO_META_KEY,
+    CONNECTION_CLOSED,
     HEADER_MISMATCH,
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -78,6 +79,10 @@ _RECALL_BUDGET_S = 2.0
 _RESERVED_META_PREFIX = "io.modelcontextprotocol/"
 _PROGRESS_KEYS = ("progress_token", "progressToken")
 _NO_IS_ERROR = "hindsight-gateway/no-isError"
+#: A lost stdio upstream is restarted on the next call, then at most every 0.5 s, 1 s, 2 s, ...
+#: up to 30 s while it keeps failing; a call that succeeds resets the backoff.
+_RESTART_BACKOFF_S = 0.5
+_RESTART_BACKOFF_MAX_S = 30.0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -106,6 +111,14 @@ class Upstream:
     """Why it is not connected, when it is not."""
     ready: anyio.Event | None = None
     """Set once the connection attempt is over (made when the gateway starts: events need a loop)."""
+    lost: anyio.Event | None = None
+    """Set when the live connection broke, to close it."""
+    wake: anyio.Event | None = None
+    """Set by a call to reconnect after the connection was lost."""
+    restarts: int = 0
+    """Reconnections since the last call that succeeded (drives the backoff)."""
+    retry_at: float = 0.0
+    """``time.monotonic()`` before which no reconnection is tried."""
 
     @property
     def name(self) -> str:
@@ -213,28 +226,66 @@ class Gateway:
             await stack.__aexit__(exc_type, exc, tb)
 
     async def _hold(self, up: Upstream, closing: anyio.Event, ready: anyio.Event) -> None:
-        """Own one upstream connection for the gateway's lifetime.
+        """Own one upstream connection for the gateway's lifetime, reconnecting when asked.
 
         Each connection is entered and left in its own task (the SDK's transports are bound to
-        the task that opened them), which also lets the upstreams start concurrently.
+        the task that opened them), which also lets the upstreams start concurrently. After a
+        connection is lost (``Upstream.lost``), the next attempt waits until a call asks for
+        one (``Upstream.wake``, see ``_revive``), so a server that keeps crashing is not
+        restarted in a loop.
         """
-        try:
-            async with AsyncExitStack() as stack:
-                callbacks = self.forward.client_callbacks(up.name)
-                client = await stack.enter_async_context(
-                    await _open_client(up.config, stack, callbacks)
-                )
-                up.tools = await _list_all_tools(client)
-                up.instructions = client.instructions
-                up.client = client
-                ready.set()
-                await closing.wait()
+        while True:
+            up.lost = anyio.Event()
+            try:
+                async with AsyncExitStack() as stack:
+                    callbacks = self.forward.client_callbacks(up.name)
+                    client = await stack.enter_async_context(
+                        await _open_client(up.config, stack, callbacks)
+                    )
+                    up.tools = await _list_all_tools(client)
+                    up.instructions = client.instructions
+                    up.client, up.error = client, None
+                    ready.set()
+                    await _first(closing, up.lost)
+                    up.client = None
+            except Exception as exc:  # a server that fails to start must not take the others down
                 up.client = None
-        except Exception as exc:  # a server that fails to start must not take the others down
+                up.error = _describe(exc)
+            finally:
+                ready.set()
+            if closing.is_set():
+                return
+            if up.wake is None:
+                up.wake = anyio.Event()
+            await _first(closing, up.wake)
+            up.wake = None
+            if closing.is_set():
+                return
+            assert up.ready is not None  # made by ``_revive`` before it woke this task
+            ready = up.ready
+
+    async def _revive(self, up: Upstream) -> None:
+        """Reconnect a lost stdio upstream for a call, at most once per backoff interval."""
+        now = time.monotonic()
+        if up.config.transport != "stdio" or up.wake is None or now < up.retry_at:
+            return
+        up.retry_at = now + min(_RESTART_BACKOFF_MAX_S, _RESTART_BACKOFF_S * 2**up.restarts)
+        up.restarts += 1
+        ready = up.ready = anyio.Event()
+        up.wake.set()
+        with anyio.move_on_after(self.config.call_timeout or 30.0):
+            await ready.wait()
+        if up.client is not None:
+            self._rebuild_routes()
+            logger.warning("upstream %r restarted", up.name)
+
+    def _lost(self, up: Upstream, client: Client) -> None:
+        """The connection ``client`` of ``up`` is broken: close it; the next call restarts it."""
+        if up.client is client and up.lost is not None:
             up.client = None
-            up.error = _describe(exc)
-        finally:
-            ready.set()
+            # Made now, not once the old connection is closed, so the next call can already ask.
+            up.wake = anyio.Event()
+            up.lost.set()
 
     async def _sweep_idle(self, closing: anyio.Event) -> None:
         while not closing.is_set():
@@ -422,28 +473,35 @@ class Gateway:
             raise await self._fail(call, "unknown_tool", message, INVALID_PARAMS)
         call.server = up.name
         if up.client is None:
+            await self._revive(up)
+        if up.client is None:
             message = f"MCP server '{up.name}' is unavailable: {up.error or 'not connected'}"
             raise await self._fail(call, "upstream_unavailable", message, INTERNAL_ERROR)
 
+        client = up.client
         try:
             with anyio.fail_after(self.config.call_timeout):
                 async with self.forward.calling(up, ctx):
-                    result = await _forward(up.client, call.upstream_tool, params, ctx)
+                    result = await _forward(client, call.upstream_tool, params, ctx)
         except anyio.get_cancelled_exc_class():
             # The client cancelled (or the gateway is stopping): the call still happened.
             call.done()
             self._record(call, error_type="cancelled", message="cancelled before it answered")
             raise
         except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                self._lost(up, client)
             etype = classify_jsonrpc_error(exc.code, exc.message, known_tool=call.known)
             raise await self._fail(call, etype, exc.message, exc.code, original=exc) from None
         except TimeoutError:
             message = f"Tool '{name}' did not answer within {self.config.call_timeout:g}s"
             raise await self._fail(call, "timeout", message, REQUEST_TIMEOUT) from None
         except Exception as exc:  # transport failures: the server died or is unreachable
+            self._lost(up, client)
             message = f"MCP server '{up.name}' is unavailable: {_describe(exc)}"
             raise await self._fail(call, "upstream_unavailable", message, INTERNAL_ERROR) from exc
         call.done()
+        up.restarts = 0
         if isinstance(result, types.InputRequiredResult):
             # A 2026-era multi-round-trip call: the client answers and calls again with the
             # request_state, which is forwarded like any call. This round is recorded as such.
@@ -766,6 +824,18 @@ def _join_instructions(upstreams: Iterable[Upstream]) -> str | None:
     if len(given) == 1:
         return given[0].instructions
     return "\n\n".join(f"[{up.name}] {up.instructions}" for up in given) or None
+
+
+async def _first(*events: anyio.Event) -> None:
+    """Wait until any of ``events`` is set."""
+    async with anyio.create_task_group() as tg:
+
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        for event in events:
+            tg.start_soon(wait, event)
 
 
 def _describe(exc: BaseException) -> str:
