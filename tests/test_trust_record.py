@@ -521,8 +521,9 @@ def test_overload_blocks_about_block_seconds_spill_included(
         assert rec.stats["spilled"] > 0
         # The spill is written on the agent's thread (that back-pressure keeps memory flat) in
         # chunks sized to fit the time left: even 14 KB events never hold the agent much past
-        # block_seconds (one whole batch of them took 12 s to spill).
-        assert slowest < rec.block_seconds + 0.25, slowest
+        # block_seconds (one whole batch of them took 12 s to spill). The bound is loose on
+        # purpose: a loaded machine must not fail it, a whole-batch spill always would.
+        assert slowest < rec.block_seconds * 4, slowest
         assert spill_threads == {agent}
         stored = hs.store.event_count("tsk_over")
         assert stored + rec.stats["dead_lettered"] == 12_002
