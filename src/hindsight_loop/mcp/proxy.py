@@ -11,6 +11,10 @@ upstream sent them, JSON-RPC errors keep their code, message and data. The one e
 opt-in: with ``advise=True`` a failed call gets the most relevant recalled lessons appended as a
 text block marked ``[Hindsight advice]``.
 
+Everything else a server offers (resources, prompts, completions, logging) and the requests it
+sends back (sampling, elicitation, roots) is passed through unrecorded by ``forward.py``. A
+stdio upstream that dies is restarted on the next call (with backoff).
+
 Recording stays off the hot path: ``Hindsight.record`` only enqueues (a writer thread does the
 I/O), and the only extra work per call is building one dict. Recall for advice runs in a worker
 thread and only after a call has failed.
