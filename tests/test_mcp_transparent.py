@@ -594,3 +594,58 @@ async def test_a_crashed_stdio_upstream_is_restarted_on_the_next_call(tmp_path: 
     assert not actions[0].failed and not actions[-1].failed
     assert len(actions) == 2 + failed
     assert [a.result.get("error_type") for a in actions[1:-1]] == ["upstream_unavailable"] * failed  # type: ignore[union-attr]
+
+
+TWIN_SERVER = textwrap.dedent(
+    '''
+    """A second upstream whose prompt name clashes with server-everything's."""
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("twin")
+
+    @server.prompt(name="simple-prompt")
+    def simple() -> str:
+        """The twin's simple prompt."""
+        return "from the twin"
+
+    @server.resource("twin://note", name="note")
+    def note() -> str:
+        return "the twin's note"
+
+    server.run()
+    '''
+)
+
+
+async def test_prompts_and_resources_route_to_their_upstream(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    twin = tmp_path / "twin.py"
+    twin.write_text(TWIN_SERVER)
+    # The twin comes first, so a URI it does not know is only found by trying the next upstream.
+    servers = {"twin": {"command": sys.executable, "args": [str(twin)]}, **_servers(everything)}
+    async with Peer().client(_direct(everything), mode="legacy") as client:
+        simple = _wire(await client.get_prompt("simple-prompt"), era_stamps=True)
+        text7 = _untimed(
+            _wire(await client.read_resource("demo://resource/dynamic/text/7"), era_stamps=True)
+        )
+    config = _config(tmp_path / "s.json", servers)
+    async with Peer().client(_gateway(config, tmp_path / "g.db"), mode="legacy") as client:
+        names = [p.name for p in (await client.list_prompts()).prompts]
+        # The clashing name is offered once per upstream, prefixed; the others keep their names.
+        assert "everything__simple-prompt" in names and "twin__simple-prompt" in names
+        assert "simple-prompt" not in names and "args-prompt" in names
+        mine = _wire(await client.get_prompt("everything__simple-prompt"), era_stamps=True)
+        theirs = await client.get_prompt("twin__simple-prompt")
+        uris = [r.uri for r in (await client.list_resources()).resources]
+        assert "twin://note" in uris and any(u.startswith("demo://") for u in uris)
+        note = await client.read_resource("twin://note")
+        # A URI no listing named (from a template) is tried on each upstream in turn.
+        via_template = _untimed(
+            _wire(await client.read_resource("demo://resource/dynamic/text/7"), era_stamps=True)
+        )
+    assert mine == simple
+    assert "from the twin" in str(theirs.messages[0].content)
+    assert "the twin's note" in str(note.contents[0])
+    assert via_template == text7
