@@ -346,3 +346,15 @@ def test_worker_processes_share_the_review_queue_of_agents_on_postgres(pg_url: s
         assert store.list_lessons(task_type="csv_cleaning")
     finally:
         store.close()
+
+
+def test_a_database_servers_dead_letter_goes_to_the_users_state_folder(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    with Hindsight(pg_url, background=False) as hs:
+        assert hs.record({"type": "no_such_type", "task_id": "t"}) is False
+        dead = hs.recorder.dead_letter
+    assert dead.parent == tmp_path / "state" / "hindsight"
+    assert dead.name.endswith(".deadletter.jsonl") and "postgresql" in dead.name
+    assert "no_such_type" in dead.read_text(encoding="utf-8")

@@ -11,8 +11,10 @@ agent's task for a recording or reflection problem.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,7 +31,7 @@ from hindsight_loop.models import (
     utcnow,
     wire_event_problem,
 )
-from hindsight_loop.record import DEFAULT_MAX_TEXT, Recorder, warn
+from hindsight_loop.record import DEFAULT_MAX_TEXT, Recorder, state_dir, warn
 from hindsight_loop.store import Store, open_store
 from hindsight_loop.task import (
     ActionCall,
@@ -135,7 +137,13 @@ class Hindsight:
             live=triggers,
             wake=self.worker.wake,
         )
-        path = getattr(self.store, "path", "hindsight")
+        path = getattr(self.store, "path", None)
+        if path is None:  # a database server: the dead letter goes to this user's state folder
+            slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", getattr(self.store, "url", "hindsight"))
+            path = str(state_dir() / slug.strip("_"))
+            if not readonly:
+                with contextlib.suppress(OSError):  # unwritable: the recorder's fallback applies
+                    state_dir().mkdir(parents=True, exist_ok=True)
         kwargs: dict[str, Any] = {}
         if queue_bound is not None:
             kwargs["queue_bound"] = queue_bound

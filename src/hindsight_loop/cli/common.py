@@ -26,7 +26,8 @@ DbOption = Annotated[
     typer.Option(
         "--db",
         envvar="HINDSIGHT_DB",
-        help="Store to use: a SQLite file path or 'sqlite:///path.db' (env: HINDSIGHT_DB).",
+        help="Store to use: a SQLite file path, 'sqlite:///path.db' or 'postgresql://user@host/db' "
+        "(env: HINDSIGHT_DB).",
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -52,6 +53,8 @@ def open_hs(db: str, *, create: bool = False, **kwargs: Any):  # noqa: ANN201 - 
         )
     try:
         return Hindsight(db, **kwargs)
+    except ImportError as exc:  # a store behind an extra that is not installed
+        raise fail(str(exc)) from None
     except (ValueError, sqlite3.Error, OSError) as exc:
         raise fail(
             f"cannot open the store {db!r}: {exc}; pass --db with a Hindsight .db file"
