@@ -195,7 +195,9 @@ def import_(
     format_: Annotated[
         str,
         typer.Option(
-            "--format", "-f", help="auto, wire, openai, anthropic, ag2 or otlp (auto tells them apart)."
+            "--format",
+            "-f",
+            help="auto, wire, openai, anthropic, ag2 or otlp (auto tells them apart).",
         ),
     ] = "auto",
     task_type: Annotated[
