@@ -303,12 +303,12 @@ def _ns(when: datetime | Any) -> int:
     return int(stamp() * 1_000_000_000) if callable(stamp) else time.time_ns()
 
 
-def _remember(table: Any, key: str, value: Any) -> None:
+def _remember(table: OrderedDict[str, Any], key: str, value: Any) -> None:
+    """Set ``key`` as the newest entry, dropping the oldest past ``_REMEMBER``."""
     table[key] = value
-    if isinstance(table, OrderedDict):
-        table.move_to_end(key)
+    table.move_to_end(key)
     while len(table) > _REMEMBER:
-        table.pop(next(iter(table)))
+        table.popitem(last=False)
 
 
 __all__ = ["HindsightLiteLLM"]

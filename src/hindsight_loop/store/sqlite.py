@@ -116,10 +116,9 @@ class SQLiteStore:
             self._uri = uri
             try:
                 check_schema(self._db, self.path)
-                pending = [name for name, _ in MIGRATIONS if name not in _applied(self._db)]
+                done = _applied(self._db)
+                pending = [name for name, _ in MIGRATIONS if name not in done]
                 break
-            except SchemaError:
-                raise
             except sqlite3.OperationalError:
                 self._drop_thread_connection()
         else:
