@@ -32,7 +32,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from hindsight_loop.models import Chronicle, Event, Step, is_failure
+from hindsight_loop.models import (
+    Chronicle,
+    Event,
+    Reflection,
+    Step,
+    is_failure,
+    iso,
+    new_id,
+    utcnow,
+)
 from hindsight_loop.replay import TeamChronicle
 
 if TYPE_CHECKING:
@@ -97,6 +106,23 @@ class Attribution:
     def from_dict(cls, data: dict[str, Any]) -> Attribution:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_reflection(self, task_id: str, model: str | None) -> Reflection:
+        """The answer kept beside the task's reflections (``trigger="attribution"``, the
+        attribution in ``parsed["attribution"]``); ``suspect`` when the model failed."""
+        return Reflection(
+            reflection_id=new_id("ref"),
+            task_id=task_id,
+            status="ok" if self.error is None else "suspect",
+            reflector=self.method,
+            model=model,
+            tokens_in=self.tokens_in or None,
+            tokens_out=self.tokens_out or None,
+            parsed={"attribution": self.to_dict()},
+            error=self.error,
+            created_at=iso(utcnow()),
+            trigger="attribution",
+        )
 
 
 def scopes_for(agent: str | None = None, team: str | None = None) -> list[str]:

@@ -11,27 +11,22 @@ agent's task for a recording or reflection problem.
 from __future__ import annotations
 
 import atexit
-import contextlib
-import logging
-import os
-import re
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
+from hindsight_loop.components import Models, make_recorder, writer_kind
 from hindsight_loop.models import (
     MAX_LESSONS,
     Chronicle,
     Lesson,
     Reflection,
     Task,
-    iso,
     new_id,
-    utcnow,
     wire_event_problem,
 )
-from hindsight_loop.record import DEFAULT_MAX_TEXT, Recorder, state_dir, warn
+from hindsight_loop.record import DEFAULT_MAX_TEXT, Recorder, warn
 from hindsight_loop.store import Store, open_store
 from hindsight_loop.task import (
     ActionCall,
@@ -52,7 +47,6 @@ if TYPE_CHECKING:
     from hindsight_loop.recall import LessonSet, RecallCache
     from hindsight_loop.reflect import Reflector
 
-log = logging.getLogger("hindsight_loop")
 
 #: How long ``drain`` waits for queued reviews by default, in seconds.
 DRAIN_TIMEOUT = 120.0
@@ -116,13 +110,10 @@ class Hindsight:
         if readonly:
             background = triggers = False  # a reader queues and runs no reviews
         self.skip_tools = frozenset(skip_tools)
-        self._reflector = reflector
-        self._offline: Reflector | None = None
-        self._embedder = embedder
+        self.models = Models(reflector, embedder)
         self.curator: Curator = Curator(
             self.store, lambda: self.embedder, judge=lambda: self.pair_judge
         )
-        self._pair_judge: Any = None
         self._recall_cache: RecallCache | None = None
         self.worker: Worker = Worker(
             self.store,
@@ -132,49 +123,20 @@ class Hindsight:
             background=background,
         )
         self.triggers: Triggers = Triggers(
+            self.store, review_min_events=review_min_events, live=triggers, wake=self.worker.wake
+        )
+        self.recorder: Recorder = make_recorder(
             self.store,
-            review_min_events=review_min_events,
-            live=triggers,
-            wake=self.worker.wake,
-        )
-        path = getattr(self.store, "path", None)
-        if path is None:  # a database server: the dead letter goes to this user's state folder
-            slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", getattr(self.store, "url", "hindsight"))
-            path = str(state_dir() / slug.strip("_"))
-            if not readonly:
-                with contextlib.suppress(OSError):  # unwritable: the recorder's fallback applies
-                    state_dir().mkdir(parents=True, exist_ok=True)
-        kwargs: dict[str, Any] = {}
-        if queue_bound is not None:
-            kwargs["queue_bound"] = queue_bound
-        writer = writer or os.environ.get("HINDSIGHT_WRITER") or "thread"  # type: ignore[assignment]
-        if writer not in ("thread", "process"):
-            raise ValueError(f"writer must be 'thread' or 'process', not {writer!r}")
-        process = writer == "process" and not readonly
-        self.recorder = Recorder(
-            self.store.write_event_batch,
-            dead_letter=dead_letter or f"{path}.deadletter.jsonl",
-            fallback_dir=fallback_dir,
+            db,
+            writer=writer_kind(writer),
+            triggers=self.triggers,
+            worker=self.worker,
+            dead_letter=dead_letter,
+            readonly=readonly,
             max_text=max_text,
-            on_batch=self.triggers.on_batch,
-            start=not process,
-            **kwargs,
+            queue_bound=queue_bound,
+            fallback_dir=fallback_dir,
         )
-        if process:
-            from hindsight_loop.writer import ProcessRecorder
-
-            # Same face as Recorder: cast rather than a Protocol in task.py (not this change's).
-            self.recorder = cast(
-                Recorder,
-                ProcessRecorder(
-                    str(db),
-                    local=self.recorder,
-                    stored_ids=self.store.event_ids,
-                    review_min_events=review_min_events,
-                    live_triggers=triggers,
-                    on_review=self.worker.wake,
-                ),
-            )
         self._closed = False
         # Flush at exit so a script that forgets close() loses nothing it recorded.
         ref = weakref.ref(self)
@@ -187,14 +149,24 @@ class Hindsight:
         self._atexit = at_exit
         atexit.register(at_exit)
 
-    # -- configuration -----------------------------------------------------------------------
+    # -- configuration (resolved on first use: components.Models) ---------------------------
     @property
     def embedder(self) -> Embedder:
-        if self._embedder is None:
-            from hindsight_loop.embed import default_embedder
+        return self.models.embedder
 
-            self._embedder = default_embedder()
-        return self._embedder
+    @property
+    def reflector(self) -> Reflector:
+        """The configured reflector: an LLM from the environment, else the offline one."""
+        return self.models.reflector
+
+    @property
+    def offline_reflector(self) -> Reflector:
+        return self.models.offline_reflector
+
+    @property
+    def pair_judge(self) -> Callable[[str, str], str | None] | None:
+        """The configured model as the judge of lesson pairs curation's rules leave open."""
+        return self.models.pair_judge
 
     @property
     def recall_cache(self) -> RecallCache:
@@ -205,43 +177,6 @@ class Hindsight:
 
             self._recall_cache = RecallCache(self.store, lambda: self.embedder)
         return self._recall_cache
-
-    @property
-    def reflector(self) -> Reflector:
-        """The configured reflector: an LLM from the environment, else the offline one."""
-        if self._reflector is None:
-            reflector: Reflector | None = None
-            try:
-                from hindsight_loop.llm import reflector_from_env
-
-                reflector = reflector_from_env()  # type: ignore[assignment,operator]
-            except (ImportError, ValueError) as exc:
-                # A missing client package or an unusable HINDSIGHT_LLM_* setting: say so and
-                # keep learning offline rather than failing every review.
-                warn(f"LLM reflection is off ({exc}); using the offline reflector")
-                reflector = None
-            self._reflector = reflector or self.offline_reflector
-        return self._reflector
-
-    @property
-    def pair_judge(self) -> Callable[[str, str], str | None] | None:
-        """The configured model as the judge of lesson pairs curation's rules leave open."""
-        llm = getattr(self.reflector, "llm", None)
-        if llm is None:
-            return None
-        if self._pair_judge is None or self._pair_judge.llm is not llm:
-            from hindsight_loop.llm.judge import PairJudge
-
-            self._pair_judge = PairJudge(llm)
-        return self._pair_judge  # type: ignore[no-any-return]
-
-    @property
-    def offline_reflector(self) -> Reflector:
-        if self._offline is None:
-            from hindsight_loop.reflect import OfflineReflector
-
-            self._offline = OfflineReflector()
-        return self._offline
 
     # -- recording ---------------------------------------------------------------------------
     def task(
@@ -267,7 +202,6 @@ class Hindsight:
                 here, before the task runs: a mistyped scope would leak or lose lessons).
         """
         from hindsight_loop.lessons import check_scope
-        from hindsight_loop.models import new_id
 
         return TaskRun(
             self,
@@ -314,73 +248,31 @@ class Hindsight:
     ) -> ImportReport:
         """Record runs an agent already produced: OpenAI or Anthropic messages, AG2 group
         chats, OTLP GenAI traces or wire-format events (``format``: ``auto``, ``openai``,
-        ``anthropic``, ``ag2``, ``otlp``, ``wire``). One run (a message list) or many; what the caller passes wins over
-        what a run says about itself. Events already stored are skipped, so importing the same
-        transcript twice stores it once. Ended runs are queued for reflection like live ones.
+        ``anthropic``, ``ag2``, ``otlp``, ``wire``). One run (a message list) or many; what the
+        caller passes wins over what a run says about itself. Events already stored are
+        skipped, so importing the same transcript twice stores it once. Ended runs are queued
+        for reflection like live ones.
 
         Raises:
-            ValueError: the format cannot be told (the message names ``format=``) or the data
-                is not in the format given.
+            ValueError: the format cannot be told (the message names ``format=``), the data
+                is not in the format given, or the scope is not a valid one.
         """
-        from hindsight_loop.ingest import runs_from
-        from hindsight_loop.lessons import check_scope
+        from hindsight_loop.ingest import import_data
 
-        if scope is not None:
-            scope = check_scope(scope)
-        runs = runs_from(
-            data,
-            format,
-            task_type=task_type,
-            goal=goal,
-            outcome=outcome,
-            scope=scope,
-            source=source,
-        )
-        return self._import_runs([run.events for run in runs])
+        fields = {"task_type": task_type, "goal": goal, "outcome": outcome, "scope": scope}
+        return import_data(self, data, format, source=source, **fields)
 
     def import_file(self, path: str | Path, *, format: str = "auto", **fields: Any) -> ImportReport:  # noqa: A002
-        """``import_transcript`` for a JSON or JSONL file (``hindsight import FILE``).
+        """``import_transcript`` for a JSON or JSONL file (``hindsight import FILE``); a bad line
+        of a JSONL file of wire events is reported with its number and the rest is imported."""
+        from hindsight_loop.ingest import import_path
 
-        A JSONL file of wire-format events is read line by line: a bad line is reported with
-        its number and the rest is imported.
-        """
-        from hindsight_loop.ingest import read_runs
-        from hindsight_loop.ingest.wire import read_wire_lines
-        from hindsight_loop.lessons import check_scope
-
-        if format in ("auto", "wire"):
-            lines = read_wire_lines(path, sniff=format == "auto")
-            if lines is not None:
-                events = [e for e, _ in lines if e is not None]
-                report = self._import_runs([events], checked=True)
-                report.problems = [p for _, p in lines if p] + report.problems
-                return report
-        scope = fields.get("scope")
-        if scope is not None:
-            fields["scope"] = check_scope(scope)
-        runs = read_runs(path, format, **fields)
-        return self._import_runs([run.events for run in runs])
+        return import_path(self, path, format, **fields)
 
     def import_jsonl(self, path: str | Path) -> tuple[int, list[str]]:
         """Load a file of wire-format events (any mix of tasks). Returns (accepted, problems)."""
         report = self.import_file(path, format="wire")
         return report.accepted, report.problems
-
-    def _import_runs(
-        self, runs: list[list[dict[str, Any]]], *, checked: bool = False
-    ) -> ImportReport:
-        from hindsight_loop.ingest import record_runs
-
-        self.flush()  # what was recorded before counts as stored
-        report = record_runs(
-            runs, stored_ids=self.store.event_ids, accept=self.recorder.emit_event, checked=checked
-        )
-        self.flush()
-        # Many runs at once: besides each run's own review, what recurs among them.
-        self.worker.request_batch(
-            {e["task_type"] for run in runs for e in run if e.get("type") == "task_start"}
-        )
-        return report
 
     def flush(self, timeout: float | None = None) -> bool:
         """Return once every event accepted so far is durable: stored, or kept in a dead letter
@@ -595,24 +487,7 @@ class Hindsight:
             self._closed = True
             if self._recall_cache is not None:
                 self._recall_cache.closed = True
-            self.worker.stop()
-            # Ends a retry backoff in flight, so a slow model cannot hold the process open.
-            closer = getattr(self._reflector, "close", None)
-            if callable(closer):
-                try:
-                    closer()
-                except Exception:  # noqa: BLE001
-                    log.exception("hindsight: closing the reflector failed")
-            # The job in flight finishes (a model call ends at its timeout; its retries were
-            # just cut short): the store is closed only once no thread of ours can use it.
-            if self.worker.join(CLOSE_WAIT):
-                self.store.close()
-            else:
-                log.error(
-                    "hindsight: a review is still running after %.0f s; the store is left open "
-                    "for it (its job is taken back after the lease if the process exits)",
-                    CLOSE_WAIT,
-                )
+            self.worker.shutdown(CLOSE_WAIT, interrupt=self.models.close)
             atexit.unregister(self._atexit)
 
     def __enter__(self) -> Hindsight:
@@ -647,21 +522,7 @@ class Hindsight:
         events = self.store.events(task_id)
         found = attribute(self.worker.chronicle(task_id), events=events, llm=llm, method=method)
         if save:
-            self.store.save_reflection(
-                Reflection(
-                    reflection_id=new_id("ref"),
-                    task_id=task_id,
-                    status="ok" if found.error is None else "suspect",
-                    reflector=found.method,
-                    model=getattr(llm, "model", None),
-                    tokens_in=found.tokens_in or None,
-                    tokens_out=found.tokens_out or None,
-                    parsed={"attribution": found.to_dict()},
-                    error=found.error,
-                    created_at=iso(utcnow()),
-                    trigger="attribution",
-                )
-            )
+            self.store.save_reflection(found.to_reflection(task_id, getattr(llm, "model", None)))
         return found
 
 

@@ -469,6 +469,24 @@ class Worker:
             return not self._thread.is_alive()
         return True
 
+    def shutdown(self, timeout: float, *, interrupt: Callable[[], None]) -> None:
+        """Stop after the job in flight and close the store once no thread of ours can use it.
+
+        ``interrupt`` cuts a model's retry backoff short; the model call in flight still ends
+        at its own timeout. A job still running after ``timeout`` keeps the store open (the
+        job is taken back after its lease if the process exits).
+        """
+        self.stop()
+        interrupt()
+        if self.join(timeout):
+            self.store.close()
+        else:
+            log.error(
+                "hindsight: a review is still running after %.0f s; the store is left open "
+                "for it (its job is taken back after the lease if the process exits)",
+                timeout,
+            )
+
 
 def _team_scopes(drafts: list[LessonDraft], chronicle: TeamChronicle) -> None:
     """Scope the lessons of a run of many agents: each is the team's or one role's.

@@ -22,6 +22,10 @@ Decisions every mapping shares (``wire.RunBuilder``):
   succeeded otherwise. ``result.outcome_source`` says which rule decided.
 - What the caller passes (``task_type``, ``goal``, ``outcome``, ``scope``) wins over what a run
   says about itself; a run with no goal takes its first user message.
+
+``import_data`` and ``import_path`` record what the mappings return through a ``Hindsight`` (its
+recorder, so imported events are sanitized and redacted like live ones, and its worker, which
+reviews the ended runs).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -41,10 +45,14 @@ from hindsight_loop.ingest.wire import (
     MESSAGE_KEYS,
     Overrides,
     is_wire_event,
+    read_wire_lines,
     tool_error,
     wire_runs,
 )
 from hindsight_loop.models import wire_event_problem
+
+if TYPE_CHECKING:
+    from hindsight_loop.hindsight import Hindsight
 
 FORMATS = ("auto", "wire", "openai", "anthropic", "otlp", "ag2")
 
@@ -53,6 +61,8 @@ __all__ = [
     "ImportReport",
     "Run",
     "detect_format",
+    "import_data",
+    "import_path",
     "read_runs",
     "record_runs",
     "runs_from",
@@ -118,6 +128,56 @@ def record_runs(
                 stored[task_id].add(event_id)
             accept(event)
             report.accepted += 1
+    return report
+
+
+def import_data(hs: Hindsight, data: Any, format: str = "auto", **fields: Any) -> ImportReport:  # noqa: A002
+    """Record the runs in parsed ``data`` (``runs_from``'s arguments) into ``hs``."""
+    runs = runs_from(data, format, **_checked(fields))
+    return _record_into(hs, [run.events for run in runs])
+
+
+def import_path(
+    hs: Hindsight,
+    path: str | os.PathLike[str],
+    format: str = "auto",  # noqa: A002
+    **fields: Any,
+) -> ImportReport:
+    """Record the runs of a file (``read_runs``'s arguments) into ``hs``. A JSONL file of
+    wire-format events is read line by line: a bad line is reported with its number and the
+    rest is imported."""
+    if format in ("auto", "wire"):
+        lines = read_wire_lines(path, sniff=format == "auto")
+        if lines is not None:
+            events = [e for e, _ in lines if e is not None]
+            report = _record_into(hs, [events], checked=True)
+            report.problems = [p for _, p in lines if p] + report.problems
+            return report
+    runs = read_runs(path, format, **_checked(fields))
+    return _record_into(hs, [run.events for run in runs])
+
+
+def _checked(fields: dict[str, Any]) -> dict[str, Any]:
+    """A mistyped scope would leak or lose lessons: refuse it before anything is recorded."""
+    if fields.get("scope") is not None:
+        from hindsight_loop.lessons import check_scope
+
+        fields = {**fields, "scope": check_scope(fields["scope"])}
+    return fields
+
+
+def _record_into(
+    hs: Hindsight, runs: list[list[dict[str, Any]]], *, checked: bool = False
+) -> ImportReport:
+    hs.flush()  # what was recorded before counts as stored
+    report = record_runs(
+        runs, stored_ids=hs.store.event_ids, accept=hs.recorder.emit_event, checked=checked
+    )
+    hs.flush()
+    # Many runs at once: besides each run's own review, what recurs among them.
+    hs.worker.request_batch(
+        {e["task_type"] for run in runs for e in run if e.get("type") == "task_start"}
+    )
     return report
 
 
