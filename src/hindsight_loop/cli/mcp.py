@@ -185,15 +185,34 @@ def _gateway_main(
     cfg: Any, db: str, http: _HttpSurface | None, advise: bool | None, task_type: str | None
 ) -> Any:
     async def main() -> None:
+        import anyio
+
         from hindsight_loop.hindsight import Hindsight
         from hindsight_loop.mcp.proxy import Gateway
+        from hindsight_loop.mcp.upstream import stop_now as stop_upstreams
 
         hs = Hindsight(db)
         try:
-            async with Gateway(hs, cfg, task_type=task_type, advise=advise) as gateway:
-                if http is None:
-                    await _until_signal(gateway.serve_stdio)
-                else:
+            if http is None:
+                # The signals are watched until the upstreams are closed, not only while the
+                # client is served: a client's SIGTERM comes while the gateway closes them (it
+                # waits two seconds after closing stdin, and so does the gateway for each
+                # upstream), and must stop them then rather than kill the gateway mid-way and
+                # leave them running (see mcp.upstream).
+                serving = anyio.CancelScope()
+
+                def on_signal() -> None:
+                    stop_upstreams()
+                    serving.cancel()
+
+                async def run() -> None:
+                    async with Gateway(hs, cfg, task_type=task_type, advise=advise) as gateway:
+                        with serving:
+                            await gateway.serve_stdio()
+
+                await _until_signal(run, on_signal)
+            else:
+                async with Gateway(hs, cfg, task_type=task_type, advise=advise) as gateway:
                     await _serve_http(gateway.http_app(host=http.host), http)
         finally:
             hs.close()  # the sessions' task_end events are flushed before the process exits

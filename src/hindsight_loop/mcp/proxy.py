@@ -55,6 +55,7 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
 
+from hindsight_loop.mcp import upstream
 from hindsight_loop.mcp.config import PREFIX_SEPARATOR, GatewayConfig, UpstreamConfig
 from hindsight_loop.mcp.events import (
     ErrorType,
@@ -684,6 +685,8 @@ async def _open_client(
         params = StdioServerParameters(
             command=config.command, args=config.args, env=config.env or None, cwd=config.cwd
         )
+        if upstream.can_serve():  # its process is the gateway's to stop (see mcp.upstream)
+            return Client(upstream.upstream_stdio(params), client_info=info, **callbacks)
         return Client(params, client_info=info, **callbacks)
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
