@@ -39,7 +39,7 @@ from hindsight_loop.models import (
     parse_ts,
     utcnow,
 )
-from hindsight_loop.text import detect_language, is_cjk, tokenize
+from hindsight_loop.text import STOPWORDS, detect_language, is_cjk, tokenize
 
 # Two lessons' advice is compared by the mean of the embedder's cosine and a weighted overlap of
 # their terms (``text_similarity``). The offline hashed embedder knows no synonyms and scores
@@ -272,8 +272,16 @@ def _terms(text: str) -> set[str]:
     # A snake_case name is one term: its parts ("get", "weather" of get_weather) would make every
     # lesson about one tool share three terms instead of one.
     names = {m.lower() for m in _IDENTIFIER_RE.findall(text)}
-    words = tokenize(_IDENTIFIER_RE.sub(" ", text))
-    return names | {t for t in words if t not in _ADVICE_WORDS}
+    # Concept tags: "backup" and "备份", "删除" and "删掉" meet on one term.
+    words = tokenize(_IDENTIFIER_RE.sub(" ", text), with_concepts=True)
+    return names | {t for t in words if t not in _ADVICE_WORDS and not _straddles(t)}
+
+
+def _straddles(term: str) -> bool:
+    # A Chinese bigram with a particle in it ("件前", "前先", "先把") spans a word boundary: it
+    # says how a sentence is built, not what it is about, and advice written to one template
+    # ("发送邮件前先…") would share it whatever it advises. A segmenter would not make it.
+    return len(term) == 2 and is_cjk(term[0]) and (term[0] in STOPWORDS or term[1] in STOPWORDS)
 
 
 def term_overlap(a: str, b: str) -> float:
@@ -281,6 +289,7 @@ def term_overlap(a: str, b: str) -> float:
     ta, tb = _terms(_fold_concepts(a)), _terms(_fold_concepts(b))
     if not ta or not tb:
         return 0.0
+
     shared = sum(_term_weight(t) ** 2 for t in ta & tb)
     norm = math.sqrt(sum(_term_weight(t) ** 2 for t in ta) * sum(_term_weight(t) ** 2 for t in tb))
     return shared / norm
@@ -352,6 +361,9 @@ _GENERIC_ACTS = frozenset(
 )  # fmt: skip
 
 
+_NOW_RE = re.compile(r"\bxnow\b")
+
+
 def _fold_concepts(text: str) -> str:
     for pattern, token in (*_CONCEPTS_EN, *_CONCEPTS_ZH):
         text = pattern.sub(token, text)
@@ -396,7 +408,13 @@ def stance(text: str) -> dict[str, float]:
             continue
         if cut is exclude:
             _signed_terms(clause[: cut.start()], 1.0, out)
-        _signed_terms(clause[cut.end() :], -1.0, out)
+        avoided = clause[cut.end() :]
+        if _NOW_RE.search(avoided):
+            # "never retry immediately", "不要立即重试": what is forbidden is the haste, not the
+            # act; the act itself is neither asked for nor forbidden by this clause.
+            out["xnow"] = out.get("xnow", 0.0) - 1.0
+            continue
+        _signed_terms(avoided, -1.0, out)
     return {t: math.copysign(1.0, v) for t, v in out.items() if v}
 
 
@@ -413,6 +431,14 @@ def stance_relation(a: str, b: str) -> tuple[float, float]:
         else:
             opposed += weight
     return opposed, agreed
+
+
+def _same_values(a: str, b: str) -> bool:
+    """Both pieces of advice ask for the same concrete value (``utf-8-sig``, ``sep=';'``, 429)."""
+    sa, sb = stance(a), stance(b)
+    return any(
+        sa[t] > 0 and sb[t] > 0 and _WEIGHTED_TERM_RE.search(t) for t in sa.keys() & sb.keys()
+    )
 
 
 def _action(value: dict[str, Any] | None) -> bytes | None:
@@ -584,6 +610,7 @@ def _relations(
     conflicts: list[Lesson] = []
     polar: list[tuple[Lesson, str, float]] = []
     open_pairs: list[tuple[float, Lesson]] = []  # close, but below the merge threshold
+    settled = False  # the rules found a repeat beyond doubt: nothing is left to ask about
     for lesson, (start, stop) in zip(candidates, spans, strict=True):
         relation = _structured_relation(draft.structured, lesson.structured)
         if relation == "conflict":
@@ -591,6 +618,7 @@ def _relations(
             continue
         if relation == "same":
             same.append((1.0, lesson))
+            settled = True
             continue
         if relation == "different":
             continue
@@ -607,8 +635,15 @@ def _relations(
         if sim < min(threshold, CONFLICT_MIN_SIMILARITY):
             continue
         opposed, agreed = stance_relation(draft.advice, lesson.advice)
-        if opposed >= MIN_OPPOSITION and opposed >= agreed:
-            # One prefers what the other avoids: never one lesson, whatever the similarity.
+        if opposed >= MIN_OPPOSITION and (
+            opposed >= agreed
+            or (sim >= threshold and not _same_values(draft.advice, lesson.advice))
+        ):
+            # One prefers what the other avoids: never one lesson, whatever the similarity. When
+            # they also agree on more than they oppose, near text is still a conflict for a
+            # person to settle (a merge would keep one side's words and lose the other's),
+            # unless both ask for the same concrete value ("don't read it as plain utf-8; pick
+            # utf-8-sig" and "read it with utf-8-sig" prescribe one thing).
             conflicts.append(lesson)
             continue
         if sim < threshold + JUDGE_MARGIN:
@@ -617,10 +652,13 @@ def _relations(
         if sim < threshold:
             continue
         negative, core = _polarity(lesson.advice)
-        if negative != draft_negative:
+        if negative != draft_negative and opposed > 0:
+            # Only when a term one forbids is one the other asks for: "不要立即重试" forbids the
+            # haste, and "wait, then retry" says nothing the other way.
             polar.append((lesson, core, sim))
         else:
             same.append((sim, lesson))
+            settled = settled or sim >= threshold + JUDGE_MARGIN
 
     if polar:
         # Close texts of opposite polarity: a contradiction if they match once the negation is
@@ -633,7 +671,7 @@ def _relations(
                 conflicts.append(lesson)
             else:
                 same.append((sim, lesson))
-    if judge is not None and open_pairs:
+    if judge is not None and open_pairs and not settled:
         same, conflicts = _judged(draft, same, conflicts, open_pairs, judge)
     return same, conflicts
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from hindsight_loop.embed import Embedder, cosine_floor, lesson_text, matvec, rescale_cosines
 from hindsight_loop.models import MAX_LESSONS, Intent, Lesson, parse_ts
-from hindsight_loop.text import QUOTE_MAX, defuse, detect_language, tokenize
+from hindsight_loop.text import CONCEPT_MARK, QUOTE_MAX, defuse, detect_language, tokenize
 
 __all__ = [
     "LessonIndex",
@@ -419,7 +419,10 @@ class LessonIndex:
     def _build_bm25(self, texts: list[str]) -> None:
         self._vocab: dict[str, int] = {}
         docs = [
-            [self._vocab.setdefault(tok, len(self._vocab)) for tok in tokenize(text)]
+            [
+                self._vocab.setdefault(tok, len(self._vocab))
+                for tok in tokenize(text, with_concepts=True)
+            ]
             for text in texts
         ]
         size = len(self._vocab)
@@ -607,7 +610,7 @@ class LessonIndex:
 
         text = q.query.strip()
         if text:
-            terms = list(dict.fromkeys(tokenize(text)))
+            terms = list(dict.fromkeys(tokenize(text, with_concepts=True)))
             term_ids = [self._vocab[t] for t in terms if t in self._vocab]
             qvec = self.embedder.embed([text])[0]
             # A model embedder scores unrelated text well above 0: measured from its floor,
@@ -620,7 +623,9 @@ class LessonIndex:
                 # would score (Lucene BM25 gives idf / (1 + k1) per term there). Terms no lesson
                 # has count as the rarest known term: matching one word of a long request is a
                 # weak match, not a perfect one.
-                unknown = len(terms) - len(term_ids)
+                # A concept tag no lesson has is not counted: it is a second view of words
+                # that already count.
+                unknown = sum(t not in self._vocab and t[0] != CONCEPT_MARK for t in terms)
                 total_idf = float(self._idf[term_ids].sum()) + unknown * self._max_idf
                 reference = total_idf / (1.0 + self._k1)
                 bm25 = np.minimum(self._bm25_scores(idx, term_ids) / reference, 1.0)
