@@ -17,9 +17,8 @@ from hindsight_loop.testing.llm_server import LLMServer, RecordedRequest, answer
 CITY = "调用天气接口前，先向用户确认城市"
 # The rules alone leave this rewording below the merge threshold: it shares almost no words.
 CITY_REWORDED = "先弄清楚用户想查哪里的天气再去调接口"
-# A closer rewording, which the rules merge on their own (since concept tags and the Chinese term
-# filter; before them the hashed embedder missed it, and this file used it as the open pair).
-CITY_REWORDED_CLOSE = "查询天气之前，先问清楚用户是哪个城市"
+# A close rewording, which the rules merge on their own: nobody is asked.
+CITY_REWORDED_CLOSE = "调天气接口之前，先问用户要查的城市"
 CITY_UNITS = "调用天气接口前，先确认用户要摄氏度还是华氏度"
 CITY_LAST = "查天气时用用户上次说过的城市"  # close in words, the opposite in intent
 CITY_EN = "Confirm which city the user means before calling get_weather."

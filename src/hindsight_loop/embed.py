@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from hindsight_loop.text import CONCEPTS_VERSION, concepts, is_cjk, tokenize
+from hindsight_loop.text import CONCEPTS_VERSION, concepts, detect_language, is_cjk, tokenize
 
 if TYPE_CHECKING:
     from hindsight_loop.models import Lesson, LessonDraft
@@ -122,14 +122,17 @@ def _mix(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint64(31))
 
 
-#: How many words of its text a concept tag weighs: its squared weight is this many times the
-#: text's squared length per word. Relative to the text, not fixed: a Chinese word is two
-#: characters (3-4 n-grams), an English one ~20 n-grams, and a fixed weight would drown a short
-#: Chinese text in its tags (two short lessons sharing their one tag would look alike whatever
-#: they advise). Chosen on the tuning splits of the retrieval and curation benchmarks: 0.5 to 4
-#: tried; 1.5 and 3 gave the best F1 of precision and recall (within 0.005), 3 fewer wrong
-#: injections.
-CONCEPT_WORDS = 3.0
+#: How many words of its text a concept tag weighs in a Chinese text's vector: its squared
+#: weight is this many times the text's squared length per word. Chinese words are one or two
+#: characters, so two wordings of one lesson share few n-grams and two lessons of one template
+#: ("发送邮件前先…") share many: the tags say what a text is about. Relative to the text, not
+#: fixed, so a short text is not drowned in its tags. English text gets none: a word there is ~20
+#: n-grams, a tag the text's request does not share dilutes every cosine (measured: a role
+#: lesson fell under recall's relative cut-off in tests/test_multi_agent.py), and English
+#: synonyms already meet through recall's BM25 and curation's term overlap, which both see the
+#: tags. Chosen on the tuning splits of the retrieval and curation benchmarks (0 to 4 tried; 1.5
+#: is the least that merges 90% of the Chinese rewordings there).
+CONCEPT_WORDS = 1.5
 
 
 def _word_count(text: str) -> float:
@@ -220,7 +223,9 @@ class HashEmbedder:
             slots = ((h % self._dim64) << np.uint64(1)) | (h >> np.uint64(63))
             votes = np.bincount(slots.astype(np.intp), minlength=2 * self.dim)
             out[i] = votes[0::2] - votes[1::2]
-            tags = concepts(text) if self.concept_words else ()
+            # Tags go into the vectors of Chinese text only (see CONCEPT_WORDS); English text
+            # meets its synonyms through recall's BM25 and curation's term overlap.
+            tags = concepts(text) if self.concept_words and detect_language(text) == "zh" else ()
             if tags:
                 # weight**2 = concept_words x the text's squared length per word.
                 norm2 = float(out[i] @ out[i])

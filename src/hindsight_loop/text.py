@@ -198,7 +198,7 @@ _CONCEPT_GROUPS: tuple[tuple[str, str, str], ...] = (
     ("page", "pagination|page token|next page|paginate|truncated", "分页|翻页|下一页"),
     ("web", "web page|webpage|website|site|html|url|page|crawler|crawl|scrape|scraper",
      "网页|网站|页面|爬虫|爬取|抓取"),
-    ("extract", "extract|parse|pull out|get the text out", "提取|解析|抽取"),
+    ("extract", "extract|pull out|get the text out", "提取|抽取"),
     ("ratelimit", "429|rate limit|rate limited|too many requests|throttle|throttled|blocked",
      "限流|请求过多|频率限制|被封"),
     ("timeout", "timeout|time out|timed out|times out|hang|hung|slow", "超时|卡住|太慢"),
@@ -262,7 +262,9 @@ def concept_matches(text: str) -> tuple[tuple[str, str], ...]:
     if not text:
         return ()
     low = unicodedata.normalize("NFKC", text).lower()
-    found = [(CONCEPT_MARK + _CONCEPT_TAG[m.group(1)], m.group(1)) for m in _CONCEPT_EN.finditer(low)]
+    found = [
+        (CONCEPT_MARK + _CONCEPT_TAG[m.group(1)], m.group(1)) for m in _CONCEPT_EN.finditer(low)
+    ]
     if _HAN_RE.search(low):
         found += [(CONCEPT_MARK + _CONCEPT_TAG[w], w) for w in _CONCEPT_ZH.findall(low)]
     return tuple(found)
