@@ -24,6 +24,8 @@ from hindsight_loop.models import Features, LessonDraft
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 EMBEDDER = HashEmbedder()
+
+
 def _pairs(name: str) -> list[dict]:
     path = Path(__file__).parents[1] / "bench" / "curation" / name
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]

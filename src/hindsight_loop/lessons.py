@@ -318,6 +318,9 @@ _CONCEPTS_EN = (
     (re.compile(r"\b(?:retr(?:y|ies|ied|ying)|re-?try(?:ing)?)\b(?!-)", re.I), " xretry "),
     (re.compile(r"\b(?:assum(?:e|es|ed|ing)|guess(?:es|ed|ing)?)\b", re.I), " xguess "),
     (re.compile(r"\b(?:wait(?:s|ed|ing)?|back(?:ing)? off|sleep)\b", re.I), " xwait "),
+    # "only one of them" and "both": one act taken two opposite ways (``_signed_terms``).
+    (re.compile(r"\b(?:only|solely)\b", re.I), " xonly "),
+    (re.compile(r"\bboth\b", re.I), " xboth "),
 )  # fmt: skip
 _CONCEPTS_ZH = (
     (re.compile(r"问清楚|问清|询问|确认|核实|核对|同意|批准|审批|问(?!题)"), " xask "),
@@ -325,6 +328,8 @@ _CONCEPTS_ZH = (
     (re.compile(r"重试|重新请求|再试"), " xretry "),
     (re.compile(r"假设|假定|猜测|猜"), " xguess "),
     (re.compile(r"等待|等到|等(?![于同级])"), " xwait "),
+    (re.compile(r"只|仅"), " xonly "),
+    (re.compile(r"同时|都要|两个都"), " xboth "),
 )
 _CLAUSE_SPLIT_RE = re.compile(
     r"[;；。!?！？,，:：\n]+|\.(?=\s|$)|\s+(?:but|then|and then)\s+", re.I
@@ -347,6 +352,13 @@ _FORBID_RE = re.compile(
     r"\b(?:do\s+not|does\s+not|don't|don’t|doesn't|never|avoid(?:s|ing)?|refrain\s+from|"
     r"stop|must\s+not|should\s+not|shouldn't|mustn't|no\s+longer|skip|omit)\b"
     r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略|别(?=[用再让把去忘使])",
+    re.IGNORECASE,
+)
+# ... dismissals: what precedes is avoided ("listing the files first is a waste of time").
+_DISMISS_RE = re.compile(
+    r"\b(?:is|are|was)\s+(?:a\s+|just\s+a\s+)?(?:waste\s+of\s+time|unnecessary|pointless|"
+    r"overkill|useless|not\s+needed|not\s+necessary)\b"
+    r"|是多余的|纯属多余|没必要|没有必要|浪费时间|多此一举",
     re.IGNORECASE,
 )
 # ... exclusions: what precedes is what to do ("X instead of Y", "X without Y", "X, not Y").
@@ -374,6 +386,9 @@ def _signed_terms(text: str, sign: float, out: dict[str, float]) -> None:
     for term in _terms(text):
         if term in _GENERIC_ACTS or (len(term) == 1 and is_cjk(term)):
             continue
+        if term == "xboth":
+            # Asking for both is declining "only one"; forbidding both is asking for one.
+            term, sign = "xonly", -sign
         out[term] = out.get(term, 0.0) + sign
 
 
@@ -401,6 +416,9 @@ def stance(text: str) -> dict[str, float]:
             clause[: mid.start()]
         ):
             clause = clause[mid.end() :]
+        if dismissed := _DISMISS_RE.search(clause):
+            _signed_terms(clause[: dismissed.start()], -1.0, out)
+            continue
         forbid, exclude = _FORBID_RE.search(clause), _EXCLUDE_RE.search(clause)
         cut = min((m for m in (forbid, exclude) if m), key=lambda m: m.start(), default=None)
         if cut is None:
