@@ -125,10 +125,13 @@ class VectorSearch:
             f"{les.task_type} {' '.join(les.features.tools)} {lesson_text(les)}" for les in lessons
         ]
         self.matrix = embedder.embed(texts)
+        self._sims: dict[str, np.ndarray] = {}  # the threshold search asks each query 90 times
 
     def search(self, q: RecallQuery, threshold: float = -1.0) -> list[tuple[str, float]]:
         text = f"{q.task_type} {' '.join(q.tools)} {q.query}"
-        sims = self.matrix @ self.embedder.embed([text])[0]
+        if text not in self._sims:
+            self._sims[text] = self.matrix @ self.embedder.embed([text])[0]
+        sims = self._sims[text]
         scope = q.scope if isinstance(q.scope, str) else None
         order = [i for i in np.argsort(-sims) if visible(self.lessons[i], scope)]
         return [
