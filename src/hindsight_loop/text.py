@@ -236,8 +236,9 @@ def _concept_patterns() -> tuple[re.Pattern[str], re.Pattern[str], dict[str, str
             tag_of.setdefault(word, tag)
             en_words.append(word)
         for word in chinese.split("|"):
-            tag_of.setdefault(word, tag)
-            zh_words.append(word)
+            if _HAN_RE.match(word):  # its Latin words ("api", "pr") are matched as English words
+                tag_of.setdefault(word, tag)
+                zh_words.append(word)
     # Longest first, so "tracking number" wins over a shorter word inside it.
     en = sorted(set(en_words), key=len, reverse=True)
     zh = sorted(set(zh_words), key=len, reverse=True)
