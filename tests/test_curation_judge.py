@@ -15,9 +15,12 @@ from hindsight_loop.llm.reflector import LLMReflector
 from hindsight_loop.testing.llm_server import LLMServer, RecordedRequest, answer, server_error
 
 CITY = "调用天气接口前，先向用户确认城市"
-CITY_REWORDED = "查询天气之前，先问清楚用户是哪个城市"  # the hashed embedder misses this one
+# The rules alone leave this rewording below the merge threshold: it shares almost no words.
+CITY_REWORDED = "先弄清楚用户想查哪里的天气再去调接口"
+# A close rewording, which the rules merge on their own: nobody is asked.
+CITY_REWORDED_CLOSE = "调天气接口之前，先问用户要查的城市"
 CITY_UNITS = "调用天气接口前，先确认用户要摄氏度还是华氏度"
-CITY_LAST = "调用天气接口时，沿用用户上次查询的城市"  # close in words, the opposite in intent
+CITY_LAST = "查天气时用用户上次说过的城市"  # close in words, the opposite in intent
 CITY_EN = "Confirm which city the user means before calling get_weather."
 CITY_EN_REWORDED = "Before calling get_weather, confirm with the user which city they mean."
 
@@ -65,13 +68,15 @@ def test_the_model_merges_a_rewording_the_rules_miss_and_is_asked_nothing_else(
         assert hs.curate(draft(CITY_REWORDED)).action == "merge"
         assert len(server.requests) == 1
         assert server.requests[0].json_mode
+        assert hs.curate(draft(CITY_REWORDED_CLOSE)).action == "merge"  # the rules alone
+        assert len(server.requests) == 1
         assert hs.curate(draft(CITY_UNITS)).action == "add"  # "different": kept apart
         assert hs.curate(draft(CITY_EN)).action == "add"  # far in words: nobody asks
         asked = len(server.requests)
         assert hs.curate(draft(CITY_EN_REWORDED)).action == "merge"  # the rules merge it alone
         assert len(server.requests) == asked
-        [city] = [x for x in hs.lessons() if x.advice in (CITY, CITY_REWORDED)]
-        assert city.support == 2
+        [city] = [x for x in hs.lessons() if x.advice in (CITY, CITY_REWORDED, CITY_REWORDED_CLOSE)]
+        assert city.support == 3
 
 
 def test_a_near_merge_the_model_calls_opposite_is_a_conflict_for_a_person(

