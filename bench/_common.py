@@ -184,6 +184,57 @@ def action_payload(rng: random.Random, size: int = 1000) -> tuple[str, dict, dic
     return tool, args, output, rng.choice(STEPS)
 
 
+def action_pool(
+    seed: int, n: int = 1000
+) -> tuple[list[tuple[str, dict, dict, str]], list[tuple[str, str]]]:
+    """``n`` distinct ~1 KB tool calls (``action_payload``) and, for OpenTelemetry, each one's
+    arguments and result as JSON strings prepared beforehand (which favours OpenTelemetry)."""
+    import orjson
+
+    rng = random.Random(seed)
+    pool = [action_payload(rng) for _ in range(n)]
+    strings = [(orjson.dumps(a).decode(), orjson.dumps(o).decode()) for _t, a, o, _s in pool]
+    return pool, strings
+
+
+# -- the OpenTelemetry baseline ---------------------------------------------------------------
+
+
+def otel_tracer() -> tuple[Any, Any]:
+    """(provider, tracer): the OpenTelemetry SDK with a ``BatchSpanProcessor`` and an exporter
+    that drops everything (the cheapest honest tracer: its export thread runs, nothing is sent).
+    ``provider.force_flush()`` waits for the export thread; ``provider.shutdown()`` ends it."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class DropExporter(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            pass
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(DropExporter()))
+    return provider, provider.get_tracer("hindsight-bench")
+
+
+def otel_tool_span(tracer: Any, tool: str, args_json: str, result_json: str, step: str) -> None:
+    """One tool call as a span with 5 attributes (the GenAI names), built in the call as the
+    subjects build their events."""
+    with tracer.start_as_current_span(
+        tool,
+        attributes={
+            "gen_ai.tool.name": tool,
+            "gen_ai.tool.call.arguments": args_json,
+            "gen_ai.tool.call.result": result_json,
+            "tool.status": "succeeded",
+            "agent.step": step,
+        },
+    ):
+        pass
+
+
 def mixed_events(rng: random.Random, task_id: str, n: int) -> list[dict[str, Any]]:
     """A trajectory's events in the wire format: mostly tool calls, some decisions and input.
 

@@ -18,12 +18,19 @@ task, the steps shared out; the GIL makes their work take turns, as in an agent)
 All four run in one process, block by block in a rotating order, every run; medians over blocks.
 The writer process is started and warmed before timing (its start-up is a once-per-agent cost,
 not a per-step one: reported apart, as the first flush of a fresh ``Hindsight``).
+
+Beside the wall time, the CPU each costs: the agent's process (every thread, over the same
+block with no recording) and the writer process's own. When the writer needs more CPU per event
+than the agent's step takes, it falls behind and the flush at the block's end waits for it: the
+wall figure then reflects the writer's speed (and how busy the machine's other core is), the
+agent-CPU figure what the agent's process itself does.
 """
 
 from __future__ import annotations
 
 import argparse
-import random
+import os
+import resource
 import shutil
 import statistics
 import sys
@@ -35,8 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import orjson  # noqa: E402
-from _common import action_payload, cli, spread  # noqa: E402
+from _common import action_pool, cli, otel_tool_span, otel_tracer, spread  # noqa: E402
 
 WORK_US = 50.0
 
@@ -60,20 +66,23 @@ def _calibrate(target_us: float) -> int:
         n *= 2
 
 
-def _otel() -> Any:
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+def _cpu_s() -> float:
+    """CPU seconds of this process so far, every thread (what the agent's process pays)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
-    class DropExporter(SpanExporter):
-        def export(self, spans: Any) -> SpanExportResult:
-            return SpanExportResult.SUCCESS
 
-        def shutdown(self) -> None:
-            pass
-
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(DropExporter()))
-    return provider, provider.get_tracer("hindsight-bench")
+def _writer_cpu_s(hs: Any) -> float:
+    """CPU seconds of the writer process so far (Linux), 0 when there is none."""
+    pid = hs.recorder.pid
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -81,9 +90,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     rounds = 5 if args.quick else args.rounds
     steps = 1000 if args.quick else args.steps
-    rng = random.Random(13)
-    pool = [action_payload(rng) for _ in range(1000)]
-    strings = [(orjson.dumps(a).decode(), orjson.dumps(o).decode()) for _t, a, o, _s in pool]
+    pool, strings = action_pool(13)
     work = _calibrate(WORK_US)
     tmp = Path(tempfile.mkdtemp(prefix="hs-agent-step-"))
     thread_counts = (1, 4)
@@ -102,7 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         hs_p.flush()  # starts the writer process: once per agent
         first_flush_s = time.perf_counter() - t0
-        provider, tracer = _otel()
+        provider, tracer = otel_tracer()
 
         def step_none(_i: int, _k: int) -> None:
             _work_unit(work)
@@ -118,18 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         def step_otel(i: int, _k: int) -> None:
             _work_unit(work)
             tool, _a, _o, s = pool[i % 1000]
-            a_json, o_json = strings[i % 1000]
-            with tracer.start_as_current_span(
-                tool,
-                attributes={
-                    "gen_ai.tool.name": tool,
-                    "gen_ai.tool.call.arguments": a_json,
-                    "gen_ai.tool.call.result": o_json,
-                    "tool.status": "succeeded",
-                    "agent.step": s,
-                },
-            ):
-                pass
+            otel_tool_span(tracer, tool, *strings[i % 1000], s)
 
         subjects = {
             "none": (step_none, lambda: None),
@@ -148,6 +144,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for i in range(base, base + per):
                     step(i, k)
 
+            c0 = _cpu_s()
+            w0 = _writer_cpu_s(hs_p) if name == "process" else 0.0
             t0 = time.perf_counter()
             if threads == 1:
                 loop(0)
@@ -158,11 +156,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for t in ts:
                     t.join()
             flush()
-            return time.perf_counter() - t0
+            wall = time.perf_counter() - t0
+            cpu[(name, threads)].append(_cpu_s() - c0)
+            if name == "process":
+                writer_cpu[threads].append(_writer_cpu_s(hs_p) - w0)
+            return wall
 
+        cpu: dict[tuple[str, int], list[float]] = {(n, t): [] for n in names for t in thread_counts}
+        writer_cpu: dict[int, list[float]] = {t: [] for t in thread_counts}
         for name in names:  # warm every path
             for threads in thread_counts:
                 block(name, threads, 0)
+        cpu.clear()
+        writer_cpu.clear()
+        cpu.update({(n, t): [] for n in names for t in thread_counts})
+        writer_cpu.update({t: [] for t in thread_counts})
         times: dict[tuple[str, int], list[float]] = {
             (n, t): [] for n in names for t in thread_counts
         }
@@ -201,6 +209,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 (s - b) / steps * 1e6 for s, b in zip(times[(name, threads)], base, strict=True)
             ]
             out[f"t{threads}_{name}_extra_us"] = spread(extra)
+        base_cpu = cpu[("none", threads)]
+        for name in ("process", "thread", "otel"):
+            extra = [
+                (s - b) / steps * 1e6 for s, b in zip(cpu[(name, threads)], base_cpu, strict=True)
+            ]
+            out[f"t{threads}_{name}_agent_cpu_us"] = spread(extra)
+        out[f"t{threads}_writer_process_cpu_us"] = spread(
+            [c / steps * 1e6 for c in writer_cpu[threads]]
+        )
         for name in ("process", "thread"):
             ratios = [
                 (s - b) / (o - b) if o > b else float("nan")
@@ -228,7 +245,14 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"{t} agent thread(s): step alone {r[f't{t}_none_step_us']['median']:.1f} µs")
         for name in ("process", "thread", "otel"):
             e = r[f"t{t}_{name}_extra_us"]
-            lines.append(f"  {name:8s} +{e['median']:6.1f} µs ({e['min']:.1f}-{e['max']:.1f})")
+            c = r.get(f"t{t}_{name}_agent_cpu_us")
+            lines.append(
+                f"  {name:8s} +{e['median']:6.1f} µs ({e['min']:.1f}-{e['max']:.1f})"
+                + (f"; agent process CPU +{c['median']:.1f} µs" if c else "")
+            )
+        w = r.get(f"t{t}_writer_process_cpu_us")
+        if w:
+            lines.append(f"  writer process CPU {w['median']:.1f} µs per step")
         lines.append(
             f"  writer process / OTel span: x{r[f't{t}_process_over_otel_of_medians']:.2f} "
             f"(per block x{r[f't{t}_process_over_otel']['median']:.2f}); writer thread / OTel "

@@ -26,7 +26,6 @@ a rotating order. The garbage collector is left on, as in an agent: its pauses a
 from __future__ import annotations
 
 import argparse
-import random
 import shutil
 import sys
 import tempfile
@@ -36,29 +35,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import orjson  # noqa: E402
-from _common import action_payload, cli, percentile, spread, timer_floor_ns  # noqa: E402
+from _common import (  # noqa: E402
+    action_pool,
+    cli,
+    otel_tool_span,
+    otel_tracer,
+    percentile,
+    spread,
+    timer_floor_ns,
+)
 
 BLOCK = 1000
-
-
-def _otel_tracer() -> Any:
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import (
-        BatchSpanProcessor,
-        SpanExporter,
-        SpanExportResult,
-    )
-
-    class DropExporter(SpanExporter):
-        def export(self, spans: Any) -> SpanExportResult:
-            return SpanExportResult.SUCCESS
-
-        def shutdown(self) -> None:
-            pass
-
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(DropExporter()))
-    return provider, provider.get_tracer("hindsight-bench")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -66,8 +53,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     runs = 3 if args.quick else max(5, args.runs)
     blocks = 8 if args.quick else args.blocks
-    rng = random.Random(6)
-    pool = [action_payload(rng) for _ in range(1000)]
+    pool, strings = action_pool(6)
     body_bytes = [
         len(
             orjson.dumps(
@@ -76,14 +62,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         for t, a, o, _s in pool
     ]
-    strings = [(orjson.dumps(a).decode(), orjson.dumps(o).decode()) for _t, a, o, _s in pool]
 
     tmp = Path(tempfile.mkdtemp(prefix="hs-bench-"))
     instances = {
         mode: Hindsight(tmp / f"{mode}.db", background=False, triggers=False, writer=mode)
         for mode in ("thread", "process")
     }
-    provider, tracer = _otel_tracer()
+    provider, tracer = otel_tracer()
     tasks = {
         mode: h.task(
             "bench", goal="measure recording", tools=list({p[0] for p in pool}), recall=False
@@ -131,17 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tool, _a, _o, step = pool[i % 1000]
             a_json, o_json = strings[i % 1000]
             t0 = pc()
-            with tracer.start_as_current_span(
-                tool,
-                attributes={
-                    "gen_ai.tool.name": tool,
-                    "gen_ai.tool.call.arguments": a_json,
-                    "gen_ai.tool.call.result": o_json,
-                    "tool.status": "succeeded",
-                    "agent.step": step,
-                },
-            ):
-                pass
+            otel_tool_span(tracer, tool, a_json, o_json, step)
             samples.append(pc() - t0)
 
     subjects = {
