@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -574,3 +575,26 @@ def test_a_task_past_its_local_reviews_is_not_watched_but_still_reviewed_at_its_
     kinds = [(j["kind"], j["trigger"]) for j in hs.store.jobs() if j["task_id"] == task.task_id]
     assert kinds.count(("local", "consecutive_failures")) == MAX_LOCAL_REVIEWS
     assert ("full", "task_end") in kinds
+
+
+def test_wire_events_keep_their_own_seq_time_and_id_or_get_the_recorders(hs: Hindsight) -> None:
+    with hs.task("t", recall=False, task_id="tsk_wire") as task:
+        given = {
+            "type": "user_input",
+            "task_id": "tsk_wire",
+            "event_id": "evt_given",
+            "seq": 77,
+            "timestamp": "2024-11-20T14:32:10.882Z",
+            "input": {"text": "mine"},
+        }
+        assert hs.record(given)
+        assert hs.record({"type": "user_input", "task_id": "tsk_wire", "input": {"text": "yours"}})
+        assert given["seq"] == 77 and "input" in given and len(given) == 6  # left as it was
+    hs.flush()
+    by_text = {e.input["text"]: e for e in _events(hs, task.task_id) if e.type == "user_input"}
+    mine, yours = by_text["mine"], by_text["yours"]
+    assert (mine.event_id, mine.seq, mine.timestamp) == ("evt_given", 77, given["timestamp"])
+    assert yours.event_id.startswith("evt_") and yours.seq not in (77, None)
+    assert yours.timestamp.startswith(str(datetime.now(UTC).year))
+    raw = orjson.dumps([e.to_dict() for e in _events(hs, task.task_id)]).decode()
+    assert "object at 0x" not in raw  # the recorder's own keys never reach the body
