@@ -851,8 +851,8 @@ class Recorder:
 
         The queue takes the event's copy itself, the recorder's seq and the time under keys no
         caller can use, rather than a tuple around it: every object the agent's thread leaves
-        alive brings the next garbage collection (a pause of tens of µs) closer, and it is one
-        fewer. The writer turns it into an item (``_wire_item``).
+        alive brings the next garbage collection (a pause many times this call's cost) closer;
+        this is one fewer. The writer turns it into an item (``_wire_item``).
         """
         q = self._queue
         if not self._stop and len(q) < self.queue_bound:
