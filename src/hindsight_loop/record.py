@@ -296,8 +296,12 @@ def _may_assign(blob: bytes) -> bool:
         or blob.count(b":") > blob.count(b'":')
         or b'\\":' in blob
         or b" is " in blob
-        # ``\s+is\s+`` with a tab or a newline: not in orjson's output, but in a log message
-        or (b"is" in blob and any(c in blob for c in b"\t\n\r\x0b\x0c"))
+        # ``\s+is\s+`` with a tab or a newline: never in orjson's output (one-byte searches
+        # are a memchr each), but in a log message
+        or (
+            (b"\n" in blob or b"\t" in blob or b"\r" in blob or b"\x0b" in blob or b"\x0c" in blob)
+            and b"is" in blob
+        )
     ):
         return True
     if blob.isascii():
