@@ -27,12 +27,12 @@ import time
 import uuid
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as dt_time
 from itertools import count, islice
 from pathlib import Path, PurePath
-from typing import Any, cast
+from typing import Any
 
 import orjson
 
@@ -707,8 +707,6 @@ class _Sanitizer:
 
 # A queued item: (task_id, seq, timestamp (ns int, or caller's value), type, payload, event_id)
 Item = tuple[str, int, Any, str, dict[str, Any], str | None]
-# What the queue holds: items, and wire events as ``emit_event`` queues them (``_wire_item``).
-Queued = Item | dict[Any, Any]
 Row = tuple[str, str, int, str, str, bytes]
 # A batch on its way to the store: how many events, their rows, and, if they could not be
 # prepared, the raw items and why. The items themselves are not kept once prepared: as Python
@@ -723,29 +721,6 @@ WATCHED_TYPES = frozenset({"action_executed", "feedback", "user_input"})
 _NS_FAST = (10**17, 253_402_300_800 * 10**9)
 _END_OF_TIME = "9999-12-31T23:59:59.999Z"
 _START_OF_TIME = "0001-01-01T00:00:00.000Z"
-
-
-# Keys of the recorder's own under which ``emit_event`` queues its seq and the time with the
-# event's copy: objects of their own, equal to nothing a caller can put in an event.
-_OWN_SEQ = object()
-_NOW = object()
-
-
-def _wire_item(event: dict[Any, Any]) -> Item:
-    """A wire event as ``emit_event`` queued it, as the item ``emit`` would have queued."""
-    own = event.pop(_OWN_SEQ)
-    now = event.pop(_NOW, None)
-    event_id = event.get("event_id")
-    seq = event.get("seq")
-    # .get: the caller checked the event (``wire_event_problem``); if not, the store says so.
-    return (
-        event.get("task_id"),  # type: ignore[return-value]
-        seq if type(seq) is int and -(2**63) <= seq < 2**63 else own,  # not a bool
-        now or event.get("timestamp"),
-        event.get("type"),  # type: ignore[return-value]
-        event,
-        event_id if isinstance(event_id, str) else None,
-    )
 
 
 def state_dir() -> Path:
@@ -811,7 +786,7 @@ class Recorder:
         self.queue_bound = queue_bound
         self.block_seconds = block_seconds
         self._on_batch = on_batch
-        self._queue: deque[Queued] = deque()
+        self._queue: deque[Item] = deque()
         self._seq = count(1)
         self._flush_marks = 0  # seqs taken by flush() itself rather than by an event
         self._mark_lock = threading.Lock()
@@ -851,22 +826,7 @@ class Recorder:
     # -- hot path --------------------------------------------------------------------------
     def emit_event(self, event: dict[str, Any]) -> None:
         """Queue a wire-format event that passed ``models.wire_event_problem`` (its scalars
-        become columns, the rest its body).
-
-        The queue takes the event's copy itself, the recorder's seq and the time under keys no
-        caller can use, rather than a tuple around it: every object the agent's thread leaves
-        alive brings the next garbage collection (a pause many times this call's cost) closer;
-        this is one fewer. The writer turns it into an item (``_wire_item``).
-        """
-        q = self._queue
-        if not self._stop and len(q) < self.queue_bound:
-            # The copy: see below. The time only when the event brings none.
-            copy: dict[Any, Any] = event.copy()
-            copy[_OWN_SEQ] = next(self._seq)
-            if not event.get("timestamp"):
-                copy[_NOW] = time.time_ns()
-            q.append(copy)
-            return
+        become columns, the rest its body)."""
         event_id = event.get("event_id")
         seq = event.get("seq")
         # The writer reads the event a few milliseconds later. The event itself is copied, so
@@ -975,7 +935,7 @@ class Recorder:
             self._spill_cost = max((time.perf_counter() - t0) / len(spill), 1e-7)
             spilled += len(spill)
 
-    def _spill(self, spill: Sequence[Queued]) -> None:
+    def _spill(self, spill: list[Item]) -> None:
         try:
             rows, raw = self._prepare(spill)
             reason = "queue full: spilled under overload"
@@ -1070,7 +1030,7 @@ class Recorder:
         return (event_id or new_id("evt"), task_id, seq, stamp, etype, body)
 
     def _prepare(
-        self, items: Sequence[Queued], keep: list[Any] | None = None
+        self, items: list[Item], keep: list[Any] | None = None
     ) -> tuple[list[Row], list[Item]]:
         """Rows for ``items``; an item that cannot become a row spoils only itself (it is
         returned apart, for the dead letter)."""
@@ -1079,14 +1039,10 @@ class Recorder:
         raw: list[Item] = []
         for item in items:
             try:
-                if type(item) is dict:
-                    item = _wire_item(item)
-                rows.append(self._row(item, sanitizer, keep))  # type: ignore[arg-type]
+                rows.append(self._row(item, sanitizer, keep))
             except Exception:  # noqa: BLE001 - keep the writer alive whatever happens
                 log.exception("hindsight: could not prepare an event")
-                raw.append(
-                    cast(Item, item) if type(item) is tuple else ("", 0, None, "", item, None)  # type: ignore[arg-type]
-                )
+                raw.append(item)
         return rows, raw
 
     def _run(self) -> None:
@@ -1122,7 +1078,7 @@ class Recorder:
         finally:
             self._commits.put(None)
 
-    def commit_items(self, items: Sequence[Queued]) -> None:
+    def commit_items(self, items: list[Item]) -> None:
         """Prepare ``items`` (sanitize, cut, redact) on the calling thread and hand them to the
         committer thread; waits while a prepared batch still waits for it.
 
