@@ -7,7 +7,9 @@ feedback; ~500 B of body on average), recorded with ``TaskRun`` calls on the age
 the same store, so the last run ends at ``--events`` x runs rows: the rate must hold as the
 table grows. Subjects: the writer process (``writer="process"``: the agent's process serializes,
 another sanitizes, redacts, writes and runs the live triggers) and the writer thread (the
-default), each with the live triggers on; the thread also with them off. Baseline, interleaved
+default), each with the live triggers on; the thread also with them off, and with the events
+in tasks of 100 (the live rules stop reading a task that used up its local reviews, which the
+one long task does early; short tasks keep them at work). Baseline, interleaved
 run by run: a naive synchronous logger on the agent's thread
 that serializes each event with orjson and writes it to the same schema with ``executemany``,
 one transaction per 10,000 events, without sanitizing or redacting: roughly what this disk and
@@ -70,13 +72,30 @@ def _replay_onto(task: Any, events: list[dict[str, Any]]) -> None:
 
 
 def _subject(
-    db: Path, events: list[dict[str, Any]], triggers: bool = True, writer: str = "thread"
+    db: Path,
+    events: list[dict[str, Any]],
+    triggers: bool = True,
+    writer: str = "thread",
+    per_task: int = 0,
 ) -> tuple[float, int]:
-    """The recorder as users get it (live anomaly triggers on), or with the triggers off."""
+    """The recorder as users get it (live anomaly triggers on), or with the triggers off.
+
+    ``per_task``: the events go to tasks of this many (each started and ended in the timed
+    region) rather than to one task. The live rules stop reading a task once it has used up
+    its local reviews, which one long task of this mix does within its first events: short
+    tasks keep them reading every watched event."""
     from hindsight_loop import Hindsight
 
     hs = Hindsight(db, background=False, triggers=triggers, writer=writer)  # type: ignore[arg-type]
     try:
+        if per_task:
+            hs.flush()
+            t0 = time.perf_counter()
+            for i in range(0, len(events), per_task):
+                with hs.task("ingest", goal="short", recall=False) as task:
+                    _replay_onto(task, events[i : i + per_task])
+            hs.flush()
+            return time.perf_counter() - t0, hs.store.event_count()
         with hs.task("ingest", goal="bulk", recall=False) as task:
             hs.flush()  # the writer process starts: once per agent, not part of the rate
             t0 = time.perf_counter()
@@ -190,10 +209,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             len(orjson.dumps({k: v for k, v in e.items() if k not in ("type", "task_id")}))
             for e in events[:10_000]
         ) / min(n, 10_000)
-        subj, prop, base, proc, rows, proc_rows = [], [], [], [], 0, 0
+        subj, prop, base, proc, short, rows, proc_rows = [], [], [], [], [], 0, 0
         for r in range(runs):
-            for which in [(3, 0, 1, 2), (2, 1, 0, 3), (1, 3, 2, 0)][r % 3]:
-                if which == 3:
+            for which in [(3, 0, 4, 1, 2), (2, 4, 1, 0, 3), (1, 3, 2, 0, 4)][r % 3]:
+                if which == 4:
+                    elapsed, _ = _subject(tmp / "short_tasks.db", events, per_task=100)
+                    short.append(n / elapsed)
+                elif which == 3:
                     elapsed, proc_rows = _subject(tmp / "process.db", events, writer="process")
                     proc.append(n / elapsed)
                 elif which == 0:
@@ -233,6 +255,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "baseline_events_per_s": spread(base),
             "subject_last_run_events_per_s": subj[-1],
             "no_triggers_events_per_s": spread(prop),
+            "short_tasks_events_per_s": spread(short),
+            "ratio_short_tasks_over_baseline": spread(
+                [p / b for p, b in zip(short, base, strict=True)]
+            ),
             "ratio_no_triggers_over_baseline": spread(
                 [p / b for p, b in zip(prop, base, strict=True)]
             ),
@@ -269,6 +295,8 @@ def render(r: dict[str, Any]) -> str:
             f"{r['ratio_process_over_thread']['median']:.2f}",
             f"recorder (defaults, triggers on) {s['median']:,.0f} events/s ({s['min']:,.0f}-{s['max']:,.0f})",
             f"with the live triggers off {r['no_triggers_events_per_s']['median']:,.0f} events/s",
+            f"triggers on, tasks of 100 events {r['short_tasks_events_per_s']['median']:,.0f} "
+            f"events/s",
             f"naive executemany logger {b['median']:,.0f} events/s ({b['min']:,.0f}-{b['max']:,.0f})",
             f"ratio {q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})",
             f"busy agent: max pending {r['busy_pending_max']['max']:,.0f} "

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -549,3 +550,51 @@ def test_epoch_milliseconds_are_read_as_such(hs: Hindsight) -> None:
 def test_in_memory_store_is_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match="hindsight.db"):
         Hindsight(":memory:")
+
+
+def test_a_task_past_its_local_reviews_is_not_watched_but_still_reviewed_at_its_end(
+    hs: Hindsight,
+) -> None:
+    from hindsight_loop.triggers import MAX_LOCAL_REVIEWS
+
+    with hs.task("api", tools=["fetch"]) as task:
+        for i in range(MAX_LOCAL_REVIEWS + 3):  # more failure streaks than local reviews
+            for _ in range(2):
+                task.record_action("fetch", {"i": i}, status="failed", error_type="Timeout")
+            task.record_action("fetch", {"i": i})
+        hs.flush()
+        run = hs.triggers._running[task.task_id]
+        watched = len(run.positions)
+        for i in range(500):
+            task.record_action("fetch", {"n": i})
+        hs.flush()
+        # Nothing more could be queued for it: the rules stopped reading its events.
+        assert len(run.positions) == watched
+        task.fail("gave up")
+    hs.flush()
+    kinds = [(j["kind"], j["trigger"]) for j in hs.store.jobs() if j["task_id"] == task.task_id]
+    assert kinds.count(("local", "consecutive_failures")) == MAX_LOCAL_REVIEWS
+    assert ("full", "task_end") in kinds
+
+
+def test_wire_events_keep_their_own_seq_time_and_id_or_get_the_recorders(hs: Hindsight) -> None:
+    with hs.task("t", recall=False, task_id="tsk_wire") as task:
+        given = {
+            "type": "user_input",
+            "task_id": "tsk_wire",
+            "event_id": "evt_given",
+            "seq": 77,
+            "timestamp": "2024-11-20T14:32:10.882Z",
+            "input": {"text": "mine"},
+        }
+        assert hs.record(given)
+        assert hs.record({"type": "user_input", "task_id": "tsk_wire", "input": {"text": "yours"}})
+        assert given["seq"] == 77 and "input" in given and len(given) == 6  # left as it was
+    hs.flush()
+    by_text = {e.input["text"]: e for e in _events(hs, task.task_id) if e.type == "user_input"}
+    mine, yours = by_text["mine"], by_text["yours"]
+    assert (mine.event_id, mine.seq, mine.timestamp) == ("evt_given", 77, given["timestamp"])
+    assert yours.event_id.startswith("evt_") and yours.seq not in (77, None)
+    assert yours.timestamp.startswith(str(datetime.now(UTC).year))
+    raw = orjson.dumps([e.to_dict() for e in _events(hs, task.task_id)]).decode()
+    assert "object at 0x" not in raw  # the recorder's own keys never reach the body

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import decimal
 import enum
+import math
 import subprocess
 import threading
 import time
@@ -210,6 +211,62 @@ def test_secret_shapes_never_reach_the_store(hs: Hindsight, value: Any, secret: 
     hs.close()
     for f in db.parent.iterdir():
         assert secret.encode() not in f.read_bytes(), f.name
+
+
+# Text around a secret changes which guards of ``redact`` run (an all-ASCII event is pre-checked
+# otherwise than one with Chinese in it): every shape is tried in both.
+CHINESE_AROUND = {"说明": "销售报表文件的编码错误, 重试", "客户": "订单日期格式"}
+
+
+@pytest.mark.parametrize(("value", "secret"), SECRETS, ids=[s for _, s in SECRETS])
+def test_secret_shapes_never_reach_the_store_in_a_chinese_event(
+    hs: Hindsight, value: Any, secret: str
+) -> None:
+    with hs.task("t", recall=False) as task:
+        task.record_action("tool", {**value, **CHINESE_AROUND}, output={"预览": "销售 报表"})
+    hs.flush()
+    raw = orjson.dumps([e.to_dict() for e in hs.store.events(task.task_id)]).decode()
+    assert secret not in raw
+    assert "REDACTED" in raw
+    assert "销售报表文件的编码错误" in raw  # the text around it is kept
+
+
+# Secrets in text forms whose only sign is the form itself: JSON quoted inside a string value
+# (a tool's output), Chinese assignments (：, 是, 为, a Chinese name and a space).
+QUOTED_AND_CHINESE: list[tuple[Any, str]] = [
+    ({"output": '{"password":"QuotedJson1"}'}, "QuotedJson1"),
+    ({"output": 'reply {"api_key": "QuotedJson2"} done'}, "QuotedJson2"),
+    ({"output": '{"db":{"token":"QuotedJson3"}}'}, "QuotedJson3"),
+    ({"output": ['{"secret":"QuotedJson4"}']}, "QuotedJson4"),
+    ({"text": "密码：ZhColon1"}, "ZhColon1"),
+    ({"text": "token是ZhShi2"}, "ZhShi2"),
+    ({"text": "api_key 为 ZhWei3"}, "ZhWei3"),
+    ({"text": "口令 ZhKouling4"}, "ZhKouling4"),
+    ({"text": "令牌 ZhLingpai5"}, "ZhLingpai5"),
+    ({"text": "秘钥 ZhMiyao6"}, "ZhMiyao6"),
+    ({"text": "密钥 ZhMiyao7"}, "ZhMiyao7"),
+]
+
+
+@pytest.mark.parametrize(
+    ("value", "secret"), QUOTED_AND_CHINESE, ids=[s for _, s in QUOTED_AND_CHINESE]
+)
+def test_quoted_json_and_chinese_assignments_are_redacted(
+    hs: Hindsight, value: Any, secret: str
+) -> None:
+    for around in ({}, CHINESE_AROUND, {"en": "plain ascii text"}):
+        with hs.task("t", recall=False) as task:
+            task.record_action("tool", {**value, **around})
+        hs.flush()
+        raw = orjson.dumps([e.to_dict() for e in hs.store.events(task.task_id)]).decode()
+        assert secret not in raw, around
+        assert "REDACTED" in raw
+
+
+def test_redact_finds_a_secret_in_a_raw_log_line_with_tabs_and_chinese() -> None:
+    # Log messages are redacted as raw text, where ``\s`` may be a tab or a newline.
+    for line in ("token\tis\tRawTab1 中文", "password\nis\nRawTab1", "密码\tRawTab1"):
+        assert b"RawTab1" not in redact(line.encode()), line
 
 
 def test_a_pem_key_longer_than_the_cut_is_redacted_whole(hs: Hindsight) -> None:
@@ -418,6 +475,36 @@ def test_a_bad_value_spoils_only_itself(hs: Hindsight) -> None:
     assert action.input["args"]["good"] == "still here"
     assert action.input["tool"] == "tool"
     assert "Broken" in action.input["args"]["bad"]
+
+
+def test_odd_text_and_numbers_are_still_sanitized_wherever_they_sit(hs: Hindsight) -> None:
+    """The writer trusts short non-ASCII text and finite floats on its fast path; a lone
+    surrogate or a NaN anywhere must still be replaced and warned about, the rest kept."""
+    bad = "中文\udcff"  # a lone surrogate, as surrogateescape leaves undecodable bytes
+    args = {
+        "top": bad,
+        "nested": {"deeper": {"s": bad, "ok": "好的"}},
+        "list": ["好", bad, 1.5, math.nan],
+        "nan": math.nan,
+        "inf": math.inf,
+        "f": 0.25,
+        "中文键": "值",
+    }
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with hs.task("t", recall=False) as task:
+            task.record_action("tool", args, output={"s": bad, "n": -math.inf})
+        hs.flush()
+    action = next(e for e in hs.store.events(task.task_id) if e.type == "action_executed")
+    got = action.input["args"]
+    assert got["top"] == "中文\ufffd"
+    assert got["nested"] == {"deeper": {"s": "中文\ufffd", "ok": "好的"}}
+    assert got["list"] == ["好", "中文\ufffd", 1.5, None]
+    assert got["nan"] is None and got["inf"] is None and got["f"] == 0.25
+    assert got["中文键"] == "值"
+    assert action.result["output"] == {"s": "中文\ufffd", "n": None}
+    text = " ".join(str(w.message) for w in caught)
+    assert "invalid UTF-8 replaced" in text and "stored as null" in text
 
 
 def test_numpy_in_succeed_keeps_the_task_succeeded(db_path: Path) -> None:

@@ -275,16 +275,39 @@ _WORD_CORES = re.compile(
 )
 
 
+# What a Chinese assignment may be made of besides the ASCII ones: ：, 是, 为, or a Chinese secret
+# word followed by a bare space (密码 hunter2), each word by a character it holds (密码 密钥 口令
+# 令牌 秘钥). Looked for in the decoded text: a one-character search there is a fast memchr,
+# a three-byte one in UTF-8 is not (the trailing bytes are common to most Chinese text).
+_ZH_ASSIGN = "：是为密令秘"
+
+
 def _may_assign(blob: bytes) -> bool:
     """Whether some string value may hold ``word: value``, ``word=value`` or ``word is value``.
 
-    For ASCII events a few C-level scans answer it (orjson writes no space after a key's colon,
-    so a colon not right after a quote is inside a string). Text with Chinese in it may use
-    ：/是/为 or a bare space, too common to pre-scan for: it always goes on to the word test.
+    A few C-level scans answer it. orjson writes no space after a key's colon, so a colon not
+    right after a quote is inside a string; so is one after an escaped quote (JSON quoted in a
+    string value, ``{\\"password\\":\\"x\\"}``), which is why those are not counted as keys.
+    Text with Chinese in it may also assign with ：/是/为 or a Chinese secret word and a space.
     """
-    if not blob.isascii():
+    # Every key's colon is a colon, so "more colons than key colons" is "any colon inside".
+    if (
+        b"=" in blob
+        or blob.count(b":") > blob.count(b'":')
+        or b'\\":' in blob
+        or b" is " in blob
+        # ``\s+is\s+`` with a tab or a newline: never in orjson's output (one-byte searches
+        # are a memchr each), but in a log message
+        or (
+            (b"\n" in blob or b"\t" in blob or b"\r" in blob or b"\x0b" in blob or b"\x0c" in blob)
+            and b"is" in blob
+        )
+    ):
         return True
-    return b"=" in blob or blob.count(b":") > blob.count(b'":') or b" is " in blob
+    if blob.isascii():
+        return False
+    text = blob.decode("utf-8", "replace")
+    return any(c in text for c in _ZH_ASSIGN)
 
 
 # Vendor keys are long runs of [A-Za-z0-9_-] (16 or more: every vendor pattern below needs
@@ -294,16 +317,10 @@ _RUN_TABLE = bytes(
     0x61 if chr(c).isascii() and (chr(c).isalnum() or chr(c) in "_-") else 0x20 for c in range(256)
 )
 _RUN = b"a" * 16
-# Card numbers as the pattern below takes them: 13-19 digits in a row, 4-4-4-…, or 4-6-5.
+# Card numbers as the pattern below takes them: 13-19 digits in a row, 4-4-4-…, or 4-6-5; each
+# shape holds 13 digits in a row or four digits, a space or dash, and four more.
 _CARD_TABLE = bytes(
     0x30 if chr(c).isdigit() and c < 128 else c if chr(c) in " -" else 0x78 for c in range(256)
-)
-_CARD_SHAPES = (
-    b"0" * 13,
-    b"0000 0000 0000",
-    b"0000-0000-0000",
-    b"0000 000000 0000",
-    b"0000-000000-0000",
 )
 
 _PEM = re.compile(
@@ -394,12 +411,16 @@ def redact(blob: bytes, *, secret_key: bool | None = None) -> bytes:
     A replacement that is a function checks the candidate (the whole name, Luhn) first.
     """
     low = blob.lower()
-    words = _WORD_CORES.search(low) is not None
     if b"PRIVATE KEY-----" in blob:
         blob = _PEM.sub(b"[REDACTED PRIVATE KEY]", blob)
+    # The secret-word scan is the dearest guard (a regex over the whole event): it runs only
+    # when a pattern that needs a word could match at all.
+    dash = b"--" in blob
+    assign = _may_assign(blob)
+    words = (dash or assign or secret_key is None) and _WORD_CORES.search(low) is not None
     if words if secret_key is None else secret_key:
         blob = _KEY_PATTERN.sub(_key_sub, blob)  # "password": …, "db.password": …, "API Key": …
-    if words and b"authorization" in low:
+    if b"authorization" in low:
         blob = _AUTHORIZATION.sub(rb"\1[REDACTED]", blob)
     if _BEARER_GUARD.search(low) is not None:
         blob = _BEARER.sub(rb"\1 [REDACTED]", blob)
@@ -407,14 +428,14 @@ def redact(blob: bytes, *, secret_key: bool | None = None) -> bytes:
         for needle, pattern, repl in _VENDOR:
             if needle in blob:
                 blob = pattern.sub(repl, blob)
-    if words and b"--" in blob:
+    if words and dash:
         blob = _FLAG.sub(_flag_sub, blob)
-    if words and _may_assign(blob):
+    if words and assign:
         blob = _TEXT_SECRET.sub(_text_sub, blob)
     if b"@" in blob and b"://" in blob:
         blob = _USERINFO.sub(rb"\1[REDACTED]@", blob)
     shape = blob.translate(_CARD_TABLE)
-    if any(s in shape for s in _CARD_SHAPES):
+    if b"0" * 13 in shape or b"0000 0000" in shape or b"0000-0000" in shape:
         blob = _CARD.sub(_card_sub, blob)
     return blob
 
@@ -429,6 +450,7 @@ def redact_text(text: str) -> str:
 # -- sanitizing -------------------------------------------------------------------------------
 
 MAX_DEPTH = 20  # deeper nesting is kept as bounded text
+_isfinite = math.isfinite  # a global name: looked up once per value in the hottest loops
 _DEEP_REPR = reprlib.Repr()
 _DEEP_REPR.maxlevel = 6
 _DEEP_REPR.maxstring = _DEEP_REPR.maxother = 200
@@ -440,14 +462,20 @@ class _Sanitizer:
     Values under a key that names a secret are redacted here, at any depth (a regex over the
     serialized event cannot find the end of a nested object); long text is redacted before it
     is cut, so a secret is never cut in half and missed.
+
+    ``check_utf8=False`` leaves text that fits as it is without checking that it encodes (a
+    lone surrogate): for a caller that serializes the result with orjson, which refuses such
+    text, and then sanitizes again with the check (the writer: encoding every non-ASCII string
+    twice, once here and once in orjson, cost more than the rare second pass).
     """
 
-    __slots__ = ("max_text", "problems", "secret_key")
+    __slots__ = ("max_text", "problems", "secret_key", "check_utf8")
 
-    def __init__(self, max_text: int) -> None:
+    def __init__(self, max_text: int, *, check_utf8: bool = True) -> None:
         self.max_text = max_text
         self.problems: list[str] = []
         self.secret_key = False  # some key names a secret: redact() must look at the keys
+        self.check_utf8 = check_utf8
 
     def reset(self) -> None:
         """Ready for the next event (one sanitizer serves a batch: fewer objects for the GC)."""
@@ -480,7 +508,9 @@ class _Sanitizer:
         """
         t = type(v)
         if t is str:
-            return v if len(v) <= self.max_text and v.isascii() else self.text(v)
+            if len(v) <= self.max_text and (v.isascii() or not self.check_utf8):
+                return v
+            return self.text(v)
         if depth <= MAX_DEPTH:
             if t is dict:
                 return self._dict(v, depth)
@@ -494,11 +524,12 @@ class _Sanitizer:
         secret = None if keys_ok else self._learn_keys(d)
         out: dict[str, Any] | None = None
         kept = 0
+        limit, trust = self.max_text, not self.check_utf8
         for k, x in d.items():
             t = type(x)
             if t is str:
-                y = x if len(x) <= self.max_text and x.isascii() else self.text(x)
-            elif t is int or t is bool or x is None:
+                y = x if len(x) <= limit and (trust or x.isascii()) else self.text(x)
+            elif t is int or t is bool or x is None or (t is float and _isfinite(x)):
                 y = x
             elif t is dict and depth < MAX_DEPTH:
                 y = self._dict(x, depth + 1)
@@ -547,11 +578,12 @@ class _Sanitizer:
         # The same per-value dispatch as _dict, inlined rather than shared: it runs once per
         # value in the writer's hottest loop, where a function call per value shows.
         out: list[Any] | None = None
+        limit, trust = self.max_text, not self.check_utf8
         for i, x in enumerate(items):
             t = type(x)
             if t is str:
-                y = x if len(x) <= self.max_text and x.isascii() else self.text(x)
-            elif t is int or t is bool or x is None:
+                y = x if len(x) <= limit and (trust or x.isascii()) else self.text(x)
+            elif t is int or t is bool or x is None or (t is float and _isfinite(x)):
                 y = x
             elif t is dict and depth < MAX_DEPTH:
                 y = self._dict(x, depth + 1)
@@ -977,6 +1009,10 @@ class Recorder:
             try:
                 body = orjson.dumps(clean)
             except orjson.JSONEncodeError:
+                if not sanitizer.check_utf8:
+                    # Perhaps a lone surrogate the trusting pass let through: once more with
+                    # the check, which replaces it (and warns) as the sanitizer always did.
+                    return self._row(item, _Sanitizer(self.max_text), keep)
                 # orjson refuses what the sanitizer let through (a StrEnum key, an integer
                 # beyond 64 bits): rare, so handled here rather than checked on every value.
                 clean = sanitizer.strict(clean)
@@ -998,7 +1034,7 @@ class Recorder:
     ) -> tuple[list[Row], list[Item]]:
         """Rows for ``items``; an item that cannot become a row spoils only itself (it is
         returned apart, for the dead letter)."""
-        sanitizer = _Sanitizer(self.max_text)
+        sanitizer = _Sanitizer(self.max_text, check_utf8=False)
         rows: list[Row] = []
         raw: list[Item] = []
         for item in items:

@@ -85,7 +85,9 @@ class Triggers:
                 data = orjson.loads(body)
             if etype == "action_executed" and is_failure((data.get("result") or {}).get("status")):
                 run.had_failure = True
-            if self.live:
+            # A task that used up its local reviews is not watched any more: what the rules
+            # would find could not be queued (and its positions need not grow).
+            if self.live and run.local_reviews < MAX_LOCAL_REVIEWS:
                 event = Event(
                     event_id=event_id,
                     task_id=task_id,
