@@ -412,11 +412,17 @@ def _hnsw_book(n: int) -> list[Lesson]:
     return book
 
 
+@pytest.mark.parametrize("hnsw_min_rows", [0, 10**9], ids=["hnsw", "rule-index"])
 def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
-    pg_url: str, tmp_path: Path
+    pg_url: str, tmp_path: Path, hnsw_min_rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from hindsight_loop import recall
     from hindsight_loop.embed import HashEmbedder
     from hindsight_loop.recall import STORE_STAGE_MIN, RecallCache, RecallQuery
+
+    # Both ways of finding the first candidates: the HNSW index, and the rule stage's index
+    # when it yields fewer rows than the setting.
+    monkeypatch.setattr(recall, "HNSW_MIN_ROWS", hnsw_min_rows)
 
     embedder = HashEmbedder()
     book = _hnsw_book(STORE_STAGE_MIN + 500)

@@ -744,6 +744,10 @@ def _with_score(lesson: Lesson, score: float) -> Lesson:
 STORE_STAGE_MIN = 2_000
 #: Lessons asked of the vector index first: their scores set the bar the rest must clear.
 STORE_STAGE_K = 100
+#: The HNSW index finds the nearest lessons when the rule stage's index (status, task type)
+#: yields at least this many rows; for fewer, reading those rows is cheaper than the index's
+#: iterative scan, which passes over about ``STORE_STAGE_K`` / (share passing) graph nodes.
+HNSW_MIN_ROWS = 5_000
 #: BM25 as ``LessonIndex`` builds it (bm25s' defaults for the Lucene variant).
 _BM25_K1, _BM25_B = 1.5, 0.75
 
@@ -775,11 +779,13 @@ class StoreStage:
         self.ranking = ranking or Ranking()
         self.version = -1
         self._stats: tuple[int, int, int] = (0, 0, 0)
+        self._counts: dict[str, int] = {}
 
     def refresh(self, version: int) -> int:
         """Read the book's BM25 statistics for ``version``; return the number of lessons."""
         if version != self.version:
             self._stats = self.store.recall_stats()
+            self._counts = self.store.recall_counts()
             self.version = version
         return self._stats[0]
 
@@ -836,42 +842,62 @@ class StoreStage:
         def score(rows: list[tuple[Any, ...]]) -> np.ndarray:
             return self._score(rows, q, task, query_tools, qvec, cos_floor, idf32, reference, avgdl)
 
-        rows: list[tuple[Any, ...]] = []
-        bar = floor
-        if qvec is not None and getattr(self.store, "has_vectors", False):
-            rows = self.store.recall_nearest(
-                rules, qvec.tolist(), self.embedder.name, STORE_STAGE_K
-            )
-            if rows:
-                rows.sort(key=self._tie_order(task))
-                found = self._choose(rows, score(rows), limit=limit, min_score=min_score)
-                if found:
-                    best = max(x.score or 0.0 for x in found)
-                    cut = _cutoff(rk, best, min_score)
-                    bar = min(x.score or 0.0 for x in found) if len(found) == limit else cut
         from hindsight_loop.embed import _FLOOR_MIN
 
-        bound = lesson_keys.ScoreBound(
-            model=self.embedder.name,
-            vector=qvec.tolist() if qvec is not None else None,
-            cos_floor=cos_floor if cos_floor is not None and cos_floor >= _FLOOR_MIN else None,
-            term_weights=weights,
-            specific_counts=task is not None,
-            tool_fit_max=1.0 if query_tools else 0.5,
-            step_key=_norm(q.step),
-            error_key=_norm(q.error_type),
-            vector_weight=rk.vector,
-            bm25_weight=rk.bm25,
-            scenario_weight=rk.scenario,
-            step_boost=rk.step_boost,
-            error_boost=rk.error_boost,
-            value_floor=rk.value_floor,
-            value_span=rk.value_span,
-            # Below the bar by a margin for rounding (SQL's float8 against numpy's float32,
-            # and the 4 decimals returned scores are rounded to).
-            at_least=bar - 1e-3,
-        )
-        rows += self.store.recall_bounded(rules, bound, besides=[r[1] for r in rows])
+        def bound(at_least: float) -> lesson_keys.ScoreBound:
+            return lesson_keys.ScoreBound(
+                model=self.embedder.name,
+                vector=qvec.tolist() if qvec is not None else None,
+                cos_floor=cos_floor if cos_floor is not None and cos_floor >= _FLOOR_MIN else None,
+                term_weights=weights,
+                specific_counts=task is not None,
+                tool_fit_max=1.0 if query_tools else 0.5,
+                step_key=_norm(q.step),
+                error_key=_norm(q.error_type),
+                vector_weight=rk.vector,
+                bm25_weight=rk.bm25,
+                scenario_weight=rk.scenario,
+                step_boost=rk.step_boost,
+                error_boost=rk.error_boost,
+                value_floor=rk.value_floor,
+                value_span=rk.value_span,
+                # Below the bar by a margin for rounding (SQL's float8 against numpy's
+                # float32, and the 4 decimals returned scores are rounded to).
+                at_least=at_least - 1e-3,
+            )
+
+        def bar_of(rows: list[tuple[Any, ...]]) -> float:
+            """What a lesson must score to change the result of ranking ``rows`` alone."""
+            found = self._choose(rows, score(rows), limit=limit, min_score=min_score)
+            if not found:
+                return floor
+            if len(found) == limit:
+                return min(x.score or 0.0 for x in found)
+            return _cutoff(rk, max(x.score or 0.0 for x in found), min_score)
+
+        keys = (task, "") if task is not None else tuple(self._counts)
+        rows: list[tuple[Any, ...]]
+        if qvec is not None and sum(self._counts.get(k, 0) for k in keys) >= HNSW_MIN_ROWS:
+            # Many lessons pass the rule index: the HNSW index gives near ones to set the bar,
+            # then every lesson whose bound reaches it.
+            rows = self.store.recall_nearest(
+                rules, qvec.tolist(), self.embedder.name, STORE_STAGE_K, hnsw=True
+            )
+            rows.sort(key=self._tie_order(task))
+            more = self.store.recall_bounded(rules, bound(bar_of(rows) if rows else floor))
+        else:
+            # Few: one pass over them, highest bound first; the rest only if one of them
+            # might still reach the bar of the first ``STORE_STAGE_K``.
+            rows = self.store.recall_bounded(rules, bound(floor), top=STORE_STAGE_K)
+            more = []
+            if len(rows) == STORE_STAGE_K:
+                last = float(rows[-1][-1])
+                rows.sort(key=self._tie_order(task))
+                bar = bar_of(rows)
+                if last >= bar - 1e-3:
+                    more = self.store.recall_bounded(rules, bound(bar))
+        seen = {r[1] for r in rows}
+        rows += [r for r in more if r[1] not in seen]
         if not rows:
             return LessonSet()
         rows.sort(key=self._tie_order(task))

@@ -158,8 +158,14 @@ def m006_recall_index(db: Any) -> None:
     )
     db.execute("CREATE INDEX lessons_rules ON lessons(status, task_key, id)")
     db.execute("CREATE TABLE lesson_terms (term TEXT PRIMARY KEY, df INTEGER NOT NULL)")
+    # Recall reads the vectors and terms of a few thousand rows per query: kept in the row
+    # (not TOASTed out of line, which costs a lookup per value); the JSON body, read only for
+    # the lessons returned, goes out of line instead.
+    db.execute("ALTER TABLE lessons ALTER COLUMN embedding SET STORAGE MAIN")
+    db.execute("ALTER TABLE lessons ALTER COLUMN tokens SET STORAGE MAIN")
     if has_pgvector(db) or _create_pgvector(db):
         db.execute("ALTER TABLE lessons ADD COLUMN vec vector")
+        db.execute("ALTER TABLE lessons ALTER COLUMN vec SET STORAGE MAIN")
     import orjson
 
     from hindsight_loop.models import Lesson

@@ -104,6 +104,11 @@ def ensure_hnsw(db: Any, dim: int) -> None:
     )
 
 
+def _f8(x: float) -> str:
+    """A float constant for generated SQL: typed, or PostgreSQL computes it as ``numeric``."""
+    return f"{float(x)!r}::float8"
+
+
 #: Columns the candidate stage reads per lesson (``recall.StoreStage`` unpacks them in order).
 RECALL_COLUMNS = (
     "id, lesson_id, task_key, tools, step_key, error_key, value, tokens, embedding, embed_model"
@@ -578,66 +583,93 @@ class PostgresStore:
             args.append(rules.tools)
         return " AND ".join(where), args
 
+    def recall_counts(self) -> dict[str, int]:
+        """Active lessons per task type key: how many rows the rule stage's index yields."""
+        return {
+            k: int(n)
+            for k, n in self._db.execute(
+                "SELECT task_key, count(*) FROM lessons WHERE status='active' GROUP BY task_key"
+            )
+        }
+
     def recall_nearest(
-        self, rules: RuleFilter, vector: Sequence[float], model: str, k: int
+        self, rules: RuleFilter, vector: Sequence[float], model: str, k: int, *, hnsw: bool
     ) -> list[tuple[Any, ...]]:
-        """The ``k`` lessons passing ``rules`` whose ``model`` vectors are nearest ``vector``,
-        found by the HNSW index (an iterative scan: the filters do not starve it)."""
+        """The ``k`` lessons passing ``rules`` whose ``model`` vectors are nearest ``vector``.
+
+        ``hnsw``: through the HNSW index with an iterative scan (the filters do not starve
+        it), for rule stages that keep many lessons; else exactly, over the rows the rule
+        index yields (the distance is written so that it does not match the HNSW index's
+        expression), which is cheaper when they are few: an index scan must pass over about
+        ``k`` / (the share of lessons that pass) graph nodes.
+        """
         dim = len(vector)
         where, args = self._rule_sql(rules)
-        db = self._db
-        with self._unit():
+        distance = (
+            f"vec::vector({dim}) <#> %s::float4[]::vector({dim})"
+            if hnsw
+            else "vec <#> %s::float4[]::vector"
+        )
+        sql = f"""SELECT {RECALL_COLUMNS} FROM lessons
+                  WHERE {where} AND embed_model = %s AND vector_dims(vec) = {dim}
+                  ORDER BY {distance} LIMIT %s"""
+        if not hnsw:
+            return self._db.execute(sql, [*args, model, list(vector), k]).fetchall()
+        with self._unit() as db:
             db.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
             db.execute(f"SET LOCAL hnsw.ef_search = {max(40, int(k))}")
-            return db.execute(
-                f"""SELECT {RECALL_COLUMNS} FROM lessons
-                    WHERE {where} AND embed_model = %s AND vector_dims(vec) = {dim}
-                    ORDER BY vec::vector({dim}) <#> %s::float4[]::vector({dim}) LIMIT %s""",
-                [*args, model, list(vector), k],
-            ).fetchall()
+            return db.execute(sql, [*args, model, list(vector), k]).fetchall()
 
     def recall_bounded(
-        self, rules: RuleFilter, bound: ScoreBound, *, besides: Sequence[str]
+        self, rules: RuleFilter, bound: ScoreBound, *, top: int | None = None
     ) -> list[tuple[Any, ...]]:
-        """The lessons passing ``rules`` (other than ``besides``) whose score bound reaches
-        ``bound.at_least``: every other lesson provably scores below it."""
+        """The lessons passing ``rules`` whose score bound reaches ``bound.at_least`` (every
+        other lesson provably scores below it), each row ending with its bound; with ``top``,
+        only the ``top`` highest bounds, highest first."""
         where, args = self._rule_sql(rules)
         sql_args: list[Any] = []
         b = bound
-        specific = "(task_key <> '')::int" if b.specific_counts else "1"
-        scenario = f"0.5 * {specific} + 0.5 * {float(b.tool_fit_max)!r}"
+        specific = "(task_key <> '')::int::float8" if b.specific_counts else "1::float8"
+        scenario = f"0.5 * {specific} + 0.5 * {_f8(b.tool_fit_max)}"
         relevance = f"(({scenario})"
         if b.vector is not None:
-            relevance = f"({float(b.scenario_weight)!r} * ({scenario})"
+            relevance = f"({_f8(b.scenario_weight)} * ({scenario})"
             dim = len(b.vector)
             cos = f"greatest(-(vec::vector({dim}) <#> %s::float4[]::vector({dim})), 0)"
             sql_args.append(list(b.vector))
             if b.cos_floor is not None:
                 f = float(b.cos_floor)
-                cos = f"greatest({cos} - {f!r}, 0) / {1.0 - f!r}"
-            cos = f"CASE WHEN embed_model = %s AND vector_dims(vec) = {dim} THEN {cos} ELSE 1 END"
+                cos = f"greatest({cos} - {_f8(f)}, 0) / {_f8(1.0 - f)}"
+            cos = f"CASE WHEN embed_model = %s AND vector_dims(vec) = {dim} THEN {cos} ELSE 1::float8 END"
             sql_args.insert(0, b.model)
-            bm = ["0"]
+            bm = ["0::float8"]
             for term, weight in b.term_weights.items():
-                bm.append(f"{float(weight)!r} * (tokens @> ARRAY[%s]::text[])::int")
+                bm.append(f"{_f8(weight)} * (tokens @> ARRAY[%s]::text[])::int")
                 sql_args.append(term)
             total = float(b.vector_weight + b.bm25_weight)
             relevance += (
-                f" + {1.0 - b.scenario_weight!r} * ({float(b.vector_weight)!r} * ({cos})"
-                f" + {float(b.bm25_weight)!r} * least(1, {' + '.join(bm)})) / {total!r}"
+                f" + {_f8(1.0 - b.scenario_weight)} * ({_f8(b.vector_weight)} * ({cos})"
+                f" + {_f8(b.bm25_weight)} * least(1, {' + '.join(bm)})) / {_f8(total)}"
             )
         relevance += ")"
         if b.step_key:
-            relevance += f" + {float(b.step_boost)!r} * (step_key = %s)::int"
+            relevance += f" + {_f8(b.step_boost)} * (step_key = %s)::int"
             sql_args.append(b.step_key)
         if b.error_key:
-            relevance += f" + {float(b.error_boost)!r} * (error_key = %s)::int"
+            relevance += f" + {_f8(b.error_boost)} * (error_key = %s)::int"
             sql_args.append(b.error_key)
-        score = f"({relevance}) * ({float(b.value_floor)!r} + {float(b.value_span)!r} * value)"
+        score = f"({relevance}) * ({_f8(b.value_floor)} + {_f8(b.value_span)} * value)"
+        if top is not None:
+            return self._db.execute(
+                f"""SELECT * FROM (SELECT {RECALL_COLUMNS}, {score} AS bound FROM lessons
+                        WHERE {where}) AS c
+                    WHERE bound >= %s ORDER BY bound DESC LIMIT %s""",
+                [*sql_args, *args, b.at_least, top],
+            ).fetchall()
         return self._db.execute(
-            f"""SELECT {RECALL_COLUMNS} FROM lessons
-                WHERE {where} AND lesson_id <> ALL(%s) AND {score} >= %s""",
-            [*args, list(besides), *sql_args, b.at_least],
+            f"""SELECT {RECALL_COLUMNS}, {score} FROM lessons
+                WHERE {where} AND {score} >= %s""",
+            [*sql_args, *args, *sql_args, b.at_least],
         ).fetchall()
 
     def lesson_bodies(self, lesson_ids: Sequence[str]) -> dict[str, Lesson]:
