@@ -49,6 +49,7 @@ PAGES = {
 }
 COLD = "lessons page, book just changed"
 ELSEWHERE = "lessons page, one lesson changed by another process"
+FULL_READ = "whole book read and parsed (what that page paid before lessons_since)"
 BASELINES = {"static file": "/static/style.css", "health (JSON)": "/api/health"}
 
 
@@ -188,7 +189,13 @@ def measure(db: Path, requests: int, runs: int) -> dict[str, Any]:
                         t = time.perf_counter()
                         client.get("/lessons").raise_for_status()
                         elsewhere.append((time.perf_counter() - t) * 1000)
+                    full: list[float] = []
+                    for _ in range(3):
+                        t = time.perf_counter()
+                        other.lessons()
+                        full.append((time.perf_counter() - t) * 1000)
                 times[ELSEWHERE] = elsewhere
+                times[FULL_READ] = full
                 for name, values in times.items():
                     values.sort()
                     per_run.setdefault(name, []).append(values[len(values) // 2])
