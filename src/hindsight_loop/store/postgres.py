@@ -109,6 +109,9 @@ def _f8(x: float) -> str:
     return f"{float(x)!r}::float8"
 
 
+#: Query terms whose BM25 bound is tested one by one (see ``recall_bounded``).
+_BOUND_TERMS = 5
+
 #: Columns the candidate stage reads per lesson (``recall.StoreStage`` unpacks them in order).
 RECALL_COLUMNS = (
     "id, lesson_id, task_key, tools, step_key, error_key, value, tokens, embedding, embed_model"
@@ -627,25 +630,36 @@ class PostgresStore:
         other lesson provably scores below it), each row ending with its bound; with ``top``,
         only the ``top`` highest bounds, highest first."""
         where, args = self._rule_sql(rules)
-        sql_args: list[Any] = []
         b = bound
+        # The query's values come in once, as one row joined to every lesson (a parameter
+        # cast in the expression itself would be cast again for every row).
+        terms = sorted(b.term_weights, key=lambda t: -b.term_weights[t])
+        query = "(SELECT %s::float4[]::vector AS qv, %s::text[] AS qt, %s::text AS model, "
+        query += "%s::text AS step, %s::text AS err) AS q"
+        q_args = [b.vector or [0.0], terms, b.model, b.step_key, b.error_key]
         specific = "(task_key <> '')::int::float8" if b.specific_counts else "1::float8"
         scenario = f"0.5 * {specific} + 0.5 * {_f8(b.tool_fit_max)}"
         relevance = f"(({scenario})"
         if b.vector is not None:
             relevance = f"({_f8(b.scenario_weight)} * ({scenario})"
             dim = len(b.vector)
-            cos = f"greatest(-(vec::vector({dim}) <#> %s::float4[]::vector({dim})), 0)"
-            sql_args.append(list(b.vector))
+            cos = "greatest(-(vec <#> q.qv), 0)"
             if b.cos_floor is not None:
                 f = float(b.cos_floor)
                 cos = f"greatest({cos} - {_f8(f)}, 0) / {_f8(1.0 - f)}"
-            cos = f"CASE WHEN embed_model = %s AND vector_dims(vec) = {dim} THEN {cos} ELSE 1::float8 END"
-            sql_args.insert(0, b.model)
+            cos = (
+                f"CASE WHEN embed_model = q.model AND vector_dims(vec) = {dim} THEN {cos} "
+                "ELSE 1::float8 END"
+            )
+            # BM25 is bounded by the query terms a lesson holds, each adding at most its
+            # weight: the heaviest few one by one, the rest as one group (any of them present
+            # counts them all) - a looser bound, one array test instead of one per term.
             bm = ["0::float8"]
-            for term, weight in b.term_weights.items():
-                bm.append(f"{_f8(weight)} * (tokens @> ARRAY[%s]::text[])::int")
-                sql_args.append(term)
+            for i, term in enumerate(terms[:_BOUND_TERMS], start=1):
+                bm.append(f"{_f8(b.term_weights[term])} * (tokens && q.qt[{i}:{i}])::int")
+            rest = sum(b.term_weights[t] for t in terms[_BOUND_TERMS:])
+            if rest:
+                bm.append(f"{_f8(rest)} * (tokens && q.qt[{_BOUND_TERMS + 1}:])::int")
             total = float(b.vector_weight + b.bm25_weight)
             relevance += (
                 f" + {_f8(1.0 - b.scenario_weight)} * ({_f8(b.vector_weight)} * ({cos})"
@@ -653,23 +667,17 @@ class PostgresStore:
             )
         relevance += ")"
         if b.step_key:
-            relevance += f" + {_f8(b.step_boost)} * (step_key = %s)::int"
-            sql_args.append(b.step_key)
+            relevance += f" + {_f8(b.step_boost)} * (step_key = q.step)::int"
         if b.error_key:
-            relevance += f" + {_f8(b.error_boost)} * (error_key = %s)::int"
-            sql_args.append(b.error_key)
+            relevance += f" + {_f8(b.error_boost)} * (error_key = q.err)::int"
         score = f"({relevance}) * ({_f8(b.value_floor)} + {_f8(b.value_span)} * value)"
-        if top is not None:
-            return self._db.execute(
-                f"""SELECT * FROM (SELECT {RECALL_COLUMNS}, {score} AS bound FROM lessons
-                        WHERE {where}) AS c
-                    WHERE bound >= %s ORDER BY bound DESC LIMIT %s""",
-                [*sql_args, *args, b.at_least, top],
-            ).fetchall()
+        sql = f"""SELECT * FROM (SELECT {RECALL_COLUMNS}, {score} AS bound
+                      FROM lessons, {query} WHERE {where}) AS c
+                  WHERE bound >= %s"""
+        if top is None:
+            return self._db.execute(sql, [*q_args, *args, b.at_least]).fetchall()
         return self._db.execute(
-            f"""SELECT {RECALL_COLUMNS}, {score} FROM lessons
-                WHERE {where} AND {score} >= %s""",
-            [*sql_args, *args, *sql_args, b.at_least],
+            sql + " ORDER BY bound DESC LIMIT %s", [*q_args, *args, b.at_least, top]
         ).fetchall()
 
     def lesson_bodies(self, lesson_ids: Sequence[str]) -> dict[str, Lesson]:
