@@ -433,6 +433,7 @@ def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
             for lesson, vec in zip(book, vectors, strict=True):
                 store.save_lesson(lesson, embedding=vec.tobytes(), embed_model=embedder.name)
     caches = {k: RecallCache(s, lambda: embedder) for k, s in stores.items()}
+    caches["postgres"].keep_index = False  # the store's stage alone, never the index in memory
     queries = [
         RecallQuery(task_type="csv", tools=["read_csv"], query="read the csv with its encoding"),
         RecallQuery(task_type="csv", query="encoding", scope="user:alice"),

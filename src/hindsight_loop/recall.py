@@ -737,10 +737,12 @@ def _with_score(lesson: Lesson, score: float) -> Lesson:
 # -- the candidate stage of a store that can filter and search vectors itself ----------------------
 
 #: A book of at least this many lessons is recalled through its store's own candidate stage
-#: (PostgreSQL with pgvector) rather than loaded into memory. Below it a whole-book index builds
-#: in a fraction of a second and then answers in well under a millisecond; above it the load
-#: grows with the book (tens of seconds at 100k lessons, and memory in every process), while
-#: the store's stage costs the same few round trips whatever the book's size.
+#: (PostgreSQL with pgvector) whenever the in-memory index is not built or not current. Below
+#: it a whole-book index builds in a fraction of a second, so recall simply waits for it; above
+#: it the load grows with the book (tens of seconds at 100k lessons), and the stage answers
+#: from the first call, with the same results, until the index is ready. The index, once
+#: current, is faster per call (the stage reads every lesson that passes the rule index's
+#: filters when cosines do not separate them; see bench/postgres.py).
 STORE_STAGE_MIN = 2_000
 #: Lessons asked of the vector index first: their scores set the bar the rest must clear.
 STORE_STAGE_K = 100
@@ -1041,11 +1043,23 @@ class RecallCache:
         self._lock = threading.Lock()
         self.closed = False
         self._stage: StoreStage | None = None
+        self._stage_lock = threading.Lock()
+        #: With a store stage: also build the in-memory index in the background and answer
+        #: from it while it is current (memory for speed; False keeps only the stage).
+        self.keep_index = True
 
     def search(self, query: RecallQuery, *, limit: int) -> LessonSet:
         """The best lessons for ``query`` from the current book."""
         stage = self._store_stage()
         if stage is not None:
+            # The in-memory index answers fastest once it is built and current; until then
+            # (a new process, a book just changed) the store's stage answers, exactly and from
+            # the book as it is, while the index is (re)built in the background.
+            index = self._index
+            if index is not None and self.version == stage.version:
+                return index.search(query, limit=limit)
+            if self.keep_index and not self._lock.locked():
+                threading.Thread(target=self._rebuild_in_background, daemon=True).start()
             return stage.search(query, limit=limit)
         index, behind = self._current()
         found = index.search(query, limit=limit)
@@ -1062,19 +1076,17 @@ class RecallCache:
 
     def _store_stage(self) -> StoreStage | None:
         """The store's own candidate stage, when it has one and the book is large enough
-        (``STORE_STAGE_MIN``); it reads the book as it is, so it is never behind."""
+        (``STORE_STAGE_MIN``); it reads the book as it is, so it is never behind: a large
+        book is recalled from the first call, without waiting for it to load."""
         if not getattr(self.store, "has_vectors", False):
             return None
         stage = self._stage
         if stage is None:
             stage = self._stage = StoreStage(self.store, self._embedder())
         version = self.store.book_version()
-        with self._lock:
+        with self._stage_lock:
             size = stage.refresh(version)
-        if size < STORE_STAGE_MIN:
-            return None
-        self._index = None  # an in-memory index of a book now this large is not kept
-        return stage
+        return stage if size >= STORE_STAGE_MIN else None
 
     def _current(self) -> tuple[LessonIndex, bool]:
         """The index and whether it may be behind the book."""
