@@ -48,6 +48,8 @@ PAGES = {
     "trends page": "/trends",
 }
 COLD = "lessons page, book just changed"
+ELSEWHERE = "lessons page, one lesson changed by another process"
+FULL_READ = "whole book read and parsed (what that page paid before lessons_since)"
 BASELINES = {"static file": "/static/style.css", "health (JSON)": "/api/health"}
 
 
@@ -171,6 +173,29 @@ def measure(db: Path, requests: int, runs: int) -> dict[str, Any]:
                     client.get("/lessons").raise_for_status()
                     cold.append((time.perf_counter() - t) * 1000)
                 times[COLD] = cold
+                # Another process (a worker, a second server) changes one lesson: the server
+                # reads only what was saved since its book version.
+                elsewhere: list[float] = []
+                from hindsight_loop import Hindsight
+                from hindsight_loop import lessons as book_ops
+
+                with Hindsight(db, background=False) as other:
+                    for k in range(max(3, requests // 4)):
+                        change = book_ops.pin if k % 2 == 0 else book_ops.unpin
+                        other.change_lesson(
+                            "les_bench_000002",
+                            lambda x, change=change: change(x, by="bench-elsewhere"),
+                        )
+                        t = time.perf_counter()
+                        client.get("/lessons").raise_for_status()
+                        elsewhere.append((time.perf_counter() - t) * 1000)
+                    full: list[float] = []
+                    for _ in range(3):
+                        t = time.perf_counter()
+                        other.lessons()
+                        full.append((time.perf_counter() - t) * 1000)
+                times[ELSEWHERE] = elsewhere
+                times[FULL_READ] = full
                 for name, values in times.items():
                     values.sort()
                     per_run.setdefault(name, []).append(values[len(values) // 2])

@@ -378,3 +378,38 @@ def test_serve_cli_reports_a_taken_port_and_a_generated_token(
     assert "generated one for this run" in notice
     token = notice.split("Authorization: Bearer ", 1)[1].split()[0]
     assert f"/login?token={token}" in notice
+
+
+def test_a_change_by_another_instance_shows_on_the_next_page(server: Any) -> None:
+    from hindsight_loop import lessons as book_ops
+
+    anon = server["anon"]
+    # The server has read (and cached) the book.
+    first = anon.get("/lessons", params={"q": "gbk"})
+    assert first.status_code == 200 and "les_keep" in first.text
+    assert "les_drop" in anon.get("/review").text
+    # Another Hindsight instance, as a worker or a second server would, changes the book.
+    with Hindsight(server["db"], background=False) as other:
+        other.change_lesson(
+            "les_keep",
+            lambda x: book_ops.edit(x, by="other", advice="Read GBK files as 'gb18030'."),
+        )
+        other.change_lesson("les_drop", lambda x: book_ops.reject(x, by="other", reason="wrong"))
+        other.save_lesson(
+            Lesson(
+                lesson_id="les_new_elsewhere",
+                task_type="csv_cleaning",
+                advice="你应该先检查文件编码再读取。",
+                language="zh",
+                valid_until="2099-01-01T00:00:00.000Z",
+            )
+        )
+    page = anon.get("/lessons", params={"q": "gb18030"}).text
+    assert "les_keep" in page and "gb18030" in page
+    assert "les_new_elsewhere" in anon.get("/lessons", params={"q": "检查文件编码"}).text
+    # The rejected lesson has left the review queue and the book's active lessons.
+    assert "les_drop" not in anon.get("/review").text
+    active = anon.get("/api/lessons", params={"status": "active", "limit": 500}).json()
+    assert "les_drop" not in {x["lesson_id"] for x in active["lessons"]}
+    rejected = anon.get("/api/lessons", params={"status": "rejected", "limit": 500}).json()
+    assert "les_drop" in {x["lesson_id"] for x in rejected["lessons"]}

@@ -237,3 +237,75 @@ def test_a_failed_transaction_writes_nothing(store_url: str) -> None:
         assert store.get_lesson("les_1") == lesson
     finally:
         store.close()
+
+
+def test_lessons_since_a_version_are_those_saved_after_it(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        until = iso(utcnow())
+        for i in range(3):
+            store.save_lesson(
+                Lesson(lesson_id=f"les_{i}", task_type="csv", advice="a", valid_until=until)
+            )
+        held = store.book_version()
+        assert store.lessons_since(held) == (held, [])
+        changed = Lesson(lesson_id="les_1", task_type="csv", advice="edited", valid_until=until)
+        with store.transaction():  # one transaction: on PostgreSQL the version moves once
+            store.save_lesson(changed)
+            store.save_lesson(
+                Lesson(lesson_id="les_new", task_type="csv", advice="b", valid_until=until)
+            )
+        version, saved = store.lessons_since(held)
+        assert version == store.book_version() > held
+        assert [x.lesson_id for x in saved] == ["les_1", "les_new"]
+        assert saved[0].advice == "edited"
+        assert store.lessons_since(version) == (version, [])
+        assert [x.lesson_id for x in store.lessons_since(0)[1]] == [
+            "les_0",
+            "les_1",
+            "les_2",
+            "les_new",
+        ]
+    finally:
+        store.close()
+
+
+def test_postgres_upgrade_fills_the_recall_columns_of_existing_lessons(pg_url: str) -> None:
+    import orjson
+    import psycopg
+
+    from hindsight_loop.embed import HashEmbedder
+    from hindsight_loop.store import pg_migrations
+
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        pg_migrations.migrate(db, upto="m005_job_owners")
+        embedder = HashEmbedder()
+        for i, advice in enumerate(["You should read GBK files as gbk.", "你应该先检查编码。"]):
+            lesson = Lesson(
+                lesson_id=f"les_{i}", task_type="CSV", advice=advice, valid_until=iso(utcnow())
+            )
+            db.execute(
+                "INSERT INTO lessons(lesson_id, task_type, status, scope, updated_at, body, "
+                "embedding, embed_model) VALUES (%s, %s, 'active', 'global', %s, %s, %s, %s)",
+                (
+                    lesson.lesson_id,
+                    lesson.task_type,
+                    iso(utcnow()),
+                    orjson.dumps(lesson.to_dict()).decode(),
+                    embedder.embed([advice])[0].tobytes(),
+                    embedder.name,
+                ),
+            )
+    store = open_store(pg_url)
+    try:
+        assert store.meta()["migrations"] == [name for name, _ in MIGRATIONS]
+        assert store.recall_stats()[0] == 2  # type: ignore[attr-defined]
+        assert store.term_frequencies(["gbk", "编码", "nowhere"]) == {"gbk": 1, "编码": 1}  # type: ignore[attr-defined]
+        row = store._db.execute(  # type: ignore[attr-defined]
+            "SELECT task_key, vector_dims(vec) FROM lessons WHERE lesson_id='les_0'"
+        ).fetchone()
+        assert row == ("csv", embedder.dim)
+        indexes = store._db.execute("SELECT indexname FROM pg_indexes").fetchall()  # type: ignore[attr-defined]
+        assert (f"lessons_hnsw_{embedder.dim}",) in indexes
+    finally:
+        store.close()

@@ -358,3 +358,139 @@ def test_a_database_servers_dead_letter_goes_to_the_users_state_folder(
     assert dead.parent == tmp_path / "state" / "hindsight"
     assert dead.name.endswith(".deadletter.jsonl") and "postgresql" in dead.name
     assert "no_such_type" in dead.read_text(encoding="utf-8")
+
+
+def _hnsw_book(n: int) -> list[Lesson]:
+    """A book past STORE_STAGE_MIN with every rule-stage field varied (EN and ZH advice)."""
+    import random
+    from datetime import timedelta
+
+    rng = random.Random(16)
+    words = [
+        "read",
+        "csv",
+        "encoding",
+        "retry",
+        "timeout",
+        "login",
+        "token",
+        "page",
+        "date",
+        "parse",
+        "flight",
+        "weather",
+    ]
+    zh = ["编码", "读取", "重试", "超时", "登录", "页面", "日期", "解析", "航班", "天气"]
+    now = utcnow()
+    book = []
+    for i in range(n):
+        chinese = rng.random() < 0.2
+        text = "".join(rng.choices(zh, k=6)) if chinese else " ".join(rng.choices(words, k=8))
+        r = rng.random()
+        book.append(
+            Lesson(
+                lesson_id=f"les_{i:05d}",
+                task_type=rng.choice(["csv", "csv", "web", "travel", "*"]),
+                advice=f"You should {text}." if not chinese else f"你应该{text}。",
+                language="zh" if chinese else "en",
+                features=Features(
+                    tools=rng.sample(
+                        ["read_csv", "http_get", "search", "login"], rng.randint(0, 2)
+                    ),
+                    intent=rng.choice([None, "query", "operation"]),
+                    step=rng.choice([None, "parse", "fetch"]),
+                    error_type=rng.choice([None, "Timeout", "UnicodeDecodeError"]),
+                ),
+                scope=rng.choice(["global", "global", "project:web", "user:alice"]),
+                status="active" if r < 0.8 else rng.choice(["needs_review", "rejected", "expired"]),
+                pinned=rng.random() < 0.05,
+                valid_until=iso(now + timedelta(days=rng.uniform(-10, 30))),
+                value_score=rng.uniform(0.2, 0.9),
+                conflicts=[f"les_{rng.randrange(n):05d}"] if rng.random() < 0.02 else [],
+            )
+        )
+    return book
+
+
+@pytest.mark.parametrize("hnsw_min_rows", [0, 10**9], ids=["hnsw", "rule-index"])
+def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
+    pg_url: str, tmp_path: Path, hnsw_min_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hindsight_loop import recall
+    from hindsight_loop.embed import HashEmbedder
+    from hindsight_loop.recall import STORE_STAGE_MIN, RecallCache, RecallQuery
+
+    # Both ways of finding the first candidates: the HNSW index, and the rule stage's index
+    # when it yields fewer rows than the setting.
+    monkeypatch.setattr(recall, "HNSW_MIN_ROWS", hnsw_min_rows)
+
+    embedder = HashEmbedder()
+    book = _hnsw_book(STORE_STAGE_MIN + 500)
+    vectors = embedder.embed([x.advice for x in book])  # any stored vectors of the model
+    stores = {"sqlite": open_store(str(tmp_path / "book.db")), "postgres": open_store(pg_url)}
+    for store in stores.values():
+        with store.transaction():
+            for lesson, vec in zip(book, vectors, strict=True):
+                store.save_lesson(lesson, embedding=vec.tobytes(), embed_model=embedder.name)
+    caches = {k: RecallCache(s, lambda: embedder) for k, s in stores.items()}
+    caches["postgres"].keep_index = False  # the store's stage alone, never the index in memory
+    queries = [
+        RecallQuery(task_type="csv", tools=["read_csv"], query="read the csv with its encoding"),
+        RecallQuery(task_type="csv", query="encoding", scope="user:alice"),
+        RecallQuery(task_type="web", tools=["login"], query="login token timeout", step="fetch"),
+        RecallQuery(task_type="travel", query="flight date", intent="query", error_type="Timeout"),
+        RecallQuery(task_type="csv", query="读取 编码 重试", scope=["project:web", "user:alice"]),
+        RecallQuery(query="weather page retry"),
+        RecallQuery(task_type="web", tools=["http_get"]),  # no text: scenario and value only
+        RecallQuery(task_type="nobody", query="parse"),
+    ]
+    nonempty = 0
+    for q in queries:
+        got = {k: c.search(q, limit=3) for k, c in caches.items()}
+        assert got["postgres"].ids == got["sqlite"].ids, q
+        assert [x.score for x in got["postgres"]] == [x.score for x in got["sqlite"]], q
+        nonempty += bool(got["sqlite"])
+        # The filters held: nothing returned is dead, out of scope or of another task type.
+        for x in got["postgres"]:
+            assert x.is_live() and x.task_type in (q.task_type, "*") or q.task_type is None
+    assert nonempty >= 6
+    pg_cache = caches["postgres"]
+    assert pg_cache._stage is not None and pg_cache._index is None  # the store's stage served
+    plan = (
+        stores["postgres"]
+        ._db.execute(  # type: ignore[attr-defined]
+            "EXPLAIN SELECT id FROM lessons WHERE vector_dims(vec) = 256 "
+            "ORDER BY vec::vector(256) <#> %s::float4[]::vector(256) LIMIT 10",
+            (vectors[0].tolist(),),
+        )
+        .fetchall()
+    )
+    assert "lessons_hnsw_256" in " ".join(r[0] for r in plan)
+
+    # A lesson written after the index exists is found, on both stores alike; a rejected one
+    # is gone at once.
+    fresh = Lesson(
+        lesson_id="les_fresh",
+        task_type="csv",
+        advice="You should sniff the delimiter with csv.Sniffer before parsing semicolons.",
+        features=Features(tools=["read_csv"]),
+        value_score=0.9,
+        valid_until=iso(utcnow().replace(year=utcnow().year + 1)),
+    )
+    q = RecallQuery(task_type="csv", tools=["read_csv"], query="sniff the delimiter semicolons")
+    for store in stores.values():
+        store.save_lesson(
+            fresh, embedding=embedder.embed([fresh.advice])[0].tobytes(), embed_model=embedder.name
+        )
+    # (SQLite's in-memory index of a book this large is rebuilt in the background: a new
+    # cache reads the book as it is now.)
+    caches["sqlite"] = RecallCache(stores["sqlite"], lambda: embedder)
+    got = {k: c.search(q, limit=3) for k, c in caches.items()}
+    assert got["postgres"].ids[0] == "les_fresh" == got["sqlite"].ids[0]
+    assert got["postgres"].ids == got["sqlite"].ids
+    fresh.status = "rejected"
+    for store in stores.values():
+        store.save_lesson(fresh)
+    assert "les_fresh" not in caches["postgres"].search(q, limit=3).ids
+    for store in stores.values():
+        store.close()

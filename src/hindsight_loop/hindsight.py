@@ -501,6 +501,11 @@ class Hindsight:
         current while it holds (``hindsight serve`` parses the book once per version)."""
         return self.store.book_version()
 
+    def lessons_since(self, version: int) -> tuple[int, list[Lesson]]:
+        """The book's version and the lessons saved since ``version``: a reader holding the
+        book at ``version`` applies these instead of reading the whole book again."""
+        return self.store.lessons_since(version)
+
     def attribute(
         self,
         task_id: str,

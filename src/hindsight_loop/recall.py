@@ -27,7 +27,7 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -35,6 +35,7 @@ from typing import Any, Literal
 import bm25s
 import numpy as np
 
+from hindsight_loop import lesson_keys
 from hindsight_loop.embed import Embedder, cosine_floor, lesson_text, matvec, rescale_cosines
 from hindsight_loop.models import MAX_LESSONS, Intent, Lesson, parse_ts
 from hindsight_loop.text import (
@@ -55,7 +56,7 @@ __all__ = [
     "inject",
 ]
 
-_ANY_TASK_TYPES = ("", "*", "any")
+_ANY_TASK_TYPES = lesson_keys.ANY_TASK_TYPES
 
 
 @dataclass(kw_only=True, slots=True)
@@ -289,17 +290,8 @@ def classify_intent(text: str, *, model: Callable[[str], str] | None = None) -> 
 # -- the index ------------------------------------------------------------------------------
 
 
-def _norm(value: str | None) -> str:
-    return (value or "").strip().casefold()
-
-
-def _epoch(lesson: Lesson) -> float:
-    if lesson.pinned or not lesson.valid_until:
-        return math.inf
-    try:
-        return parse_ts(lesson.valid_until).timestamp()
-    except ValueError:
-        return -math.inf  # an unreadable date must not keep a lesson alive forever
+_norm = lesson_keys.norm
+_epoch = lesson_keys.valid_epoch
 
 
 class _Vocab(dict[str, int]):
@@ -396,14 +388,8 @@ class LessonIndex:
 
     # -- building -------------------------------------------------------------------------
 
-    @staticmethod
-    def _task_key(task_type: str | None) -> str:
-        key = _norm(task_type)
-        return "" if key in _ANY_TASK_TYPES else key
-
-    @staticmethod
-    def _scope_key(scope: str | None) -> str:
-        return _norm(scope) or "global"
+    _task_key = staticmethod(lesson_keys.task_key)
+    _scope_key = staticmethod(lesson_keys.scope_key)
 
     def _build_vectors(
         self, texts: list[str], stored: Mapping[str, np.ndarray] | None
@@ -623,8 +609,10 @@ class LessonIndex:
             # A model embedder scores unrelated text well above 0: measured from its floor,
             # its cosines mean what the ranking's cut-offs expect (tuned on the hashed one).
             floor = cosine_floor(self.embedder)
-            cosine = rescale_cosines(np.maximum(self._cosine(ranges, found, qvec), 0.0), floor)
-            bm25: np.ndarray | float = 0.0
+            cosine: np.ndarray | None = rescale_cosines(
+                np.maximum(self._cosine(ranges, found, qvec), 0.0), floor
+            )
+            bm25: np.ndarray | float | None = 0.0
             if term_ids:
                 # Normalized by what a lesson of average length holding every query term once
                 # would score (Lucene BM25 gives idf / (1 + k1) per term there). Terms no lesson
@@ -635,45 +623,105 @@ class LessonIndex:
                 # characters, about n/2 words, yields n - 1 bigrams) and a lone Chinese
                 # character not at all (its bigrams count it); otherwise an unmatched Chinese
                 # request would weigh three to four times an English one of the same words.
-                unknown = sum(_unknown_weight(t) for t in terms if t not in self._vocab)
-                total_idf = float(self._idf[term_ids].sum()) + unknown * self._max_idf
-                reference = total_idf / (1.0 + self._k1)
+                reference = _bm25_reference(
+                    float(self._idf[term_ids].sum()),
+                    unknown_weight(t for t in terms if t not in self._vocab),
+                    self._max_idf,
+                    self._k1,
+                )
                 bm25 = np.minimum(self._bm25_scores(idx, term_ids) / reference, 1.0)
-            text_fit = (rk.vector * cosine + rk.bm25 * bm25) / (rk.vector + rk.bm25)
-            relevance = rk.scenario * scenario + (1.0 - rk.scenario) * text_fit
         else:
-            relevance = np.broadcast_to(scenario, idx.shape).astype(np.float64)
-
+            cosine = bm25 = None
+        step_hit = error_hit = None
         if q.step and (step_id := self._steps.get(_norm(q.step))):
-            relevance = relevance + rk.step_boost * (self._step[idx] == step_id)
+            step_hit = self._step[idx] == step_id
         if q.error_type and (error_id := self._errors.get(_norm(q.error_type))):
-            relevance = relevance + rk.error_boost * (self._error[idx] == error_id)
-        score = relevance * (rk.value_floor + rk.value_span * self._value[idx])
+            error_hit = self._error[idx] == error_id
+        score = _fuse(rk, idx.size, scenario, cosine, bm25, step_hit, error_hit, self._value[idx])
+        return _choose(
+            rk,
+            score,
+            lambda j: self.lessons[idx[j]],
+            lambda les: self._conflicts.get(les.lesson_id),
+            limit=limit,
+            min_score=min_score,
+        )
 
-        # 3. Cut off, order, and keep conflicting lessons apart.
-        floor = rk.min_score if min_score is None else min_score
-        good = np.flatnonzero(score >= floor)
-        if not good.size:
-            return LessonSet()
-        head_size = max(64, 4 * limit)  # only the head is needed; conflicts skip only a few
-        if good.size > head_size:
-            good = good[np.argpartition(-score[good], head_size - 1)[:head_size]]
-        order = good[np.argsort(-score[good], kind="stable")]
-        cutoff = max(floor, float(score[order[0]]) * rk.relative)
-        chosen = LessonSet()
-        chosen_ids: set[str] = set()
-        for j in order.tolist():
-            if score[j] < cutoff:
-                break
-            lesson = self.lessons[idx[j]]
-            clash = self._conflicts.get(lesson.lesson_id)
-            if clash and not clash.isdisjoint(chosen_ids):
-                continue  # two contradicting lessons are never injected together
-            chosen.append(_with_score(lesson, round(float(score[j]), 4)))
-            chosen_ids.add(lesson.lesson_id)
-            if len(chosen) == limit:
-                break
-        return chosen
+
+def _bm25_reference(known_idf: float, unknown: float, max_idf: float, k1: float) -> float:
+    """What BM25 scores are divided by: see ``LessonIndex.search``."""
+    return (known_idf + unknown * max_idf) / (1.0 + k1)
+
+
+def _fuse(
+    rk: Ranking,
+    n: int,
+    scenario: np.ndarray | float,
+    cosine: np.ndarray | None,
+    bm25: np.ndarray | float | None,
+    step_hit: np.ndarray | None,
+    error_hit: np.ndarray | None,
+    value: np.ndarray,
+) -> np.ndarray:
+    """The rank stage's score of ``n`` survivors from their signals (``cosine`` is ``None``
+    when the query has no text). One function for every candidate stage, so an index in
+    memory and one in a database rank alike."""
+    if cosine is not None:
+        assert bm25 is not None
+        text_fit = (rk.vector * cosine + rk.bm25 * bm25) / (rk.vector + rk.bm25)
+        relevance = rk.scenario * scenario + (1.0 - rk.scenario) * text_fit
+    else:
+        relevance = np.broadcast_to(scenario, (n,)).astype(np.float64)
+    if step_hit is not None:
+        relevance = relevance + rk.step_boost * step_hit
+    if error_hit is not None:
+        relevance = relevance + rk.error_boost * error_hit
+    return relevance * (rk.value_floor + rk.value_span * value)
+
+
+def _cutoff(rk: Ranking, best: float, min_score: float | None) -> float:
+    floor = rk.min_score if min_score is None else min_score
+    return max(floor, best * rk.relative)
+
+
+def _choose(
+    rk: Ranking,
+    score: np.ndarray,
+    lesson_at: Callable[[int], Lesson],
+    conflicts_of: Callable[[Lesson], set[str] | None],
+    *,
+    limit: int,
+    min_score: float | None,
+) -> LessonSet:
+    """Cut off, order, and keep conflicting lessons apart: the best ``limit`` of ``score``."""
+    floor = rk.min_score if min_score is None else min_score
+    good = np.flatnonzero(score >= floor)
+    if not good.size:
+        return LessonSet()
+    head_size = max(64, 4 * limit)  # only the head is needed; conflicts skip only a few
+    if good.size > head_size:
+        good = good[np.argpartition(-score[good], head_size - 1)[:head_size]]
+    order = good[np.argsort(-score[good], kind="stable")]
+    cutoff = _cutoff(rk, float(score[order[0]]), min_score)
+    chosen = LessonSet()
+    chosen_ids: set[str] = set()
+    for j in order.tolist():
+        if score[j] < cutoff:
+            break
+        lesson = lesson_at(j)
+        clash = conflicts_of(lesson)
+        if clash and not clash.isdisjoint(chosen_ids):
+            continue  # two contradicting lessons are never injected together
+        chosen.append(_with_score(lesson, round(float(score[j]), 4)))
+        chosen_ids.add(lesson.lesson_id)
+        if len(chosen) == limit:
+            break
+    return chosen
+
+
+def unknown_weight(terms: Iterable[str]) -> float:
+    """How many words the query terms no lesson has count for (see ``LessonIndex.search``)."""
+    return sum(_unknown_weight(t) for t in terms)
 
 
 def _unknown_weight(term: str) -> float:
@@ -714,6 +762,288 @@ def _with_score(lesson: Lesson, score: float) -> Lesson:
     return copy
 
 
+# -- the candidate stage of a store that can filter and search vectors itself ----------------------
+
+#: A book of at least this many lessons is recalled through its store's own candidate stage
+#: (PostgreSQL with pgvector) whenever the in-memory index is not built or not current. Below
+#: it a whole-book index builds in a fraction of a second, so recall simply waits for it; above
+#: it the load grows with the book (tens of seconds at 100k lessons), and the stage answers
+#: from the first call, with the same results, until the index is ready. The index, once
+#: current, is faster per call (the stage reads every lesson that passes the rule index's
+#: filters when cosines do not separate them; see bench/postgres.py).
+STORE_STAGE_MIN = 2_000
+#: Lessons asked of the vector index first: their scores set the bar the rest must clear.
+STORE_STAGE_K = 100
+#: The HNSW index finds the nearest lessons when the rule stage's index (status, task type)
+#: yields at least this many rows; for fewer, reading those rows is cheaper than the index's
+#: iterative scan, which passes over about ``STORE_STAGE_K`` / (share passing) graph nodes.
+HNSW_MIN_ROWS = 5_000
+#: BM25 as ``LessonIndex`` builds it (bm25s' defaults for the Lucene variant).
+_BM25_K1, _BM25_B = 1.5, 0.75
+
+
+class StoreStage:
+    """Recall with the rule stage and the candidate search in the store; the same ranking.
+
+    The results are those of a ``LessonIndex`` over the same book, not an approximation:
+
+    1. The rule stage's filters (status, validity, scope, task type, intent, tools) run in SQL.
+    2. The HNSW index gives the ``STORE_STAGE_K`` nearest lessons that pass them, scored here
+       exactly; the score of the last lesson that would be returned (or the cut-off, when fewer
+       would be) is the bar.
+    3. The store returns every other lesson passing the rules whose score *bound* reaches the
+       bar: cosine, scenario, boosts and value exactly (computed in SQL), BM25 bounded by the
+       query terms the lesson holds (a term adds at most its idf). A lesson left out provably
+       scores below the bar, so it could not have been returned.
+    4. The candidates of 2 and 3 are ranked here by the very functions ``LessonIndex`` uses,
+       with BM25's corpus statistics (lesson count, average length, document frequencies) read
+       from the store, which keeps them over the whole book as ``LessonIndex`` computes them.
+
+    Why a bound and not the index alone: an approximate nearest-neighbour list misses lessons
+    that BM25, the scenario or the value score carry into the top three; the bound finds them.
+    """
+
+    def __init__(self, store: Any, embedder: Embedder, ranking: Ranking | None = None) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.ranking = ranking or Ranking()
+        self.version = -1
+        self._stats: tuple[int, int, int] = (0, 0, 0)
+        self._counts: dict[str, int] = {}
+
+    def refresh(self, version: int) -> int:
+        """Read the book's BM25 statistics for ``version``; return the number of lessons."""
+        if version != self.version:
+            self._stats = self.store.recall_stats()
+            self._counts = self.store.recall_counts()
+            self.version = version
+        return self._stats[0]
+
+    def search(
+        self,
+        q: RecallQuery,
+        *,
+        limit: int = MAX_LESSONS,
+        now: datetime | None = None,
+        min_score: float | None = None,
+    ) -> LessonSet:
+        """As ``LessonIndex.search`` over the store's book."""
+        n_book, total_tokens, min_df = self._stats
+        if limit <= 0 or not n_book:
+            return LessonSet()
+        rk = self.ranking
+        scopes = [q.scope] if isinstance(q.scope, str) else list(q.scope or [])
+        query_tools = sorted({_norm(t) for t in q.tools} - {""})
+        task = lesson_keys.task_key(q.task_type) or None
+        rules = lesson_keys.RuleFilter(
+            now=parse_ts(now).timestamp(),
+            task_key=task,
+            scope_keys=[lesson_keys.scope_key(x) for x in scopes],
+            intent_key=_norm(q.intent) if q.intent else None,
+            tools=query_tools or None,
+        )
+        floor = rk.min_score if min_score is None else min_score
+        text = q.query.strip()
+        qvec: np.ndarray | None = None
+        idf32: dict[str, np.float32] = {}
+        reference = 1.0
+        weights: dict[str, float] = {}
+        cos_floor = None
+        if text:
+            terms = list(dict.fromkeys(tokenize(text, with_concepts=True)))
+            df = self.store.term_frequencies(terms) if terms else {}
+            known = [t for t in terms if t in df]
+            qvec = np.asarray(self.embedder.embed([text])[0], np.float32)
+            cos_floor = cosine_floor(self.embedder)
+            if known:
+                idf = np.log1p(
+                    (n_book - np.asarray([df[t] for t in known], np.float64) + 0.5)
+                    / (np.asarray([df[t] for t in known], np.float64) + 0.5)
+                )
+                max_idf = math.log1p((n_book - min_df + 0.5) / (min_df + 0.5))
+                reference = _bm25_reference(
+                    float(idf.sum()),
+                    unknown_weight(t for t in terms if t not in df),
+                    max_idf,
+                    _BM25_K1,
+                )
+                for t in known:  # bm25s keeps idf in float32
+                    idf32[t] = np.float32(math.log(1 + (n_book - df[t] + 0.5) / (df[t] + 0.5)))
+                weights = {t: float(v) / reference for t, v in zip(known, idf, strict=True)}
+        avgdl = np.float64(total_tokens) / n_book if n_book else np.float64(1.0)
+
+        def score(rows: list[tuple[Any, ...]]) -> np.ndarray:
+            return self._score(rows, q, task, query_tools, qvec, cos_floor, idf32, reference, avgdl)
+
+        from hindsight_loop.embed import _FLOOR_MIN
+
+        def bound(at_least: float) -> lesson_keys.ScoreBound:
+            return lesson_keys.ScoreBound(
+                model=self.embedder.name,
+                vector=qvec.tolist() if qvec is not None else None,
+                cos_floor=cos_floor if cos_floor is not None and cos_floor >= _FLOOR_MIN else None,
+                term_weights=weights,
+                specific_counts=task is not None,
+                tool_fit_max=1.0 if query_tools else 0.5,
+                step_key=_norm(q.step),
+                error_key=_norm(q.error_type),
+                vector_weight=rk.vector,
+                bm25_weight=rk.bm25,
+                scenario_weight=rk.scenario,
+                step_boost=rk.step_boost,
+                error_boost=rk.error_boost,
+                value_floor=rk.value_floor,
+                value_span=rk.value_span,
+                # Below the bar by a margin for rounding (SQL's float8 against numpy's
+                # float32, and the 4 decimals returned scores are rounded to).
+                at_least=at_least - 1e-3,
+            )
+
+        def bar_of(rows: list[tuple[Any, ...]]) -> float:
+            """What a lesson must score to change the result of ranking ``rows`` alone."""
+            found = self._choose(rows, score(rows), limit=limit, min_score=min_score)
+            if not found:
+                return floor
+            if len(found) == limit:
+                return min(x.score or 0.0 for x in found)
+            return _cutoff(rk, max(x.score or 0.0 for x in found), min_score)
+
+        keys = (task, "") if task is not None else tuple(self._counts)
+        rows: list[tuple[Any, ...]]
+        if qvec is not None and sum(self._counts.get(k, 0) for k in keys) >= HNSW_MIN_ROWS:
+            # Many lessons pass the rule index: the HNSW index gives near ones to set the bar,
+            # then every lesson whose bound reaches it.
+            rows = self.store.recall_nearest(
+                rules, qvec.tolist(), self.embedder.name, STORE_STAGE_K, hnsw=True
+            )
+            rows.sort(key=self._tie_order(task))
+            more = self.store.recall_bounded(rules, bound(bar_of(rows) if rows else floor))
+        else:
+            # Few: one pass over them, highest bound first; the rest only if one of them
+            # might still reach the bar of the first ``STORE_STAGE_K``.
+            rows = self.store.recall_bounded(rules, bound(floor), top=STORE_STAGE_K)
+            more = []
+            if len(rows) == STORE_STAGE_K:
+                last = float(rows[-1][-1])
+                rows.sort(key=self._tie_order(task))
+                bar = bar_of(rows)
+                if last >= bar - 1e-3:
+                    more = self.store.recall_bounded(rules, bound(bar))
+        seen = {r[1] for r in rows}
+        rows += [r for r in more if r[1] not in seen]
+        if not rows:
+            return LessonSet()
+        rows.sort(key=self._tie_order(task))
+        return self._choose(rows, score(rows), limit=limit, min_score=min_score)
+
+    @staticmethod
+    def _tie_order(task: str | None) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+        # LessonIndex's order of survivors: the task type's own lessons, then those for any
+        # task type (or, with no task type, by task type), each in the book's order; its sort
+        # is stable, so equal scores keep this order.
+        if task is None:
+            return lambda r: (r[2], r[0])
+        return lambda r: (r[2] == "", r[0])
+
+    def _score(
+        self,
+        rows: list[tuple[Any, ...]],
+        q: RecallQuery,
+        task: str | None,
+        query_tools: list[str],
+        qvec: np.ndarray | None,
+        cos_floor: float | None,
+        idf32: dict[str, np.float32],
+        reference: float,
+        avgdl: np.float64,
+    ) -> np.ndarray:
+        n = len(rows)
+        rk = self.ranking
+        specific = (
+            np.fromiter((r[2] != "" for r in rows), np.float32, n) if task is not None else 1.0
+        )
+        tool_fit: np.ndarray | float = 0.5
+        if query_tools:
+            wanted = set(query_tools)
+            shared = np.fromiter((len(wanted.intersection(r[3])) for r in rows), np.int32, n)
+            count = np.fromiter((len(r[3]) for r in rows), np.int32, n)
+            tool_fit = np.where(count > 0, shared / np.maximum(count, 1), 0.5)
+        scenario = 0.5 * specific + 0.5 * tool_fit
+        cosine: np.ndarray | None = None
+        bm25: np.ndarray | float | None = None
+        if qvec is not None:
+            assert cos_floor is not None
+            cosine = rescale_cosines(np.maximum(matvec(self._vectors(rows), qvec), 0.0), cos_floor)
+            bm25 = 0.0
+            if idf32:
+                k1, b = _BM25_K1, _BM25_B
+                sums = np.zeros(n, np.float32)
+                for i, r in enumerate(rows):
+                    tokens = r[7]
+                    held = [t for t in idf32 if t in tokens]
+                    if not held:
+                        continue
+                    dl = len(tokens)
+                    norm_len = k1 * ((1 - b) + b * dl / avgdl)
+                    tfs = np.asarray([tokens.count(t) for t in held], np.float32)
+                    idfs = np.asarray([idf32[t] for t in held], np.float32)
+                    sums[i] = (idfs * (tfs / (norm_len + tfs))).astype(np.float32).sum()
+                bm25 = np.minimum(sums / reference, 1.0)
+        step_hit = error_hit = None
+        if q.step and (step := _norm(q.step)):
+            step_hit = np.fromiter((r[4] == step for r in rows), bool, n)
+        if q.error_type and (error := _norm(q.error_type)):
+            error_hit = np.fromiter((r[5] == error for r in rows), bool, n)
+        value = np.fromiter((r[6] for r in rows), np.float32, n)
+        return _fuse(rk, n, scenario, cosine, bm25, step_hit, error_hit, value)
+
+    def _vectors(self, rows: list[tuple[Any, ...]]) -> np.ndarray:
+        """The rows' stored vectors; one missing or of another model is embedded here, in
+        memory, as ``LessonIndex`` does (storing it is ``Curator.reembed``'s job)."""
+        dim = self.embedder.dim
+        matrix = np.zeros((len(rows), dim), np.float32)
+        missing = []
+        for i, r in enumerate(rows):
+            blob, model = r[8], r[9]
+            if blob is not None and model == self.embedder.name and len(blob) == 4 * dim:
+                matrix[i] = np.frombuffer(blob, np.float32)
+            else:
+                missing.append(i)
+        if missing:
+            bodies = self.store.lesson_bodies([rows[i][1] for i in missing])
+            texts = [lesson_text(bodies[rows[i][1]]) for i in missing]
+            matrix[missing] = self.embedder.embed(texts)
+        return matrix
+
+    def _choose(
+        self, rows: list[tuple[Any, ...]], score: np.ndarray, *, limit: int, min_score: float | None
+    ) -> LessonSet:
+        # Lessons are read from the store only as the choice reaches them (a few), with the
+        # conflicts each records; a conflict recorded on either side keeps the two apart.
+        bodies: dict[str, Lesson] = {}
+        order = np.argsort(-score, kind="stable").tolist()
+
+        def lesson_at(j: int) -> Lesson:
+            lesson_id = rows[j][1]
+            if lesson_id not in bodies:
+                at = order.index(j)
+                wanted = [rows[k][1] for k in order[at : at + limit + 8]]
+                bodies.update(self.store.lesson_bodies(wanted))
+            return bodies[lesson_id]
+
+        named_by: dict[str, set[str]] = {}  # lesson id -> the lessons seen naming it
+
+        def conflicts_of(lesson: Lesson) -> set[str]:
+            clash = set(lesson.conflicts) | named_by.get(lesson.lesson_id, set())
+            for other in lesson.conflicts:
+                named_by.setdefault(other, set()).add(lesson.lesson_id)
+            return clash
+
+        return _choose(
+            self.ranking, score, lesson_at, conflicts_of, limit=limit, min_score=min_score
+        )
+
+
 # -- the index kept for a store -----------------------------------------------------------------
 
 #: Books smaller than this are re-indexed on the spot when they change (a fraction of a second);
@@ -743,9 +1073,25 @@ class RecallCache:
         self.version = -1
         self._lock = threading.Lock()
         self.closed = False
+        self._stage: StoreStage | None = None
+        self._stage_lock = threading.Lock()
+        #: With a store stage: also build the in-memory index in the background and answer
+        #: from it while it is current (memory for speed; False keeps only the stage).
+        self.keep_index = True
 
     def search(self, query: RecallQuery, *, limit: int) -> LessonSet:
         """The best lessons for ``query`` from the current book."""
+        stage = self._store_stage()
+        if stage is not None:
+            # The in-memory index answers fastest once it is built and current; until then
+            # (a new process, a book just changed) the store's stage answers, exactly and from
+            # the book as it is, while the index is (re)built in the background.
+            index = self._index
+            if index is not None and self.version == stage.version:
+                return index.search(query, limit=limit)
+            if self.keep_index and not self._lock.locked():
+                threading.Thread(target=self._rebuild_in_background, daemon=True).start()
+            return stage.search(query, limit=limit)
         index, behind = self._current()
         found = index.search(query, limit=limit)
         if behind and found:
@@ -758,6 +1104,20 @@ class RecallCache:
             }
             found = LessonSet(x for x in found if x.lesson_id in live)
         return found
+
+    def _store_stage(self) -> StoreStage | None:
+        """The store's own candidate stage, when it has one and the book is large enough
+        (``STORE_STAGE_MIN``); it reads the book as it is, so it is never behind: a large
+        book is recalled from the first call, without waiting for it to load."""
+        if not getattr(self.store, "has_vectors", False):
+            return None
+        stage = self._stage
+        if stage is None:
+            stage = self._stage = StoreStage(self.store, self._embedder())
+        version = self.store.book_version()
+        with self._stage_lock:
+            size = stage.refresh(version)
+        return stage if size >= STORE_STAGE_MIN else None
 
     def _current(self) -> tuple[LessonIndex, bool]:
         """The index and whether it may be behind the book."""

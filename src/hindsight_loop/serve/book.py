@@ -160,13 +160,21 @@ class BookCache:
         self._book: list[Lesson] = []
 
     def get(self, hs: Hindsight) -> list[Lesson]:
-        version = hs.book_version()
         with self._lock:
-            if version == self._version:
-                return self._book
-        book = hs.lessons()
+            held, book = self._version, self._book
+        if held is None:
+            version = hs.book_version()
+            book = hs.lessons()
+        else:
+            # Another process (a worker, another server) may have saved lessons: read only
+            # those, not the whole book.
+            version, saved = hs.lessons_since(held)
+            if version == held and not saved:
+                return book
+            book = _patched(book, saved)
         with self._lock:
-            self._version, self._book = version, book
+            if self._version == held:
+                self._version, self._book = version, book
         return book
 
     def version(self) -> int | None:
@@ -181,9 +189,16 @@ class BookCache:
         with self._lock:
             if before is None or self._version != before or now != before + len(lessons):
                 return
-            by_id = {x.lesson_id: x for x in lessons}
-            self._book = [by_id.pop(x.lesson_id, x) for x in self._book] + list(by_id.values())
+            self._book = _patched(self._book, lessons)
             self._version = now
+
+
+def _patched(book: list[Lesson], saved: list[Lesson]) -> list[Lesson]:
+    """The book with ``saved`` in place of the lessons of the same id (new ones at the end)."""
+    if not saved:
+        return book
+    by_id = {x.lesson_id: x for x in saved}
+    return [by_id.pop(x.lesson_id, x) for x in book] + list(by_id.values())
 
 
 def _matches(lesson: Lesson, words: list[str]) -> bool:

@@ -90,6 +90,10 @@ class Store(Protocol):
     def book_version(self) -> int:
         """A number that changes whenever any lesson changes (lets recall cache its index)."""
 
+    def lessons_since(self, version: int) -> tuple[int, list[Lesson]]:
+        """The book's version and the lessons saved since ``version`` (each lesson is stamped
+        with the book version its save committed), so a reader's cache applies only those."""
+
     # reflections and the job queue -------------------------------------------------------
     def save_reflection(self, reflection: Reflection) -> None: ...
 

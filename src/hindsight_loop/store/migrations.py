@@ -128,6 +128,23 @@ def m005_job_owners(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE jobs ADD COLUMN queued_by TEXT")
 
 
+@migration
+def m006_recall_index(db: sqlite3.Connection) -> None:
+    """Nothing to do in SQLite: its recall index lives in memory (``recall.LessonIndex``).
+
+    The PostgreSQL store adds here the columns and the pgvector HNSW index its store-side
+    candidate stage reads; the two registries keep the same names so stores can be compared.
+    """
+
+
+@migration
+def m008_lesson_versions(db: sqlite3.Connection) -> None:
+    # The book version a lesson was last saved at: a reader holding the book at version N
+    # reads only the lessons saved since (``lessons_since``), not the whole book again.
+    db.execute("ALTER TABLE lessons ADD COLUMN saved_version INTEGER NOT NULL DEFAULT 0")
+    db.execute("CREATE INDEX lessons_by_version ON lessons(saved_version)")
+
+
 class SchemaError(ValueError):
     """The file is not a store this version of Hindsight can open."""
 

@@ -129,6 +129,114 @@ def m005_job_owners(db: Any) -> None:
     db.execute("ALTER TABLE jobs ADD COLUMN queued_by TEXT")
 
 
+@migration
+def m006_recall_index(db: Any) -> None:
+    """What recall's store-side candidate stage reads (see ``recall.StoreStage``).
+
+    - The rule stage's keys as columns (normalized by ``lesson_keys``, as the in-memory index
+      normalizes them), so task type, scope, status, validity, intent and tools filter in SQL.
+    - ``tokens``: the lesson's BM25 terms, and ``lesson_terms``: each term's document frequency
+      over the whole book, kept by ``save_lesson``, so BM25 scores equal those of an index built
+      over the whole book without reading it.
+    - ``vec``: the embedding as a pgvector ``vector`` of no fixed size, beside the BYTEA copy
+      that a full index load reads. HNSW needs a fixed dimension and embedders differ (the
+      hashed default has 256, e5 384), so there is one partial expression index per dimension
+      in use (``vec::vector(d)`` where ``vector_dims(vec) = d``), made when the first vector of
+      that size is saved (``ensure_hnsw``): a book moving from one model to another is indexed
+      for both while it is re-embedded, with no column per model and no table rewrite.
+    """
+    db.execute(
+        """ALTER TABLE lessons ADD COLUMN task_key TEXT NOT NULL DEFAULT '',
+               ADD COLUMN scope_key TEXT NOT NULL DEFAULT 'global',
+               ADD COLUMN intent_key TEXT NOT NULL DEFAULT '',
+               ADD COLUMN step_key TEXT NOT NULL DEFAULT '',
+               ADD COLUMN error_key TEXT NOT NULL DEFAULT '',
+               ADD COLUMN valid_epoch DOUBLE PRECISION NOT NULL DEFAULT 'Infinity',
+               ADD COLUMN tools TEXT[] NOT NULL DEFAULT '{}',
+               ADD COLUMN tokens TEXT[] NOT NULL DEFAULT '{}',
+               ADD COLUMN value REAL NOT NULL DEFAULT 0.5"""
+    )
+    db.execute("CREATE INDEX lessons_rules ON lessons(status, task_key, id)")
+    db.execute("CREATE TABLE lesson_terms (term TEXT PRIMARY KEY, df INTEGER NOT NULL)")
+    # Recall reads the vectors and terms of a few thousand rows per query: kept in the row
+    # (not TOASTed out of line, which costs a lookup per value); the JSON body, read only for
+    # the lessons returned, goes out of line instead.
+    db.execute("ALTER TABLE lessons ALTER COLUMN embedding SET STORAGE MAIN")
+    db.execute("ALTER TABLE lessons ALTER COLUMN tokens SET STORAGE MAIN")
+    if has_pgvector(db) or _create_pgvector(db):
+        db.execute("ALTER TABLE lessons ADD COLUMN vec vector")
+        db.execute("ALTER TABLE lessons ALTER COLUMN vec SET STORAGE MAIN")
+    import orjson
+
+    from hindsight_loop.models import Lesson
+    from hindsight_loop.store.postgres import lesson_key_values, term_counts
+
+    rows = db.execute("SELECT lesson_id, body, embedding FROM lessons").fetchall()
+    df: dict[str, int] = {}
+    for lesson_id, body, _embedding in rows:
+        values, tokens = lesson_key_values(Lesson.from_dict(orjson.loads(body)))
+        for term in set(tokens):
+            df[term] = df.get(term, 0) + 1
+        db.execute(
+            """UPDATE lessons SET task_key=%s, scope_key=%s, intent_key=%s, step_key=%s,
+                   error_key=%s, valid_epoch=%s, tools=%s, tokens=%s, value=%s
+               WHERE lesson_id=%s""",
+            (*values, lesson_id),
+        )
+    if df:
+        term_counts(db, df)
+    if has_vec_column(db):
+        import numpy as np
+
+        from hindsight_loop.store.postgres import ensure_hnsw
+
+        dims = set()
+        for lesson_id, _body, embedding in rows:
+            if embedding is not None and len(embedding) % 4 == 0 and len(embedding):
+                vec = np.frombuffer(bytes(embedding), np.float32)
+                db.execute(
+                    "UPDATE lessons SET vec = %s::float4[]::vector WHERE lesson_id=%s",
+                    (vec.tolist(), lesson_id),
+                )
+                dims.add(vec.size)
+        for dim in sorted(dims):
+            ensure_hnsw(db, dim)
+
+
+def has_pgvector(db: Any) -> bool:
+    return db.execute("SELECT 1 FROM pg_extension WHERE extname='vector'").fetchone() is not None
+
+
+def has_vec_column(db: Any) -> bool:
+    return (
+        db.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_name='lessons' "
+            "AND column_name='vec' AND table_schema=current_schema()"
+        ).fetchone()
+        is not None
+    )
+
+
+def _create_pgvector(db: Any) -> bool:
+    """Create the extension where this user may; without it recall loads the book in memory."""
+    import psycopg
+
+    try:
+        with db.transaction():  # a savepoint: a refusal leaves the migration going
+            db.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        return True
+    except psycopg.Error:
+        return False
+
+
+@migration
+def m008_lesson_versions(db: Any) -> None:
+    # The book version a lesson was last saved at (the version its transaction committed):
+    # a reader holding the book at version N reads only the lessons saved since.
+    db.execute("ALTER TABLE lessons ADD COLUMN saved_version BIGINT NOT NULL DEFAULT 0")
+    db.execute("CREATE INDEX lessons_by_version ON lessons(saved_version)")
+
+
 # One registry of names: a migration added to SQLite's must be added here too.
 assert [n for n, _ in MIGRATIONS] == [n for n, _ in SQLITE_MIGRATIONS], "PG migrations drifted"
 

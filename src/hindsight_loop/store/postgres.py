@@ -22,11 +22,19 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import orjson
 
+from hindsight_loop.lesson_keys import RuleFilter, ScoreBound, recall_keys
 from hindsight_loop.models import EVENT_BODY_FIELDS, Event, Lesson, Reflection, Task, iso, utcnow
 from hindsight_loop.store import Job
-from hindsight_loop.store.pg_migrations import MIGRATIONS, applied, check_schema, migrate
+from hindsight_loop.store.pg_migrations import (
+    MIGRATIONS,
+    applied,
+    check_schema,
+    has_vec_column,
+    migrate,
+)
 from hindsight_loop.store.sqlite import JOB_LEASE, MAX_ATTEMPTS, _dumps, _task_from_start
 
 try:
@@ -55,6 +63,59 @@ def _redact_url(url: str) -> str:
     host = info.get("host") or ""
     port = f":{info['port']}" if info.get("port") else ""
     return f"postgresql://{user}{'@' if user else ''}{host}{port}/{info.get('dbname') or ''}"
+
+
+def lesson_key_values(lesson: Lesson) -> tuple[tuple[Any, ...], list[str]]:
+    """The recall columns of m006 for a lesson (in their UPDATE order), and its BM25 terms."""
+    k = recall_keys(lesson)
+    values = (
+        k.task_key,
+        k.scope_key,
+        k.intent_key,
+        k.step_key,
+        k.error_key,
+        k.valid_epoch,
+        k.tools,
+        k.tokens,
+        k.value,
+    )
+    return values, k.tokens
+
+
+def term_counts(db: Any, delta: dict[str, int]) -> None:
+    """Add ``delta`` to the book's document frequencies (a term at 0 stays, unseen by BM25)."""
+    db.execute(
+        """INSERT INTO lesson_terms(term, df) SELECT * FROM unnest(%s::text[], %s::int[])
+           ON CONFLICT (term) DO UPDATE SET df = lesson_terms.df + excluded.df""",
+        (list(delta), list(delta.values())),
+    )
+
+
+def ensure_hnsw(db: Any, dim: int) -> None:
+    """The HNSW index over the vectors of one dimension (inner product: recall's cosine of
+    unit vectors). The dimension is written into the statement, not bound: the planner
+    matches a partial index's predicate only against a constant."""
+    dim = int(dim)
+    # The graph is built in memory when it fits; spilling to disk is many times slower.
+    db.execute("SET LOCAL maintenance_work_mem = '256MB'")
+    db.execute(
+        f"""CREATE INDEX IF NOT EXISTS lessons_hnsw_{dim} ON lessons
+            USING hnsw ((vec::vector({dim})) vector_ip_ops) WHERE vector_dims(vec) = {dim}"""
+    )
+
+
+def _f8(x: float) -> str:
+    """A float constant for generated SQL: typed, or PostgreSQL computes it as ``numeric``."""
+    return f"{float(x)!r}::float8"
+
+
+#: Query terms whose BM25 bound is tested one by one (see ``recall_bounded``).
+_BOUND_TERMS = 5
+
+#: Columns the candidate stage reads per lesson (``recall.StoreStage`` unpacks them in order).
+RECALL_COLUMNS = (
+    "id, lesson_id, task_key, tools, step_key, error_key, value, tokens, embedding, embed_model"
+)
 
 
 class PostgresStore:
@@ -86,8 +147,11 @@ class PostgresStore:
                     f"{self.url!r} has no Hindsight store or an older one (missing "
                     f"{missing[0]!r}); open it once with a write command to create or upgrade it"
                 )
-            return
-        migrate(db)
+        else:
+            migrate(db)
+        #: Whether pgvector is there: without it recall loads the book into memory.
+        self.has_vectors = has_vec_column(db)
+        self._hnsw_dims: set[int] | None = None
 
     # -- connections -----------------------------------------------------------------------
     @property
@@ -132,20 +196,41 @@ class PostgresStore:
         if self._in_transaction(db):
             yield
             return
-        self._local.book_changed = False
+        self._local.next_version = None
+        self._local.term_delta = {}
         try:
             with db.transaction():
                 db.execute("SELECT pg_advisory_xact_lock(%s)", (BOOK_LOCK,))
                 yield
                 # The book's version moves once per transaction, not once per saved lesson:
                 # each UPDATE of one row in a transaction adds a row version that the next
-                # must walk past, so re-embedding a large book would slow quadratically.
-                if self._local.book_changed:
+                # must walk past, so re-embedding a large book would slow quadratically. Every
+                # lesson saved in it is stamped with the version it commits (``_next_version``).
+                if self._local.next_version is not None:
                     db.execute(
-                        "UPDATE meta SET value = (value::bigint + 1)::text WHERE key='book_version'"
+                        "UPDATE meta SET value = %s WHERE key='book_version'",
+                        (str(self._local.next_version),),
                     )
+                # The document frequencies likewise: summed over the transaction's saves and
+                # written once (a common term would otherwise be updated once per lesson).
+                delta = {t: d for t, d in self._local.term_delta.items() if d}
+                if delta:
+                    term_counts(db, delta)
+                for dim in sorted(getattr(self._local, "new_dims", ())):
+                    ensure_hnsw(db, dim)
+                    if self._hnsw_dims is not None:
+                        self._hnsw_dims.add(dim)
         finally:
-            self._local.book_changed = False
+            self._local.new_dims = set()
+            self._local.next_version = None
+            self._local.term_delta = {}
+
+    def _next_version(self, db: Any) -> int:
+        """The version this transaction will commit the book at (read under the book's lock,
+        so no other writer can take it)."""
+        if self._local.next_version is None:
+            self._local.next_version = self.book_version() + 1
+        return int(self._local.next_version)
 
     @contextlib.contextmanager
     def _unit(self) -> Iterator[Any]:
@@ -353,18 +438,43 @@ class PostgresStore:
     ) -> None:
         body = lesson.to_dict()
         body.pop("score", None)
+        values, tokens = lesson_key_values(lesson)
+        vec = None
+        if embedding is not None and self.has_vectors and len(embedding) % 4 == 0 and embedding:
+            # pgvector's text form: psycopg's list dumping costs more than the rest of a save.
+            vec = "[" + ",".join(map(str, np.frombuffer(embedding, np.float32).tolist())) + "]"
         with self.transaction():
             db = self._db
-            db.execute(
-                """INSERT INTO lessons(lesson_id, task_type, status, scope, updated_at, body,
-                                       embedding, embed_model)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+            stamp = self._next_version(db)
+            # The terms it held before, read in the same statement: the book's document
+            # frequencies move by the difference.
+            row = db.execute(
+                """WITH old AS (SELECT tokens FROM lessons WHERE lesson_id = %s),
+                   up AS (
+                   INSERT INTO lessons(lesson_id, task_type, status, scope, updated_at, body,
+                                       embedding, embed_model, task_key, scope_key, intent_key,
+                                       step_key, error_key, valid_epoch, tools, tokens, value,
+                                       saved_version{vec_col})
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+                           %s{vec_val})
                    ON CONFLICT(lesson_id) DO UPDATE SET task_type=excluded.task_type,
                      status=excluded.status, scope=excluded.scope,
                      updated_at=excluded.updated_at, body=excluded.body,
                      embedding=coalesce(excluded.embedding, lessons.embedding),
-                     embed_model=coalesce(excluded.embed_model, lessons.embed_model)""",
+                     embed_model=coalesce(excluded.embed_model, lessons.embed_model),
+                     task_key=excluded.task_key, scope_key=excluded.scope_key,
+                     intent_key=excluded.intent_key, step_key=excluded.step_key,
+                     error_key=excluded.error_key, valid_epoch=excluded.valid_epoch,
+                     tools=excluded.tools, tokens=excluded.tokens, value=excluded.value,
+                     saved_version=excluded.saved_version{vec_set}
+                   RETURNING 1)
+                   SELECT (SELECT tokens FROM old), (SELECT count(*) FROM up)""".format(
+                    vec_col=", vec" if self.has_vectors else "",
+                    vec_val=", %s::vector" if self.has_vectors else "",
+                    vec_set=", vec=coalesce(excluded.vec, lessons.vec)" if self.has_vectors else "",
+                ),
                 (
+                    lesson.lesson_id,
                     lesson.lesson_id,
                     lesson.task_type,
                     lesson.status,
@@ -373,9 +483,24 @@ class PostgresStore:
                     _dumps(body),
                     embedding,
                     embed_model,
+                    *values,
+                    stamp,
+                    *([vec] if self.has_vectors else []),
                 ),
-            )
-            self._local.book_changed = True  # the version moves at commit (transaction())
+            ).fetchone()
+            delta = self._local.term_delta
+            for term in set(tokens):
+                delta[term] = delta.get(term, 0) + 1
+            for term in set(row[0] or ()):
+                delta[term] = delta.get(term, 0) - 1
+            if vec is not None:
+                if self._hnsw_dims is None:
+                    self._hnsw_dims = self._indexed_dims(db)
+                dim = len(vec.split(","))
+                if dim not in self._hnsw_dims:
+                    # Made at commit, after the transaction's rows: an index built over many
+                    # rows at once is far cheaper than one grown a row at a time.
+                    self._local.new_dims = getattr(self._local, "new_dims", set()) | {dim}
 
     def get_lesson(self, lesson_id: str) -> Lesson | None:
         row = self._db.execute(
@@ -404,6 +529,162 @@ class PostgresStore:
             r[0]: (r[1], bytes(r[2]))
             for r in self._db.execute(
                 "SELECT lesson_id, embed_model, embedding FROM lessons WHERE embedding IS NOT NULL"
+            )
+        }
+
+    def lessons_since(self, version: int) -> tuple[int, list[Lesson]]:
+        """The book's version and the lessons saved after ``version`` (see SQLiteStore's)."""
+        before = self.book_version()
+        rows = self._db.execute(
+            """SELECT (SELECT value FROM meta WHERE key='book_version'), body FROM lessons
+               WHERE saved_version > %s ORDER BY id""",
+            (version,),
+        ).fetchall()
+        if not rows:
+            return before, []
+        return int(rows[0][0]), [Lesson.from_dict(orjson.loads(r[1])) for r in rows]
+
+    # -- recall's store-side candidate stage (recall.StoreStage) ---------------------------
+    @staticmethod
+    def _indexed_dims(db: Any) -> set[int]:
+        names = db.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename='lessons' "
+            "AND indexname LIKE 'lessons_hnsw_%%'"
+        ).fetchall()
+        return {int(n[0].rsplit("_", 1)[1]) for n in names}
+
+    def recall_stats(self) -> tuple[int, int, int]:
+        """Lessons in the book, their BM25 terms in all, and the smallest document frequency
+        of a term (BM25's corpus statistics, whatever the lessons' status)."""
+        n, total = self._db.execute(
+            "SELECT count(*), coalesce(sum(cardinality(tokens)), 0) FROM lessons"
+        ).fetchone()
+        min_df = self._db.execute("SELECT min(df) FROM lesson_terms WHERE df > 0").fetchone()[0]
+        return int(n), int(total), int(min_df or 0)
+
+    def term_frequencies(self, terms: Sequence[str]) -> dict[str, int]:
+        """Document frequency of each of ``terms`` that some lesson holds."""
+        return {
+            t: int(df)
+            for t, df in self._db.execute(
+                "SELECT term, df FROM lesson_terms WHERE term = ANY(%s) AND df > 0", (list(terms),)
+            )
+        }
+
+    @staticmethod
+    def _rule_sql(rules: RuleFilter) -> tuple[str, list[Any]]:
+        where = ["status = 'active'", "valid_epoch > %s", "scope_key = ANY(%s)"]
+        args: list[Any] = [rules.now, ["global", *rules.scope_keys]]
+        if rules.task_key is not None:
+            where.append("task_key IN (%s, '')")
+            args.append(rules.task_key)
+        if rules.intent_key is not None:
+            where.append("intent_key IN (%s, '')")
+            args.append(rules.intent_key)
+        if rules.tools is not None:
+            where.append("(cardinality(tools) = 0 OR tools && %s::text[])")
+            args.append(rules.tools)
+        return " AND ".join(where), args
+
+    def recall_counts(self) -> dict[str, int]:
+        """Active lessons per task type key: how many rows the rule stage's index yields."""
+        return {
+            k: int(n)
+            for k, n in self._db.execute(
+                "SELECT task_key, count(*) FROM lessons WHERE status='active' GROUP BY task_key"
+            )
+        }
+
+    def recall_nearest(
+        self, rules: RuleFilter, vector: Sequence[float], model: str, k: int, *, hnsw: bool
+    ) -> list[tuple[Any, ...]]:
+        """The ``k`` lessons passing ``rules`` whose ``model`` vectors are nearest ``vector``.
+
+        ``hnsw``: through the HNSW index with an iterative scan (the filters do not starve
+        it), for rule stages that keep many lessons; else exactly, over the rows the rule
+        index yields (the distance is written so that it does not match the HNSW index's
+        expression), which is cheaper when they are few: an index scan must pass over about
+        ``k`` / (the share of lessons that pass) graph nodes.
+        """
+        dim = len(vector)
+        where, args = self._rule_sql(rules)
+        distance = (
+            f"vec::vector({dim}) <#> %s::float4[]::vector({dim})"
+            if hnsw
+            else "vec <#> %s::float4[]::vector"
+        )
+        sql = f"""SELECT {RECALL_COLUMNS} FROM lessons
+                  WHERE {where} AND embed_model = %s AND vector_dims(vec) = {dim}
+                  ORDER BY {distance} LIMIT %s"""
+        if not hnsw:
+            return self._db.execute(sql, [*args, model, list(vector), k]).fetchall()
+        with self._unit() as db:
+            db.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            db.execute(f"SET LOCAL hnsw.ef_search = {max(40, int(k))}")
+            return db.execute(sql, [*args, model, list(vector), k]).fetchall()
+
+    def recall_bounded(
+        self, rules: RuleFilter, bound: ScoreBound, *, top: int | None = None
+    ) -> list[tuple[Any, ...]]:
+        """The lessons passing ``rules`` whose score bound reaches ``bound.at_least`` (every
+        other lesson provably scores below it), each row ending with its bound; with ``top``,
+        only the ``top`` highest bounds, highest first."""
+        where, args = self._rule_sql(rules)
+        b = bound
+        # The query's values come in once, as one row joined to every lesson (a parameter
+        # cast in the expression itself would be cast again for every row).
+        terms = sorted(b.term_weights, key=lambda t: -b.term_weights[t])
+        query = "(SELECT %s::float4[]::vector AS qv, %s::text[] AS qt, %s::text AS model, "
+        query += "%s::text AS step, %s::text AS err) AS q"
+        q_args = [b.vector or [0.0], terms, b.model, b.step_key, b.error_key]
+        specific = "(task_key <> '')::int::float8" if b.specific_counts else "1::float8"
+        scenario = f"0.5 * {specific} + 0.5 * {_f8(b.tool_fit_max)}"
+        relevance = f"(({scenario})"
+        if b.vector is not None:
+            relevance = f"({_f8(b.scenario_weight)} * ({scenario})"
+            dim = len(b.vector)
+            cos = "greatest(-(vec <#> q.qv), 0)"
+            if b.cos_floor is not None:
+                f = float(b.cos_floor)
+                cos = f"greatest({cos} - {_f8(f)}, 0) / {_f8(1.0 - f)}"
+            cos = (
+                f"CASE WHEN embed_model = q.model AND vector_dims(vec) = {dim} THEN {cos} "
+                "ELSE 1::float8 END"
+            )
+            # BM25 is bounded by the query terms a lesson holds, each adding at most its
+            # weight: the heaviest few one by one, the rest as one group (any of them present
+            # counts them all) - a looser bound, one array test instead of one per term.
+            bm = ["0::float8"]
+            for i, term in enumerate(terms[:_BOUND_TERMS], start=1):
+                bm.append(f"{_f8(b.term_weights[term])} * (tokens && q.qt[{i}:{i}])::int")
+            rest = sum(b.term_weights[t] for t in terms[_BOUND_TERMS:])
+            if rest:
+                bm.append(f"{_f8(rest)} * (tokens && q.qt[{_BOUND_TERMS + 1}:])::int")
+            total = float(b.vector_weight + b.bm25_weight)
+            relevance += (
+                f" + {_f8(1.0 - b.scenario_weight)} * ({_f8(b.vector_weight)} * ({cos})"
+                f" + {_f8(b.bm25_weight)} * least(1, {' + '.join(bm)})) / {_f8(total)}"
+            )
+        relevance += ")"
+        if b.step_key:
+            relevance += f" + {_f8(b.step_boost)} * (step_key = q.step)::int"
+        if b.error_key:
+            relevance += f" + {_f8(b.error_boost)} * (error_key = q.err)::int"
+        score = f"({relevance}) * ({_f8(b.value_floor)} + {_f8(b.value_span)} * value)"
+        sql = f"""SELECT * FROM (SELECT {RECALL_COLUMNS}, {score} AS bound
+                      FROM lessons, {query} WHERE {where}) AS c
+                  WHERE bound >= %s"""
+        if top is None:
+            return self._db.execute(sql, [*q_args, *args, b.at_least]).fetchall()
+        return self._db.execute(
+            sql + " ORDER BY bound DESC LIMIT %s", [*q_args, *args, b.at_least, top]
+        ).fetchall()
+
+    def lesson_bodies(self, lesson_ids: Sequence[str]) -> dict[str, Lesson]:
+        return {
+            r[0]: Lesson.from_dict(orjson.loads(r[1]))
+            for r in self._db.execute(
+                "SELECT lesson_id, body FROM lessons WHERE lesson_id = ANY(%s)", (list(lesson_ids),)
             )
         }
 

@@ -440,6 +440,30 @@ class SQLiteStore:
             self._db.execute(
                 "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key='book_version'"
             )
+            # Stamped with the version this save made (lessons_since reads by it).
+            self._db.execute(
+                """UPDATE lessons SET saved_version =
+                       (SELECT CAST(value AS INTEGER) FROM meta WHERE key='book_version')
+                   WHERE lesson_id=?""",
+                (lesson.lesson_id,),
+            )
+
+    def lessons_since(self, version: int) -> tuple[int, list[Lesson]]:
+        """The book's version and the lessons saved after ``version``.
+
+        The version is read with the lessons, in one statement (one snapshot); when none
+        changed, the version read before them is returned, so a save landing in between is
+        never skipped: it is read again next time, not lost.
+        """
+        before = self.book_version()
+        rows = self._db.execute(
+            """SELECT (SELECT CAST(value AS INTEGER) FROM meta WHERE key='book_version'), body
+               FROM lessons WHERE saved_version > ? ORDER BY rowid""",
+            (version,),
+        ).fetchall()
+        if not rows:
+            return before, []
+        return int(rows[0][0]), [Lesson.from_dict(orjson.loads(r[1])) for r in rows]
 
     def get_lesson(self, lesson_id: str) -> Lesson | None:
         row = self._db.execute(
