@@ -198,6 +198,7 @@ class PostgresStore:
             return
         self._local.next_version = None
         self._local.term_delta = {}
+        self._local.new_dims = set()
         try:
             with db.transaction():
                 db.execute("SELECT pg_advisory_xact_lock(%s)", (BOOK_LOCK,))
@@ -216,7 +217,7 @@ class PostgresStore:
                 delta = {t: d for t, d in self._local.term_delta.items() if d}
                 if delta:
                     term_counts(db, delta)
-                for dim in sorted(getattr(self._local, "new_dims", ())):
+                for dim in sorted(self._local.new_dims):
                     ensure_hnsw(db, dim)
                     if self._hnsw_dims is not None:
                         self._hnsw_dims.add(dim)
@@ -440,9 +441,11 @@ class PostgresStore:
         body.pop("score", None)
         values, tokens = lesson_key_values(lesson)
         vec = None
+        dim = 0
         if embedding is not None and self.has_vectors and len(embedding) % 4 == 0 and embedding:
             # pgvector's text form: psycopg's list dumping costs more than the rest of a save.
-            vec = "[" + ",".join(map(str, np.frombuffer(embedding, np.float32).tolist())) + "]"
+            values32 = np.frombuffer(embedding, np.float32)
+            vec, dim = "[" + ",".join(map(str, values32.tolist())) + "]", values32.size
         with self.transaction():
             db = self._db
             stamp = self._next_version(db)
@@ -496,11 +499,10 @@ class PostgresStore:
             if vec is not None:
                 if self._hnsw_dims is None:
                     self._hnsw_dims = self._indexed_dims(db)
-                dim = len(vec.split(","))
                 if dim not in self._hnsw_dims:
                     # Made at commit, after the transaction's rows: an index built over many
                     # rows at once is far cheaper than one grown a row at a time.
-                    self._local.new_dims = getattr(self._local, "new_dims", set()) | {dim}
+                    self._local.new_dims.add(dim)
 
     def get_lesson(self, lesson_id: str) -> Lesson | None:
         row = self._db.execute(

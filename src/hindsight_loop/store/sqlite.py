@@ -418,14 +418,20 @@ class SQLiteStore:
         body.pop("score", None)
         with self.transaction():
             self._db.execute(
+                "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key='book_version'"
+            )
+            # Stamped with the version this save makes (lessons_since reads by it).
+            self._db.execute(
                 """INSERT INTO lessons(lesson_id, task_type, status, scope, updated_at, body,
-                                       embedding, embed_model)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                                       embedding, embed_model, saved_version)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?,
+                           (SELECT CAST(value AS INTEGER) FROM meta WHERE key='book_version'))
                    ON CONFLICT(lesson_id) DO UPDATE SET task_type=excluded.task_type,
                      status=excluded.status, scope=excluded.scope,
                      updated_at=excluded.updated_at, body=excluded.body,
                      embedding=coalesce(excluded.embedding, lessons.embedding),
-                     embed_model=coalesce(excluded.embed_model, lessons.embed_model)""",
+                     embed_model=coalesce(excluded.embed_model, lessons.embed_model),
+                     saved_version=excluded.saved_version""",
                 (
                     lesson.lesson_id,
                     lesson.task_type,
@@ -436,16 +442,6 @@ class SQLiteStore:
                     embedding,
                     embed_model,
                 ),
-            )
-            self._db.execute(
-                "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key='book_version'"
-            )
-            # Stamped with the version this save made (lessons_since reads by it).
-            self._db.execute(
-                """UPDATE lessons SET saved_version =
-                       (SELECT CAST(value AS INTEGER) FROM meta WHERE key='book_version')
-                   WHERE lesson_id=?""",
-                (lesson.lesson_id,),
             )
 
     def lessons_since(self, version: int) -> tuple[int, list[Lesson]]:
