@@ -36,7 +36,14 @@ import bm25s
 import numpy as np
 
 from hindsight_loop import lesson_keys
-from hindsight_loop.embed import Embedder, cosine_floor, lesson_text, matvec, rescale_cosines
+from hindsight_loop.embed import (
+    _FLOOR_MIN,
+    Embedder,
+    cosine_floor,
+    lesson_text,
+    matvec,
+    rescale_cosines,
+)
 from hindsight_loop.models import MAX_LESSONS, Intent, Lesson, parse_ts
 from hindsight_loop.text import (
     CONCEPT_MARK,
@@ -856,10 +863,8 @@ class StoreStage:
             qvec = np.asarray(self.embedder.embed([text])[0], np.float32)
             cos_floor = cosine_floor(self.embedder)
             if known:
-                idf = np.log1p(
-                    (n_book - np.asarray([df[t] for t in known], np.float64) + 0.5)
-                    / (np.asarray([df[t] for t in known], np.float64) + 0.5)
-                )
+                dfs = np.asarray([df[t] for t in known], np.float64)
+                idf = np.log1p((n_book - dfs + 0.5) / (dfs + 0.5))
                 max_idf = math.log1p((n_book - min_df + 0.5) / (min_df + 0.5))
                 reference = _bm25_reference(
                     float(idf.sum()),
@@ -874,8 +879,6 @@ class StoreStage:
 
         def score(rows: list[tuple[Any, ...]]) -> np.ndarray:
             return self._score(rows, q, task, query_tools, qvec, cos_floor, idf32, reference, avgdl)
-
-        from hindsight_loop.embed import _FLOOR_MIN
 
         def bound(at_least: float) -> lesson_keys.ScoreBound:
             return lesson_keys.ScoreBound(
