@@ -162,7 +162,7 @@ _CONCEPT_GROUPS: tuple[tuple[str, str, str], ...] = (
      "明天|后天|下周|周末|下个月|未来|接下来"),
     ("date", "date", "日期|哪天|几号"),
     # travel and places
-    ("forecast", "forecast|outlook", "预报"),
+    ("forecast", "forecast", "预报"),
     ("city", "city|town|location|place", "城市|地名|地点|地方"),
     ("airport", "airport|departure|depart|origin", "机场|出发|起飞"),
     ("nights", "night|nights|check-in|check-out|check in|check out|arriving|arrival",
@@ -186,7 +186,7 @@ _CONCEPT_GROUPS: tuple[tuple[str, str, str], ...] = (
      "重复|去重|查重"),
     ("encoding", "encoding|codec|decode|charset|bom|garbled|mojibake|weird characters|"
      "strange characters|utf-8|gbk|latin-1", "编码|乱码|解码|字符集"),
-    ("compare", "compare|comparison|versus|vs|growth|drop|decline|increase|year over year|"
+    ("compare", "compare|comparison|versus|vs|growth|decline|increase|year over year|"
      "month over month", "同比|环比|增长|下降|比较|对比|下滑"),
     ("chart", "chart|plot|graph|visualize", "图表|画图|绘图"),
     # files and the web
