@@ -304,6 +304,7 @@ def test_writer_policy_from_the_environment(
         assert type(hs.recorder) is Recorder
     with pytest.raises(ValueError, match="'thread' or 'process'"):
         Hindsight(tmp_path / "c.db", writer="proc")  # type: ignore[arg-type]
+    assert not (tmp_path / "c.db").exists()  # refused before a store file is made
 
 
 def test_refused_and_after_close_events_reach_the_dead_letter(tmp_path: Path) -> None:

@@ -106,6 +106,7 @@ class Hindsight:
                 "Hindsight needs a file: each thread opens its own connection, and an in-memory "
                 "SQLite database is private to one; pass a path such as 'hindsight.db'"
             )
+        kind = writer_kind(writer)  # a bad choice is refused before a store file is made
         self.store: Store = open_store(str(db), readonly=readonly)
         if readonly:
             background = triggers = False  # a reader queues and runs no reviews
@@ -128,7 +129,7 @@ class Hindsight:
         self.recorder: Recorder = make_recorder(
             self.store,
             db,
-            writer=writer_kind(writer),
+            writer=kind,
             triggers=self.triggers,
             worker=self.worker,
             dead_letter=dead_letter,
