@@ -44,6 +44,14 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
+def _is_writer(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"hindsight_loop.writer" in f.read()
+    except FileNotFoundError:
+        return False
+
+
 def _gateway_with_one_call(exe: str, tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
     config = _config(tmp_path / "s.json", {"everything": {"command": exe, "args": ["stdio"]}})
     proc = subprocess.Popen(
@@ -76,7 +84,8 @@ def _gateway_with_one_call(exe: str, tmp_path: Path) -> tuple[subprocess.Popen[b
         {"id": 2, "method": "tools/call", "params": {"name": "echo", "arguments": {"message": "x"}}}
     )
     assert "Echo: x" in orjson.loads(proc.stdout.readline())["result"]["content"][0]["text"]
-    [upstream] = _children(proc.pid)
+    # The gateway's children: the upstream, and its writer process when it records through one.
+    [upstream] = [c for c in _children(proc.pid) if not _is_writer(c)]
     assert _alive(upstream)
     return proc, upstream
 
@@ -97,6 +106,7 @@ def test_the_clients_sigterm_reaches_the_upstream(
     close_stdin_first: bool,
 ) -> None:
     proc, upstream = _gateway_with_one_call(everything, tmp_path)
+    writers = [c for c in _children(proc.pid) if _is_writer(c)]
     try:
         if close_stdin_first:  # as the SDKs do: stdin closed, two seconds, then SIGTERM
             assert proc.stdin is not None
@@ -107,6 +117,8 @@ def test_the_clients_sigterm_reaches_the_upstream(
         # (generous here: a loaded machine is slow to start the gateway's Python, not this).
         assert _wait_dead(upstream, 10.0), "the upstream outlived the gateway's SIGTERM"
         assert proc.wait(timeout=30) == 0
+        # A writer process does not outlive the gateway that started it.
+        assert all(_wait_dead(w, 10.0) for w in writers), "the writer outlived the gateway"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -553,28 +553,30 @@ def test_in_memory_store_is_refused_with_the_fix() -> None:
 
 
 def test_a_task_past_its_local_reviews_is_not_watched_but_still_reviewed_at_its_end(
-    hs: Hindsight,
+    db_path: Path,
 ) -> None:
     from hindsight_loop.triggers import MAX_LOCAL_REVIEWS
 
-    with hs.task("api", tools=["fetch"]) as task:
-        for i in range(MAX_LOCAL_REVIEWS + 3):  # more failure streaks than local reviews
-            for _ in range(2):
-                task.record_action("fetch", {"i": i}, status="failed", error_type="Timeout")
-            task.record_action("fetch", {"i": i})
+    # The live rules' state is read directly: they run in this process with the writer thread.
+    with Hindsight(db_path, background=False, writer="thread") as hs:
+        with hs.task("api", tools=["fetch"]) as task:
+            for i in range(MAX_LOCAL_REVIEWS + 3):  # more failure streaks than local reviews
+                for _ in range(2):
+                    task.record_action("fetch", {"i": i}, status="failed", error_type="Timeout")
+                task.record_action("fetch", {"i": i})
+            hs.flush()
+            run = hs.triggers._running[task.task_id]
+            watched = len(run.positions)
+            for i in range(500):
+                task.record_action("fetch", {"n": i})
+            hs.flush()
+            # Nothing more could be queued for it: the rules stopped reading its events.
+            assert len(run.positions) == watched
+            task.fail("gave up")
         hs.flush()
-        run = hs.triggers._running[task.task_id]
-        watched = len(run.positions)
-        for i in range(500):
-            task.record_action("fetch", {"n": i})
-        hs.flush()
-        # Nothing more could be queued for it: the rules stopped reading its events.
-        assert len(run.positions) == watched
-        task.fail("gave up")
-    hs.flush()
-    kinds = [(j["kind"], j["trigger"]) for j in hs.store.jobs() if j["task_id"] == task.task_id]
-    assert kinds.count(("local", "consecutive_failures")) == MAX_LOCAL_REVIEWS
-    assert ("full", "task_end") in kinds
+        kinds = [(j["kind"], j["trigger"]) for j in hs.store.jobs() if j["task_id"] == task.task_id]
+        assert kinds.count(("local", "consecutive_failures")) == MAX_LOCAL_REVIEWS
+        assert ("full", "task_end") in kinds
 
 
 def test_wire_events_keep_their_own_seq_time_and_id_or_get_the_recorders(hs: Hindsight) -> None:

@@ -123,10 +123,13 @@ def test_four_recorder_processes_write_into_the_same_tasks_and_lose_nothing(pg_u
 
 
 # -- the job queue -------------------------------------------------------------------------
-def _drain(url: str, out: Any) -> None:
+def _drain(url: str, out: Any, ready: Any) -> None:
     store = open_store(url)
     done = []
     try:
+        # Start together: on a loaded machine the first worker up could drain all 400 jobs
+        # before the others had connected, and the test is about sharing the queue.
+        ready.wait(60)
         while (job := store.claim_job()) is not None:
             done.append(job.job_id)
             store.finish_job(job.job_id, status="done")
@@ -141,7 +144,8 @@ def test_four_worker_processes_drain_the_queue_each_job_exactly_once(pg_url: str
         store.upsert_task(Task(task_id="tsk_1", task_type="t"))
         queued = [store.enqueue_job("tsk_1") for _ in range(400)]
         out = SPAWN.Queue()
-        procs = [SPAWN.Process(target=_drain, args=(pg_url, out)) for _ in range(4)]
+        ready = SPAWN.Barrier(4)
+        procs = [SPAWN.Process(target=_drain, args=(pg_url, out, ready)) for _ in range(4)]
         for p in procs:
             p.start()
         results = [out.get(timeout=120) for _ in procs]

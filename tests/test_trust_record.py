@@ -112,15 +112,14 @@ def test_disk_full_with_no_fallback_makes_flush_false_and_counts_the_loss(
         _fill_the_disk(hs, "tsk_lost", n)
         assert hs.flush(timeout=120) is False
         stats = dict(hs.recorder.stats)
-        stored = {e.input["i"] for e in hs.store.events("tsk_lost") if e.type == "user_input"}
-        kept = {
-            x["input"]["i"]
-            for x in _dead_letter_lines(hs.recorder.dead_letter)
-            if x.get("type") == "user_input"
-        }
+        # Every event counts (task_start too): which batch the loss hits depends on timing.
+        stored = len(list(hs.store.events("tsk_lost")))
+        kept = sum(
+            1 for x in _dead_letter_lines(hs.recorder.dead_letter) if x.get("task_id") == "tsk_lost"
+        )
         assert stats["lost"] > 0
         # Every accepted event is stored, dead-lettered or counted as lost: none is unaccounted.
-        assert len(stored) + len(kept) + stats["lost"] >= n + 1
+        assert stored + kept + stats["lost"] >= n + 1
         # Once the loss is reported, a later flush with nothing lost says True again.
         assert hs.flush(timeout=10) is True
     finally:
@@ -578,7 +577,8 @@ def test_overload_blocks_about_block_seconds_spill_included(
 ) -> None:
     import sqlite3
 
-    hs = Hindsight(db_path, background=False, triggers=False, queue_bound=3000)
+    # The thread writer's spill (the process writer's has its own test in test_record_process)
+    hs = Hindsight(db_path, background=False, triggers=False, queue_bound=3000, writer="thread")
     agent = threading.get_ident()
     spill_threads: set[int] = set()
     rec = hs.recorder
