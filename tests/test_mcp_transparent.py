@@ -390,6 +390,68 @@ async def test_calls_progress_cancellation_and_unknown_tools_record_once(
     assert errors == [None, "cancelled", None, None, None, None, "unknown_tool"]
 
 
+def _unstamped(value: Any) -> Any:
+    """``value`` without what differs between two runs of one task (its id and clock times)."""
+    if isinstance(value, dict):
+        drop = {"taskId", "createdAt", "lastUpdatedAt"}
+        return {k: _unstamped(v) for k, v in value.items() if k not in drop}
+    if isinstance(value, list):
+        return [_unstamped(v) for v in value]
+    return value
+
+
+async def test_task_augmented_calls_run_as_tasks_through_the_gateway(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """SEP-1686 (2025-11-25): tools/call with params.task, tasks/get, list, result and cancel.
+
+    The SDK's client has no task helpers, so the requests go out as raw JSON-RPC through its
+    session; the gateway's answers must be the server's own, and each task-augmented call is
+    recorded once (at its result, or when it is cancelled).
+    """
+    call = {
+        "name": "simulate-research-query",
+        "arguments": {"topic": "蜜蜂 bees"},
+        "task": {"ttl": 60000},
+    }
+
+    async def drive(client: Client) -> dict[str, Any]:
+        send = client.session._dispatcher.send_raw_request
+        seen: dict[str, Any] = {}
+        created = await send("tools/call", call, {})
+        task_id = created["task"]["taskId"]
+        seen["created"] = created
+        seen["get"] = await send("tasks/get", {"taskId": task_id}, {})
+        seen["list"] = await send("tasks/list", None, {})
+        seen["result"] = await send("tasks/result", {"taskId": task_id}, {})
+        second = await send("tools/call", call, {})
+        seen["cancel"] = await send("tasks/cancel", {"taskId": second["task"]["taskId"]}, {})
+        return _unstamped(seen)
+
+    async with Client(_direct(everything), mode="legacy") as client:
+        caps = client.server_capabilities
+        expected = await drive(client)
+    assert caps is not None and caps.tasks is not None
+    assert expected["created"]["task"]["status"] == "working"
+    assert "Research Report: 蜜蜂 bees" in str(expected["result"])
+    assert expected["cancel"]["status"] == "cancelled"
+
+    db = tmp_path / "g.db"
+    config = _config(tmp_path / "s.json", _servers(everything))
+    async with Client(_gateway(config, db), mode="legacy") as client:
+        mirrored = client.server_capabilities
+        through = await drive(client)
+    assert mirrored is not None and mirrored.tasks == caps.tasks
+    assert through == expected
+    [(_, events)] = _tasks(db)
+    actions = _actions(events)
+    assert [a.input["tool"] for a in actions] == ["simulate-research-query"] * 2  # type: ignore[index]
+    done, cancelled = actions
+    assert not done.failed and "Research Report: 蜜蜂 bees" in done.result["output"]  # type: ignore[index]
+    assert cancelled.result["error_type"] == "cancelled"  # type: ignore[index]
+
+
 def test_the_gateway_serves_a_stdin_that_is_a_file(
     everything: str,  # noqa: F811
     tmp_path: Path,

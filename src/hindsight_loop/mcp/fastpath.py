@@ -11,13 +11,20 @@ by that id, given the client's id back and written to the client as the upstream
 parsed answer is what the call is recorded from, once, as ``Gateway._record`` records it.
 
 Only calls the SDK path would forward unchanged take this path; everything else goes through
-the SDK as before: a call before the client's session is recorded (the first one starts it), an
-unknown tool, an upstream not yet connected or not on the gateway's own stdio transport, a
-client and upstream speaking different protocol eras, a progress token (the SDK relays progress
-against its own token), a task-augmented call, ``advise`` (it edits failed results) and a call
+the SDK as before: an unknown tool, an upstream not yet connected or not on the gateway's own
+stdio transport, a client and upstream speaking different protocol eras, a progress token (the
+SDK relays progress against its own token), ``advise`` (it edits failed results) and a call
 timeout. A cancellation the client sends for a relayed call is relayed too and the call recorded
 as cancelled; an upstream that dies with relayed calls in flight answers each with the error the
 SDK path gives (``Connection closed``).
+
+Tasks (SEP-1686, 2025-11-25) are served here alone: when an upstream declares them the gateway
+declares them too (to 2025-era clients over stdio pipes), a task-augmented ``tools/call`` is
+relayed and answered with the upstream's task, and ``tasks/get``, ``tasks/result``,
+``tasks/list`` and ``tasks/cancel`` go to the upstream that runs the task. The call is recorded
+once: at its ``tasks/result``, or as cancelled when ``tasks/cancel`` succeeds. Status
+notifications come through the upstream's SDK session and are relayed with the other
+notifications (``forward.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
 import orjson
-from mcp_types import CONNECTION_CLOSED, PROTOCOL_VERSION_META_KEY
+from mcp_types import CLIENT_INFO_META_KEY, CONNECTION_CLOSED, PROTOCOL_VERSION_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from hindsight_loop.mcp.events import (
@@ -41,7 +48,7 @@ from hindsight_loop.mcp.events import (
 )
 
 if TYPE_CHECKING:
-    from hindsight_loop.mcp.proxy import Gateway, Route, Upstream, _Call
+    from hindsight_loop.mcp.proxy import Gateway, Route, SessionTask, Upstream, _Call
 
 logger = logging.getLogger("hindsight_loop.mcp.fastpath")
 
@@ -75,8 +82,9 @@ class UpstreamLink:
 
 @dataclass(slots=True)
 class _Pending:
-    call: _Call
-    route: Route
+    call: _Call | None
+    """The tool call recorded when this answers (``None``: a tasks request that records nothing)."""
+    route: Route | None
     up: Upstream
     link: UpstreamLink
     client_id: Any
@@ -85,6 +93,10 @@ class _Pending:
     """The request as sent upstream (resent once after a schema-change error)."""
     resent: bool = False
     stamp: Any = field(default=None)
+    kind: str = "call"
+    """``call``; ``task`` (a task-augmented call: answered with the task, recorded at its
+    result); ``result`` (tasks/result: the task's call is recorded); ``cancel``; ``plain``."""
+    task_id: str | None = None
 
 
 class RawRelay:
@@ -105,9 +117,42 @@ class RawRelay:
         self.dropped: dict[str, None] = {}
         self._next = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self.tasks: dict[str, _Pending] = {}
+        """Task id -> the task-augmented call that created it, until its result is recorded."""
+        self.client_name = "mcp-client"
+        self.protocol_version = ""
+        """The client's name and protocol version from its ``initialize`` (2025 era)."""
 
     def link(self, upstream: str) -> UpstreamLink:
         return UpstreamLink(self, upstream)
+
+    def hello(self, msg: Any) -> None:
+        """Note who the client is from its first message (a session may start on the raw path)."""
+        params = msg.get("params") if isinstance(msg, dict) else None
+        if not isinstance(params, dict):
+            return
+        info = params.get("clientInfo")
+        if msg.get("method") != "initialize":
+            meta = params.get("_meta")
+            info = meta.get(CLIENT_INFO_META_KEY) if isinstance(meta, dict) else None
+            version = meta.get(PROTOCOL_VERSION_META_KEY) if isinstance(meta, dict) else None
+        else:
+            version = params.get("protocolVersion")
+        if isinstance(info, dict) and isinstance(info.get("name"), str) and info["name"]:
+            self.client_name = info["name"]
+        if isinstance(version, str):
+            self.protocol_version = version
+
+    def tasks_capability(self) -> types.ServerTasksCapability | None:
+        """The first upstream's tasks capability, if any upstream declares one."""
+        for up in self.gateway.upstreams.values():
+            caps = up.client.session.server_capabilities if up.client is not None else None
+            if caps is not None and caps.tasks is not None:
+                return caps.tasks
+        return None
+
+    def _session(self) -> SessionTask:
+        return self.gateway.session("local", self.client_name, self.protocol_version, http=False)
 
     # -- client -> upstream ----------------------------------------------------------------
 
@@ -117,6 +162,8 @@ class RawRelay:
             return False
         if b'"tools/call"' in line:
             return self._call(line)
+        if b'"tasks/' in line:
+            return self._task_request(line)
         if b'"notifications/cancelled"' in line and self.pending:
             return self._cancel(line)
         return False
@@ -125,9 +172,6 @@ class RawRelay:
         gw = self.gateway
         if gw.advise or gw.config.call_timeout is not None:
             return False
-        session = gw.sessions.get("local")
-        if session is None:
-            return False
         try:
             msg = orjson.loads(line)
         except orjson.JSONDecodeError:
@@ -135,7 +179,7 @@ class RawRelay:
         if not isinstance(msg, dict) or msg.get("method") != "tools/call" or "id" not in msg:
             return False
         params = msg.get("params")
-        if not isinstance(params, dict) or "task" in params:
+        if not isinstance(params, dict):
             return False
         name = params.get("name")
         if not isinstance(name, str):
@@ -148,6 +192,8 @@ class RawRelay:
         link = self.links.get(up.name)
         if client is None or link is None or link.send is None:
             return False
+        if "task" in params and not _serves_tasks(up):
+            return False  # the SDK path answers as a server without tasks does
         meta = params.get("_meta")
         if meta is not None and not isinstance(meta, dict):
             return False
@@ -182,7 +228,7 @@ class RawRelay:
             stamp(request, {})
         body = orjson.dumps(request) + b"\n"
         call = self._call_cls(
-            session=session, tool=name, arguments=arguments, known=True, server=up.name
+            session=self._session(), tool=name, arguments=arguments, known=True, server=up.name
         )
         call.upstream_tool = route.tool.name
         client_key = orjson.dumps(msg["id"])
@@ -195,14 +241,69 @@ class RawRelay:
             client_key=client_key,
             line=body,
             stamp=stamp if upstream_modern else None,
+            kind="task" if "task" in params else "call",
         )
+        return self._send(raw_id, msg["id"], client_key, link, body)
+
+    def _send(
+        self, raw_id: str, client_id: Any, client_key: bytes, link: UpstreamLink, body: bytes
+    ) -> bool:
         self.by_client[client_key] = raw_id
         try:
+            assert link.send is not None
             link.send(body)
-        except (ConnectionError, OSError, RuntimeError):
-            del self.pending[raw_id], self.by_client[client_key]
+        except (AssertionError, ConnectionError, OSError, RuntimeError):
+            self.pending.pop(raw_id, None)
+            self.by_client.pop(client_key, None)
             return False  # the SDK path reports the broken upstream as it always has
         return True
+
+    def _task_request(self, line: bytes) -> bool:
+        """tasks/get, tasks/result, tasks/list, tasks/cancel: to the upstream that runs the task."""
+        try:
+            msg = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(msg, dict) or "id" not in msg:
+            return False
+        method = msg.get("method")
+        if method not in ("tasks/get", "tasks/result", "tasks/list", "tasks/cancel"):
+            return False
+        params = msg.get("params")
+        if params is not None and not isinstance(params, dict):
+            return False
+        task_id = (params or {}).get("taskId")
+        origin = self.tasks.get(task_id) if isinstance(task_id, str) else None
+        if origin is not None:
+            up, link = origin.up, origin.link
+        else:  # a task this gateway did not see start (or a listing): the first upstream with tasks
+            serving = [
+                (u, self.links[u.name])
+                for u in self.gateway.upstreams.values()
+                if u.name in self.links and _serves_tasks(u)
+            ]
+            if not serving:
+                return False
+            up, link = serving[0]
+        if up.client is None or link.send is None:
+            return False
+        self._next += 1
+        raw_id = f"{_ID_PREFIX}{self._next}"
+        body = orjson.dumps({**msg, "id": raw_id}) + b"\n"
+        client_key = orjson.dumps(msg["id"])
+        kind = {"tasks/result": "result", "tasks/cancel": "cancel"}.get(method, "plain")
+        self.pending[raw_id] = _Pending(
+            call=origin.call if origin is not None and kind != "plain" else None,
+            route=origin.route if origin is not None else None,
+            up=up,
+            link=link,
+            client_id=msg["id"],
+            client_key=client_key,
+            line=body,
+            kind=kind,
+            task_id=task_id if isinstance(task_id, str) else None,
+        )
+        return self._send(raw_id, msg["id"], client_key, link, body)
 
     def _cancel(self, line: bytes) -> bool:
         try:
@@ -230,8 +331,11 @@ class RawRelay:
             with suppress(ConnectionError, OSError, RuntimeError):  # the upstream is gone
                 send(orjson.dumps(notice) + b"\n")
         call = pending.call
-        call.done()
-        self.gateway._record(call, error_type="cancelled", message="cancelled before it answered")
+        if call is not None and pending.kind in ("call", "task"):
+            call.done()
+            self.gateway._record(
+                call, error_type="cancelled", message="cancelled before it answered"
+            )
         return True
 
     # -- upstream -> client ----------------------------------------------------------------
@@ -262,6 +366,29 @@ class RawRelay:
         self._forget(raw_id, pending)
         self._answer(pending, line, raw_id, msg)
         call = pending.call
+        if call is None:
+            return True  # a tasks request that records nothing
+        result = msg.get("result")
+        if not isinstance(result, dict):
+            result = {}
+        created = result.get("task")
+        task_id = created.get("taskId") if isinstance(created, dict) else None
+        if pending.kind == "task" and isinstance(task_id, str):
+            # The task runs on: the call is recorded at its result (tasks/result).
+            self.tasks[task_id] = pending
+            return True
+        if pending.kind in ("result", "cancel"):
+            assert pending.task_id is not None
+            origin = self.tasks.pop(pending.task_id, None)
+            if origin is None:
+                return True  # recorded already
+            if pending.kind == "cancel" and isinstance(error, dict):
+                self.tasks[pending.task_id] = origin  # not cancelled: still to be recorded
+                return True
+        if pending.kind == "cancel":
+            call.done()
+            self.gateway._record(call, error_type="cancelled", message="task cancelled")
+            return True
         call.done()
         if isinstance(error, dict):
             code = error.get("code")
@@ -273,15 +400,13 @@ class RawRelay:
             etype = classify_jsonrpc_error(code, message, known_tool=True)
             self.gateway._record(call, error_type=etype, message=message, code=code)
             return True
-        result = msg.get("result")
-        if not isinstance(result, dict):
-            result = {}
         pending.up.restarts = 0
         self._record_result(pending, result)
         return True
 
     def _record_result(self, pending: _Pending, result: dict[str, Any]) -> None:
         gw, call = self.gateway, pending.call
+        assert call is not None
         if result.get("resultType") == "input_required":
             requests = result.get("inputRequests")
             names = ", ".join(requests) if isinstance(requests, dict) else ""
@@ -362,6 +487,13 @@ class RawRelay:
         error["error"] = {"code": CONNECTION_CLOSED, "message": message}
         self._write(orjson.dumps(error) + b"\n")
         call = pending.call
+        if call is None or pending.kind == "plain":
+            return
+        task_id = pending.task_id
+        if pending.kind in ("result", "cancel") and task_id and task_id not in self.tasks:
+            return  # recorded already
+        if task_id:
+            self.tasks.pop(task_id, None)
         call.done()
         if pending.up.client is not None:
             self.gateway._lost(pending.up, pending.up.client)
@@ -374,10 +506,18 @@ class RawRelay:
         for raw_id, pending in list(self.pending.items()):
             self._forget(raw_id, pending)
             call = pending.call
+            if call is None or pending.kind not in ("call", "task"):
+                continue
             call.done()
             self.gateway._record(
                 call, error_type="cancelled", message="cancelled before it answered"
             )
+
+
+def _serves_tasks(up: Upstream) -> bool:
+    """Whether ``up`` declared tasks (2025-11-25: task-augmented calls, tasks/get and so on)."""
+    caps = up.client.session.server_capabilities if up.client is not None else None
+    return caps is not None and getattr(caps, "tasks", None) is not None
 
 
 def _summary(result: dict[str, Any], limit: int) -> str | None:

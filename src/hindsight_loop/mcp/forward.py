@@ -38,6 +38,7 @@ from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.session import ServerSession
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
 
 from hindsight_loop.mcp.config import PREFIX_SEPARATOR
@@ -63,6 +64,7 @@ _RELAYED_NOTIFICATIONS = (
     types.ResourceListChangedNotification,
     types.PromptListChangedNotification,
     types.ToolListChangedNotification,
+    types.TaskStatusNotification,
 )
 
 
@@ -74,6 +76,26 @@ class GatewayServer(Server[Any]):
     """
 
     notification_options: NotificationOptions | None = None
+    tasks_capability: types.ServerTasksCapability | None = None
+    """Declared to 2025-era clients when set: the upstream's, served by the raw relay (stdio)."""
+
+    def get_capabilities(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        *,
+        protocol_version: str | None = None,
+    ) -> types.ServerCapabilities:
+        caps = super().get_capabilities(
+            notification_options,
+            experimental_capabilities,
+            extensions,
+            protocol_version=protocol_version,
+        )
+        if self.tasks_capability is not None and protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            caps = caps.model_copy(update={"tasks": self.tasks_capability})
+        return caps
 
     def create_initialization_options(
         self,

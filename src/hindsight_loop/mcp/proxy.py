@@ -359,6 +359,9 @@ class Gateway:
         from hindsight_loop.mcp.stdio import stdio_streams
 
         async with stdio_streams(self.raw, self) as (read_stream, write_stream):
+            if self.raw.out is not None and isinstance(self.server, GatewayServer):
+                # Task-augmented calls are relayed by the raw relay alone (pipes, same era).
+                self.server.tasks_capability = self.raw.tasks_capability()
             await self.server.run(
                 read_stream, write_stream, self.server.create_initialization_options()
             )
@@ -386,6 +389,12 @@ class Gateway:
         else:
             # stdio (and in-process): one gateway process serves exactly one client.
             key = "local"
+        return self.session(key, client_name, ctx.protocol_version, http=headers is not None)
+
+    def session(
+        self, key: str, client_name: str, protocol_version: str, *, http: bool
+    ) -> SessionTask:
+        """The task of the client session ``key`` (started on first use)."""
         session = self.sessions.get(key)
         now = time.monotonic()
         if session is None:
@@ -395,7 +404,7 @@ class Gateway:
                 task_type=self.task_type or _task_type_from(client_name),
                 client=client_name,
                 last_seen=now,
-                http=headers is not None,
+                http=http,
             )
             self.sessions[key] = session
             self.hs.record(
@@ -410,7 +419,7 @@ class Gateway:
                     "source": {
                         "kind": "mcp_gateway",
                         "client": client_name,
-                        "protocol_version": ctx.protocol_version,
+                        "protocol_version": protocol_version,
                         "upstreams": sorted(self.upstreams),
                     },
                 }

@@ -54,7 +54,10 @@ class _Lines:
                 raise StopAsyncIteration
             if self.gateway is not None:
                 gateway, self.gateway = self.gateway, None
-                await gateway.adopt_client_capabilities(_capabilities(line))
+                first = _message(line)
+                if self.relay is not None:
+                    self.relay.hello(first)
+                await gateway.adopt_client_capabilities(_capabilities(first))
             if self.relay is None or not self.relay.take_client(line):
                 return line.decode("utf-8", "replace")
 
@@ -72,14 +75,17 @@ class _Out:
         await self.writer.drain()
 
 
-def _capabilities(line: bytes) -> Any:
-    """The client capabilities a first message declares (2025 ``initialize`` or 2026 ``_meta``)."""
+def _message(line: bytes) -> Any:
     import orjson
 
     try:
-        msg = orjson.loads(line)
+        return orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
+
+
+def _capabilities(msg: Any) -> Any:
+    """The client capabilities a first message declares (2025 ``initialize`` or 2026 ``_meta``)."""
     params = msg.get("params") if isinstance(msg, dict) else None
     if not isinstance(params, dict):
         return None
