@@ -57,7 +57,8 @@ class _Lines:
                 first = _message(line)
                 if self.relay is not None:
                     self.relay.hello(first)
-                await gateway.adopt_client_capabilities(_capabilities(first))
+                legacy = isinstance(first, dict) and first.get("method") == "initialize"
+                await gateway.adopt_client(_capabilities(first), legacy=legacy)
             if self.relay is None or not self.relay.take_client(line):
                 return line.decode("utf-8", "replace")
 
