@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -164,8 +164,7 @@ class Gateway:
         session_idle: Seconds without a call after which an HTTP session's task ends.
         one_client: The gateway serves one client (stdio): its upstreams are told only the
             client capabilities (sampling, elicitation, roots) that client declares, so they
-            offer it what they would offer it directly, and are met in a 2025-era client's era
-            (see ``adopt_client``). Until it connects, none are declared.
+            offer it what they would offer it directly. Until it connects, none are declared.
             Otherwise all three are declared and relayed to whichever client asks.
     """
 
@@ -195,8 +194,6 @@ class Gateway:
             types.ClientCapabilities() if one_client else None
         )
         """The client capabilities declared to the upstreams (``None``: all of them)."""
-        self.upstream_mode: Literal["auto", "legacy"] = "auto"
-        """The protocol era the upstreams are met in (``legacy`` for a 2025-era one client)."""
         self._closing: anyio.Event | None = None
         self._stack: AsyncExitStack | None = None
         self.forward = Forwarder(self)
@@ -261,7 +258,7 @@ class Gateway:
                     callbacks = self.forward.client_callbacks(up.name)
                     link = self.raw.link(up.name)
                     client = await stack.enter_async_context(
-                        await _open_client(up.config, stack, callbacks, link, self.upstream_mode)
+                        await _open_client(up.config, stack, callbacks, link)
                     )
                     up.tools = await _list_all_tools(client)
                     up.instructions = client.instructions
@@ -290,15 +287,11 @@ class Gateway:
             assert up.ready is not None  # made by ``_revive`` before it woke this task
             ready = up.ready
 
-    async def adopt_client(self, capabilities: Any, *, legacy: bool) -> None:
-        """Meet the upstreams as the one client would meet them directly (see ``one_client``).
+    async def adopt_client_capabilities(self, capabilities: Any) -> None:
+        """Declare to the upstreams what the one client declares (see ``one_client``).
 
-        The upstreams are told the client capabilities it declares, and a 2025-era client
-        (``legacy``: it opened with ``initialize``) has them spoken to in the 2025 era, as it
-        would itself: a server offering both eras answers it 2025-era results, not translated
-        2026 ones (and its tool calls can take the raw relay, see ``fastpath``). Both are part of
-        the upstream's handshake, so an upstream met otherwise is reconnected (a fresh process
-        for stdio) before the client's handshake is answered.
+        The declaration is part of the upstream's handshake, so an upstream told something else
+        is reconnected (a fresh process for stdio) before the client's handshake is answered.
         """
         if self.declared is None:
             return
@@ -309,25 +302,13 @@ class Gateway:
         wanted = types.ClientCapabilities(
             sampling=caps.sampling, elicitation=caps.elicitation, roots=caps.roots
         )
-        declared_changed = wanted != self.declared
-        self.declared = wanted
-        if legacy:
-            self.upstream_mode = "legacy"
-        stale = [
-            up
-            for up in self.upstreams.values()
-            if up.client is not None
-            and (
-                declared_changed
-                or (legacy and up.client.session.protocol_version in MODERN_PROTOCOL_VERSIONS)
-            )
-        ]
-        if not stale:
+        if wanted == self.declared:
             return
+        self.declared = wanted
         async with anyio.create_task_group() as tg:
-            for up in stale:
-                assert up.client is not None
-                tg.start_soon(self._reconnect, up, up.client)
+            for up in self.upstreams.values():
+                if up.client is not None:
+                    tg.start_soon(self._reconnect, up, up.client)
         self._rebuild_routes()
 
     async def _reconnect(self, up: Upstream, client: Client) -> None:
@@ -759,7 +740,6 @@ async def _open_client(
     stack: AsyncExitStack,
     callbacks: dict[str, Any],
     link: UpstreamLink | None = None,
-    mode: Literal["auto", "legacy"] = "auto",
 ) -> Client:
     """A client for one upstream; ``callbacks`` relay its server-to-client traffic to clients.
 
@@ -774,8 +754,8 @@ async def _open_client(
         )
         if upstream.can_serve():  # its process is the gateway's to stop (see mcp.upstream)
             transport = upstream.upstream_stdio(params, link=link)
-            return Client(transport, client_info=info, mode=mode, **callbacks)
-        return Client(params, client_info=info, mode=mode, **callbacks)
+            return Client(transport, client_info=info, **callbacks)
+        return Client(params, client_info=info, **callbacks)
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
@@ -784,7 +764,7 @@ async def _open_client(
         httpx2.AsyncClient(headers=config.headers, timeout=httpx2.Timeout(30.0, read=300.0))
     )
     transport = streamable_http_client(config.url, http_client=http)
-    return Client(transport, client_info=info, mode=mode, **callbacks)
+    return Client(transport, client_info=info, **callbacks)
 
 
 _CALL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(

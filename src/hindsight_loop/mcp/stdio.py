@@ -57,8 +57,7 @@ class _Lines:
                 first = _message(line)
                 if self.relay is not None:
                     self.relay.hello(first)
-                legacy = isinstance(first, dict) and first.get("method") == "initialize"
-                await gateway.adopt_client(_capabilities(first), legacy=legacy)
+                await gateway.adopt_client_capabilities(_capabilities(first))
             if self.relay is None or not self.relay.take_client(line):
                 return line.decode("utf-8", "replace")
 
