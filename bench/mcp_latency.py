@@ -22,6 +22,7 @@ Paths measured, each against its own direct baseline:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -114,6 +115,9 @@ async def _bench(exe: str, calls: int, mode: str, workdir: Path) -> dict[str, An
                 "--db",
                 str(workdir / "stdio.db"),
             ],
+            # The SDK passes a child only a few variables: without this the gateway would run
+            # the installed package's code, not the checkout's that the bench is run from.
+            env={"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else None,
         ),
         mode=mode,
     )

@@ -26,7 +26,9 @@ from hindsight_loop.models import Event
 
 REPO = Path(__file__).resolve().parents[1]
 SETUP = REPO / "scripts" / "setup-mcp-npm.sh"
-CLI = "from hindsight_loop.cli import main; main()"
+# The SDK starts a stdio server with only a few environment variables (no PYTHONPATH), so the
+# gateway would run the installed package; the checkout's own code is what is under test.
+CLI = f"import sys; sys.path.insert(0, {str(REPO / 'src')!r}); from hindsight_loop.cli import main; main()"
 SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 
 pytestmark = pytest.mark.anyio

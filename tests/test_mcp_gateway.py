@@ -117,7 +117,8 @@ def _dump(seen: dict[str, Any], *, keep_meta: bool = True) -> dict[str, Any]:
 
 
 def _gateway_cmd(config: Path, db: Path, *extra: str) -> tuple[str, list[str]]:
-    code = "from hindsight_loop.cli import main; main()"
+    # The checkout's code, not the installed package's: the SDK passes no PYTHONPATH to a child.
+    code = f"import sys; sys.path.insert(0, {str(REPO / 'src')!r}); from hindsight_loop.cli import main; main()"
     return sys.executable, [
         "-c",
         code,

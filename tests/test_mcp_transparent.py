@@ -23,8 +23,9 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from mcp import Client, MCPError
+from mcp import Client, MCPError, StdioServerParameters
 from mcp.shared.exceptions import MCPDeprecationWarning
+from mcp_types import CONNECTION_CLOSED
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -284,26 +285,32 @@ async def test_a_client_without_sampling_gets_what_a_direct_client_would_answer(
     everything: str,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    async def refuse(ctx: Any, params: types.CreateMessageRequestParams) -> Any:
-        # What the SDK's client answers when it has no sampling callback.
-        return types.ErrorData(code=types.INVALID_REQUEST, message="Sampling not supported")
+    """The server offers a client that cannot sample the same tools through the gateway."""
 
-    async with Client(_direct(everything), sampling_callback=refuse, mode="legacy") as client:
-        expected = _wire(
-            await client.call_tool("trigger-sampling-request", {"prompt": "hi"}), era_stamps=True
-        )
-    assert "Sampling not supported" in str(expected)
+    async def drive(client: Client) -> dict[str, Any]:
+        listed = [t.name for t in (await client.list_tools()).tools]
+        try:
+            answer: Any = _wire(
+                await client.call_tool("trigger-sampling-request", {"prompt": "hi"}),
+                era_stamps=True,
+            )
+        except MCPError as exc:
+            answer = ("error", exc.code, exc.message)
+        return {"tools": listed, "answer": answer}
+
+    async with Client(_direct(everything), mode="legacy") as client:  # declares no sampling
+        expected = await drive(client)
+    assert "trigger-sampling-request" not in expected["tools"] and "echo" in expected["tools"]
 
     db = tmp_path / "g.db"
     config = _config(tmp_path / "s.json", _servers(everything))
-    async with Client(_gateway(config, db), mode="legacy") as client:  # declares no sampling
-        through = _wire(
-            await client.call_tool("trigger-sampling-request", {"prompt": "hi"}), era_stamps=True
-        )
+    async with Client(_gateway(config, db), mode="legacy") as client:
+        through = await drive(client)
     assert through == expected
     [(_, events)] = _tasks(db)
     [action] = _actions(events)
     assert action.input["tool"] == "trigger-sampling-request"  # type: ignore[index]
+    assert action.result["error_type"] == "unknown_tool"  # type: ignore[index]
 
 
 async def test_log_messages_and_resource_updates_reach_the_client(
@@ -381,6 +388,68 @@ async def test_calls_progress_cancellation_and_unknown_tools_record_once(
     ]
     errors = [e.result.get("error_type") for e in _actions(events)]  # type: ignore[union-attr]
     assert errors == [None, "cancelled", None, None, None, None, "unknown_tool"]
+
+
+def _unstamped(value: Any) -> Any:
+    """``value`` without what differs between two runs of one task (its id and clock times)."""
+    if isinstance(value, dict):
+        drop = {"taskId", "createdAt", "lastUpdatedAt"}
+        return {k: _unstamped(v) for k, v in value.items() if k not in drop}
+    if isinstance(value, list):
+        return [_unstamped(v) for v in value]
+    return value
+
+
+async def test_task_augmented_calls_run_as_tasks_through_the_gateway(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """SEP-1686 (2025-11-25): tools/call with params.task, tasks/get, list, result and cancel.
+
+    The SDK's client has no task helpers, so the requests go out as raw JSON-RPC through its
+    session; the gateway's answers must be the server's own, and each task-augmented call is
+    recorded once (at its result, or when it is cancelled).
+    """
+    call = {
+        "name": "simulate-research-query",
+        "arguments": {"topic": "蜜蜂 bees"},
+        "task": {"ttl": 60000},
+    }
+
+    async def drive(client: Client) -> dict[str, Any]:
+        send = client.session._dispatcher.send_raw_request
+        seen: dict[str, Any] = {}
+        created = await send("tools/call", call, {})
+        task_id = created["task"]["taskId"]
+        seen["created"] = created
+        seen["get"] = await send("tasks/get", {"taskId": task_id}, {})
+        seen["list"] = await send("tasks/list", None, {})
+        seen["result"] = await send("tasks/result", {"taskId": task_id}, {})
+        second = await send("tools/call", call, {})
+        seen["cancel"] = await send("tasks/cancel", {"taskId": second["task"]["taskId"]}, {})
+        return _unstamped(seen)
+
+    async with Client(_direct(everything), mode="legacy") as client:
+        caps = client.server_capabilities
+        expected = await drive(client)
+    assert caps is not None and caps.tasks is not None
+    assert expected["created"]["task"]["status"] == "working"
+    assert "Research Report: 蜜蜂 bees" in str(expected["result"])
+    assert expected["cancel"]["status"] == "cancelled"
+
+    db = tmp_path / "g.db"
+    config = _config(tmp_path / "s.json", _servers(everything))
+    async with Client(_gateway(config, db), mode="legacy") as client:
+        mirrored = client.server_capabilities
+        through = await drive(client)
+    assert mirrored is not None and mirrored.tasks == caps.tasks
+    assert through == expected
+    [(_, events)] = _tasks(db)
+    actions = _actions(events)
+    assert [a.input["tool"] for a in actions] == ["simulate-research-query"] * 2  # type: ignore[index]
+    done, cancelled = actions
+    assert not done.failed and "Research Report: 蜜蜂 bees" in done.result["output"]  # type: ignore[index]
+    assert cancelled.result["error_type"] == "cancelled"  # type: ignore[index]
 
 
 def test_the_gateway_serves_a_stdin_that_is_a_file(
@@ -558,6 +627,11 @@ PID_SERVER = textwrap.dedent(
         """This server's process id."""
         return str(os.getpid())
 
+    @server.tool()
+    def die() -> str:
+        """Ends this server in the middle of the call."""
+        os._exit(3)
+
     server.run()
     '''
 )
@@ -594,6 +668,42 @@ async def test_a_crashed_stdio_upstream_is_restarted_on_the_next_call(tmp_path: 
     assert not actions[0].failed and not actions[-1].failed
     assert len(actions) == 2 + failed
     assert [a.result.get("error_type") for a in actions[1:-1]] == ["upstream_unavailable"] * failed  # type: ignore[union-attr]
+
+
+async def test_an_upstream_that_dies_during_a_call_answers_as_it_would_directly(
+    tmp_path: Path,
+) -> None:
+    """The call in flight gets the error a direct client gets; the next call a fresh server.
+
+    Tool calls take the gateway's raw relay (``mcp.fastpath``) here: both sides speak the 2026
+    era, so the in-flight call is answered by the relay when the upstream's pipe closes.
+    """
+    script = tmp_path / "pid_server.py"
+    script.write_text(PID_SERVER)
+    params = StdioServerParameters(command=sys.executable, args=[str(script)])
+
+    async def drive(client: Client) -> tuple[str, tuple[int, str]]:
+        first = (await client.call_tool("pid", {})).content[0].text  # type: ignore[union-attr]
+        with pytest.raises(MCPError) as died:
+            await client.call_tool("die", {})
+        return first, (died.value.code, died.value.message)
+
+    async with Client(params) as client:
+        _, expected = await drive(client)
+    db = tmp_path / "g.db"
+    config = _config(
+        tmp_path / "s.json", {"pid": {"command": sys.executable, "args": [str(script)]}}
+    )
+    async with Client(_gateway(config, db)) as client:
+        first, through = await drive(client)
+        with anyio.fail_after(30):
+            second = (await client.call_tool("pid", {})).content[0].text  # type: ignore[union-attr]
+    assert through == expected == (CONNECTION_CLOSED, "Connection closed")
+    assert int(second) != int(first)
+    [(_, events)] = _tasks(db)
+    actions = _actions(events)
+    assert [a.input["tool"] for a in actions] == ["pid", "die", "pid"]  # type: ignore[index]
+    assert [a.result.get("error_type") for a in actions] == [None, "upstream_unavailable", None]  # type: ignore[union-attr]
 
 
 TWIN_SERVER = textwrap.dedent(

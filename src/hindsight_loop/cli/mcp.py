@@ -206,7 +206,9 @@ def _gateway_main(
                     serving.cancel()
 
                 async def run() -> None:
-                    async with Gateway(hs, cfg, task_type=task_type, advise=advise) as gateway:
+                    async with Gateway(
+                        hs, cfg, task_type=task_type, advise=advise, one_client=True
+                    ) as gateway:
                         with serving:
                             await gateway.serve_stdio()
 

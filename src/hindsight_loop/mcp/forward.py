@@ -15,9 +15,12 @@ their reference names.
 
 Server-to-client requests go the other way: the gateway's connection to each upstream declares
 sampling, elicitation and roots, and relays each request to the client whose call is in flight
-on that upstream (over stdio there is exactly one client), answering with the client's result
-or error. A client that did not declare the capability gets the answer an SDK client without
-that callback gives: ``INVALID_REQUEST`` "... not supported".
+on that upstream, answering with the client's result or error. Over stdio (one client) the
+gateway declares to its upstreams only what the client declared (``Gateway.declared``), so a
+server that offers some tools only to clients able to answer its requests lists the same tools
+through the gateway as directly. Over HTTP (many clients) all three are declared, and a client
+that did not declare the capability gets the answer an SDK client without that callback gives:
+``INVALID_REQUEST`` "... not supported".
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.session import ServerSession
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
 
 from hindsight_loop.mcp.config import PREFIX_SEPARATOR
@@ -60,6 +64,7 @@ _RELAYED_NOTIFICATIONS = (
     types.ResourceListChangedNotification,
     types.PromptListChangedNotification,
     types.ToolListChangedNotification,
+    types.TaskStatusNotification,
 )
 
 
@@ -71,6 +76,26 @@ class GatewayServer(Server[Any]):
     """
 
     notification_options: NotificationOptions | None = None
+    tasks_capability: types.ServerTasksCapability | None = None
+    """Declared to 2025-era clients when set: the upstream's, served by the raw relay (stdio)."""
+
+    def get_capabilities(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        *,
+        protocol_version: str | None = None,
+    ) -> types.ServerCapabilities:
+        caps = super().get_capabilities(
+            notification_options,
+            experimental_capabilities,
+            extensions,
+            protocol_version=protocol_version,
+        )
+        if self.tasks_capability is not None and protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            caps = caps.model_copy(update={"tasks": self.tasks_capability})
+        return caps
 
     def create_initialization_options(
         self,
@@ -248,10 +273,15 @@ class Forwarder:
             if isinstance(message, _RELAYED_NOTIFICATIONS):
                 await self._notify(upstream, message)
 
+        # A callback given is a capability declared (the SDK builds the declaration from them).
+        declared = self.gateway.declared
         return {
-            "sampling_callback": sampling,
-            "elicitation_callback": elicitation,
-            "list_roots_callback": list_roots,
+            "sampling_callback": sampling if declared is None or declared.sampling else None,
+            "sampling_capabilities": declared.sampling if declared is not None else None,
+            "elicitation_callback": (
+                elicitation if declared is None or declared.elicitation else None
+            ),
+            "list_roots_callback": list_roots if declared is None or declared.roots else None,
             "logging_callback": on_log,
             "message_handler": on_message,
         }

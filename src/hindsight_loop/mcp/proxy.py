@@ -16,7 +16,8 @@ sends back (sampling, elicitation, roots) is passed through unrecorded by ``forw
 stdio upstream that dies is restarted on the next call (with backoff).
 
 Recording stays off the hot path: ``Hindsight.record`` only enqueues (a writer thread does the
-I/O), and the only extra work per call is building one dict. Recall for advice runs in a worker
+I/O), and the only extra work per call is building one dict. Over stdio, a tool call that needs
+nothing of the SDK is relayed as bytes past both SDK sessions (``fastpath.py``). Recall for advice runs in a worker
 thread and only after a call has failed.
 
 Tool names: in ``auto`` naming a tool keeps its upstream name unless two upstreams offer the same
@@ -65,6 +66,7 @@ from hindsight_loop.mcp.events import (
     classify_result_error,
     summarize_content,
 )
+from hindsight_loop.mcp.fastpath import RawRelay, UpstreamLink
 from hindsight_loop.mcp.forward import Forwarder, GatewayServer
 from hindsight_loop.models import MAX_LESSONS, new_id
 
@@ -160,6 +162,10 @@ class Gateway:
         advise: Overrides the config's ``advise``.
         max_output: Bound of the result summary kept in each event.
         session_idle: Seconds without a call after which an HTTP session's task ends.
+        one_client: The gateway serves one client (stdio): its upstreams are told only the
+            client capabilities (sampling, elicitation, roots) that client declares, so they
+            offer it what they would offer it directly. Until it connects, none are declared.
+            Otherwise all three are declared and relayed to whichever client asks.
     """
 
     def __init__(
@@ -171,6 +177,7 @@ class Gateway:
         advise: bool | None = None,
         max_output: int = 500,
         session_idle: float = DEFAULT_SESSION_IDLE,
+        one_client: bool = False,
     ) -> None:
         self.hs = hs
         self.config = config
@@ -183,9 +190,14 @@ class Gateway:
         }
         self.routes: dict[str, Route] = {}
         self.sessions: dict[str, SessionTask] = {}
+        self.declared: types.ClientCapabilities | None = (
+            types.ClientCapabilities() if one_client else None
+        )
+        """The client capabilities declared to the upstreams (``None``: all of them)."""
         self._closing: anyio.Event | None = None
         self._stack: AsyncExitStack | None = None
         self.forward = Forwarder(self)
+        self.raw = RawRelay(self)
         self.server: Server[Any] = GatewayServer(
             GATEWAY_NAME,
             version=_version(),
@@ -244,14 +256,20 @@ class Gateway:
             try:
                 async with AsyncExitStack() as stack:
                     callbacks = self.forward.client_callbacks(up.name)
+                    link = self.raw.link(up.name)
                     client = await stack.enter_async_context(
-                        await _open_client(up.config, stack, callbacks)
+                        await _open_client(up.config, stack, callbacks, link)
                     )
                     up.tools = await _list_all_tools(client)
                     up.instructions = client.instructions
                     up.client, up.error = client, None
+                    self.raw.links[up.name] = link
                     ready.set()
-                    await _first(closing, up.lost)
+                    try:
+                        await _first(closing, up.lost)
+                    finally:
+                        if self.raw.links.get(up.name) is link:
+                            del self.raw.links[up.name]
                     up.client = None
             except Exception as exc:  # a server that fails to start must not take the others down
                 up.client = None
@@ -268,6 +286,39 @@ class Gateway:
                 return
             assert up.ready is not None  # made by ``_revive`` before it woke this task
             ready = up.ready
+
+    async def adopt_client_capabilities(self, capabilities: Any) -> None:
+        """Declare to the upstreams what the one client declares (see ``one_client``).
+
+        The declaration is part of the upstream's handshake, so an upstream told something else
+        is reconnected (a fresh process for stdio) before the client's handshake is answered.
+        """
+        if self.declared is None:
+            return
+        try:
+            caps = types.ClientCapabilities.model_validate(capabilities or {}, by_name=False)
+        except ValueError:  # an unreadable declaration declares nothing
+            caps = types.ClientCapabilities()
+        wanted = types.ClientCapabilities(
+            sampling=caps.sampling, elicitation=caps.elicitation, roots=caps.roots
+        )
+        if wanted == self.declared:
+            return
+        self.declared = wanted
+        async with anyio.create_task_group() as tg:
+            for up in self.upstreams.values():
+                if up.client is not None:
+                    tg.start_soon(self._reconnect, up, up.client)
+        self._rebuild_routes()
+
+    async def _reconnect(self, up: Upstream, client: Client) -> None:
+        """Close ``up``'s connection and open a new one (with what is declared now)."""
+        self._lost(up, client)
+        ready = up.ready = anyio.Event()
+        assert up.wake is not None  # made by ``_lost``
+        up.wake.set()
+        with anyio.move_on_after(self.config.call_timeout or 30.0):
+            await ready.wait()
 
     async def _revive(self, up: Upstream) -> None:
         """Reconnect a lost stdio upstream for a call, at most once per backoff interval."""
@@ -307,7 +358,10 @@ class Gateway:
         """Serve one client over this process's stdin/stdout until it disconnects."""
         from hindsight_loop.mcp.stdio import stdio_streams
 
-        async with stdio_streams() as (read_stream, write_stream):
+        async with stdio_streams(self.raw, self) as (read_stream, write_stream):
+            if self.raw.out is not None and isinstance(self.server, GatewayServer):
+                # Task-augmented calls are relayed by the raw relay alone (pipes, same era).
+                self.server.tasks_capability = self.raw.tasks_capability()
             await self.server.run(
                 read_stream, write_stream, self.server.create_initialization_options()
             )
@@ -335,6 +389,12 @@ class Gateway:
         else:
             # stdio (and in-process): one gateway process serves exactly one client.
             key = "local"
+        return self.session(key, client_name, ctx.protocol_version, http=headers is not None)
+
+    def session(
+        self, key: str, client_name: str, protocol_version: str, *, http: bool
+    ) -> SessionTask:
+        """The task of the client session ``key`` (started on first use)."""
         session = self.sessions.get(key)
         now = time.monotonic()
         if session is None:
@@ -344,7 +404,7 @@ class Gateway:
                 task_type=self.task_type or _task_type_from(client_name),
                 client=client_name,
                 last_seen=now,
-                http=headers is not None,
+                http=http,
             )
             self.sessions[key] = session
             self.hs.record(
@@ -359,7 +419,7 @@ class Gateway:
                     "source": {
                         "kind": "mcp_gateway",
                         "client": client_name,
-                        "protocol_version": ctx.protocol_version,
+                        "protocol_version": protocol_version,
                         "upstreams": sorted(self.upstreams),
                     },
                 }
@@ -676,9 +736,16 @@ class _SessionEndWatcher:
 
 
 async def _open_client(
-    config: UpstreamConfig, stack: AsyncExitStack, callbacks: dict[str, Any]
+    config: UpstreamConfig,
+    stack: AsyncExitStack,
+    callbacks: dict[str, Any],
+    link: UpstreamLink | None = None,
 ) -> Client:
-    """A client for one upstream; ``callbacks`` relay its server-to-client traffic to clients."""
+    """A client for one upstream; ``callbacks`` relay its server-to-client traffic to clients.
+
+    ``link`` carries the hot tool calls past the SDK (see ``mcp.fastpath``) on the gateway's
+    own stdio transport.
+    """
     info = types.Implementation(name=GATEWAY_NAME, version=_version())
     if config.transport == "stdio":
         assert config.command is not None
@@ -686,7 +753,8 @@ async def _open_client(
             command=config.command, args=config.args, env=config.env or None, cwd=config.cwd
         )
         if upstream.can_serve():  # its process is the gateway's to stop (see mcp.upstream)
-            return Client(upstream.upstream_stdio(params), client_info=info, **callbacks)
+            transport = upstream.upstream_stdio(params, link=link)
+            return Client(transport, client_info=info, **callbacks)
         return Client(params, client_info=info, **callbacks)
     import httpx2
     from mcp.client.streamable_http import streamable_http_client

@@ -18,26 +18,48 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hindsight_loop.mcp.fastpath import RawRelay
+    from hindsight_loop.mcp.proxy import Gateway
+
+_CAPABILITIES_META_KEY = "io.modelcontextprotocol/clientCapabilities"
 
 #: Longest line read (the SDK's own transport has no bound; a result with images can be large).
 _LINE_LIMIT = 1 << 30
 
 
 class _Lines:
-    """The read side, as the SDK iterates it: one text line per message."""
+    """The read side, as the SDK iterates it: one text line per message.
 
-    def __init__(self, reader: asyncio.StreamReader) -> None:
+    Lines the relay takes (the hot tool calls, see ``mcp.fastpath``) never reach the SDK.
+    """
+
+    def __init__(
+        self, reader: asyncio.StreamReader, relay: RawRelay | None, gateway: Gateway | None
+    ) -> None:
         self.reader = reader
+        self.relay = relay
+        self.gateway = gateway
+        """Told the client's capabilities from its first message, before the SDK reads it."""
 
     def __aiter__(self) -> _Lines:
         return self
 
     async def __anext__(self) -> str:
-        line = await self.reader.readline()
-        if not line:
-            raise StopAsyncIteration
-        return line.decode("utf-8", "replace")
+        while True:
+            line = await self.reader.readline()
+            if not line:
+                raise StopAsyncIteration
+            if self.gateway is not None:
+                gateway, self.gateway = self.gateway, None
+                first = _message(line)
+                if self.relay is not None:
+                    self.relay.hello(first)
+                await gateway.adopt_client_capabilities(_capabilities(first))
+            if self.relay is None or not self.relay.take_client(line):
+                return line.decode("utf-8", "replace")
 
 
 class _Out:
@@ -53,13 +75,39 @@ class _Out:
         await self.writer.drain()
 
 
+def _message(line: bytes) -> Any:
+    import orjson
+
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _capabilities(msg: Any) -> Any:
+    """The client capabilities a first message declares (2025 ``initialize`` or 2026 ``_meta``)."""
+    params = msg.get("params") if isinstance(msg, dict) else None
+    if not isinstance(params, dict):
+        return None
+    if msg.get("method") == "initialize":
+        return params.get("capabilities")
+    meta = params.get("_meta")
+    return meta.get(_CAPABILITIES_META_KEY) if isinstance(meta, dict) else None
+
+
 @asynccontextmanager
-async def stdio_streams() -> AsyncIterator[tuple[Any, Any]]:
-    """``(read_stream, write_stream)`` for ``Server.run`` over this process's stdin/stdout."""
+async def stdio_streams(
+    relay: RawRelay | None = None, gateway: Gateway | None = None
+) -> AsyncIterator[tuple[Any, Any]]:
+    """``(read_stream, write_stream)`` for ``Server.run`` over this process's stdin/stdout.
+
+    ``relay`` serves the hot tool calls past the SDK while pipes are in use; ``gateway`` is
+    told the capabilities the client declares in its first message.
+    """
     from mcp.server.stdio import stdio_server
 
     async with AsyncExitStack() as stack:
-        pipes = await stack.enter_async_context(_pipes()) if _can_pipe() else None
+        pipes = await stack.enter_async_context(_pipes(relay, gateway)) if _can_pipe() else None
         if pipes is None:
             streams = await stack.enter_async_context(stdio_server())
         else:
@@ -76,7 +124,9 @@ def _can_pipe() -> bool:
 
 
 @asynccontextmanager
-async def _pipes() -> AsyncIterator[tuple[Any, Any] | None]:
+async def _pipes(
+    relay: RawRelay | None, gateway: Gateway | None
+) -> AsyncIterator[tuple[Any, Any] | None]:
     loop = asyncio.get_running_loop()
     wire_in = os.fdopen(os.dup(0), "rb", buffering=0)
     wire_out = os.fdopen(os.dup(1), "wb", buffering=0)
@@ -104,9 +154,13 @@ async def _pipes() -> AsyncIterator[tuple[Any, Any] | None]:
     os.dup2(null, 0)
     os.close(null)
     os.dup2(2, 1)
+    if relay is not None:
+        relay.out = writer
     try:
-        yield _Lines(reader), _Out(writer)
+        yield _Lines(reader, relay, gateway), _Out(writer)
     finally:
+        if relay is not None:
+            relay.close()
         with suppress(Exception):  # the client is gone; nothing left to deliver
             await writer.drain()
         for transport in transports:

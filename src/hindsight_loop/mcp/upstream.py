@@ -25,7 +25,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
@@ -33,6 +33,9 @@ from mcp.client.stdio import StdioServerParameters, get_default_environment
 from mcp.shared.message import SessionMessage
 
 from hindsight_loop.mcp.stdio import _LINE_LIMIT
+
+if TYPE_CHECKING:
+    from hindsight_loop.mcp.fastpath import UpstreamLink
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +65,14 @@ def stop_now() -> None:
 
 @asynccontextmanager
 async def upstream_stdio(
-    server: StdioServerParameters,
+    server: StdioServerParameters, *, link: UpstreamLink | None = None
 ) -> AsyncIterator[tuple[Any, Any]]:
-    """``(read_stream, write_stream)`` to a spawned stdio server, as ``Client`` takes them."""
+    """``(read_stream, write_stream)`` to a spawned stdio server, as ``Client`` takes them.
+
+    With ``link``, lines the gateway writes itself go straight to the server's stdin and the
+    answers to them are taken off the read side before the SDK parses anything (see
+    ``mcp.fastpath``).
+    """
     process = await asyncio.create_subprocess_exec(
         server.command,
         *server.args,
@@ -81,10 +89,14 @@ async def upstream_stdio(
     write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](0)
     assert process.stdin is not None and process.stdout is not None
     stdin, stdout = process.stdin, process.stdout
+    if link is not None:
+        link.attach(stdin.write)
 
     async def read() -> None:
         async with to_session:
             while line := await stdout.readline():
+                if link is not None and link.take(line):
+                    continue
                 try:
                     item: SessionMessage | Exception = SessionMessage(
                         types.jsonrpc_message_adapter.validate_json(line, by_name=False)
@@ -95,6 +107,8 @@ async def upstream_stdio(
                     await to_session.send(item)
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     break
+            if link is not None:
+                link.detach()
             # Drained to the end, so a server flushing output on its way out never blocks.
             while await stdout.read(1 << 16):
                 pass
@@ -122,6 +136,8 @@ async def upstream_stdio(
                     await _stop(process, asked)
                 tg.cancel_scope.cancel()
     finally:
+        if link is not None:
+            link.detach()
         _LIVE.pop(process.pid, None)
         if process.returncode is None:  # cancelled before the stop ran: never leave it behind
             _signal_group(process.pid, signal.SIGKILL)
