@@ -68,7 +68,7 @@ class Triggers:
         """The recorder's hook: ``payloads`` holds the sanitized payload of each watched event
         (else None), so the rules need not parse the JSON they were just made from."""
         queued = False
-        for i, (event_id, task_id, seq, ts, etype, body) in enumerate(rows):
+        for i, (event_id, task_id, seq, ts, etype, body, *_) in enumerate(rows):
             run = self._running.get(task_id)
             if run is None:
                 run = self._running[task_id] = _Running()
