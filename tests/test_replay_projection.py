@@ -336,3 +336,29 @@ def test_a_store_from_before_the_projection_migrates_and_replays_the_same(db_pat
         assert replay(task, stored) == replay(task, store.events("tsk_old"))
     finally:
         store.close()
+
+
+def test_the_live_watch_reads_the_stored_projection_as_it_reads_the_event() -> None:
+    from hindsight_loop.models import Event
+    from hindsight_loop.replay import AnomalyWatch, project_json, read_projection
+
+    rng = random.Random(8)
+    run = varied_run(rng, "tsk_live", 800, agents=True)[1:-1]
+    fed, given = AnomalyWatch(), AnomalyWatch()
+    found = 0
+    for seq, wire in enumerate(run):
+        body = {k: v for k, v in wire.items() if k not in ("type", "task_id")}
+        event = Event.from_dict(
+            {
+                **wire,
+                "event_id": f"e{seq}",
+                "seq": seq,
+                "timestamp": iso(T0 + timedelta(seconds=seq)),
+            }
+        )
+        stored = read_projection(wire["type"], project_json(wire["type"], body))
+        assert stored is not None
+        nodes = fed.observe(event)
+        assert given.observe(event, stored) == nodes
+        found += len(nodes)
+    assert found > 10

@@ -97,6 +97,8 @@ __all__ = [
     "event_projection",
     "project_body",
     "project_json",
+    "read_projection",
+    "stored_projection",
     "wire_timestamp",
     "replay",
 ]
@@ -270,9 +272,13 @@ class AnomalyWatch:
         """How many events the watch has observed."""
         return self._count
 
-    def observe(self, event: Event) -> list[KeyNode]:
-        """Take the next event of the task; return the anomalies it completes (usually none)."""
-        p = _event_projection(event) or _bare(event)
+    def observe(self, event: Event, projection: list[Any] | None = None) -> list[KeyNode]:
+        """Take the next event of the task; return the anomalies it completes (usually none).
+
+        ``projection``: the event's, when the caller has it (``read_projection`` of the row the
+        recorder made): it is not worked out again.
+        """
+        p = projection or _event_projection(event) or _bare(event)
         seen = Seen(self._count, event, projection=p)
         self._count += 1
         found: list[KeyNode] = []
@@ -421,23 +427,35 @@ _BODY_PARTS = ("agent_state", "context", "input", "decision", "result")
 def project(etype: str, body: dict[str, Any]) -> list[Any] | None:
     """What the key-node detectors read of one event, as a small JSON-able list.
 
-    The recorder computes it once, at write time, from the sanitized payload it has in hand
-    (``Recorder._row``; stored only when redaction left the body as that payload, so it is
-    the projection of the stored body); a store computes it from the decoded event for rows
-    that come without one; replay computes it for events in memory and for rows stored
-    without one. Always this one function, so a chronicle read from projections is the
-    chronicle of the full events. On the writer's hot path: kept to plain lookups, one
-    checksum per tool call and the complaint rule on user turns only.
+    ``[version, type, status, tool, step label, call signature, weighed alternatives, flags,
+    agent, error type]``, or None for an event whose parts are not JSON objects (replay then
+    reads its body). It is ``stored_projection`` with the type and the defaults it leaves out.
 
     Args:
         etype: The event's type.
         body: Its stored body: ``agent_state``, ``input``, ``decision``, ``result`` and any
             other top-level fields (``score``).
+    """
+    p = stored_projection(etype, body)
+    return None if p is None else _unstored(etype, p)
 
-    Returns:
-        ``[version, type, status, tool, step label, call signature, weighed alternatives, flags,
-        agent, error type]``, or None for an event whose parts are not JSON objects (replay then
-        reads its body).
+
+# The projection's fields after the type, as ``stored_projection`` leaves them out at its end.
+_TAIL = (None, None, None, None, None, 0, None, None)
+_BARE_JSON = b"[%d]" % PROJECTION_VERSION
+
+
+def stored_projection(etype: str, body: dict[str, Any]) -> list[Any] | None:
+    """``project`` as stored: without the type (the row has it) and the trailing fields that
+    hold their defaults (``[version]`` alone for most state changes and user turns).
+
+    The recorder computes it once, at write time, from the sanitized payload it has in hand
+    (``Recorder._row``; stored only when redaction left the body as that payload, so it is
+    the projection of the stored body); a store computes it from the decoded event for rows
+    that come without one; replay computes it for events in memory and for rows stored
+    without one. Always this one function, so a chronicle read from projections is the
+    chronicle of the full events. On the writer's hot path: plain lookups, one checksum per
+    tool call, the complaint rule on user turns only, every byte left out that can be.
     """
     get = body.get
     state, inp, decision, result = get("agent_state"), get("input"), get("decision"), get("result")
@@ -492,27 +510,52 @@ def project(etype: str, body: dict[str, Any]) -> list[Any] | None:
     ):
         flags |= _UNHAPPY
     agent = state.get("agent") if state else None
-    return [
-        PROJECTION_VERSION,
-        etype,
-        status,
-        name,
-        label,
-        sig,
-        weigh,
-        flags,
-        agent if isinstance(agent, str) and agent else None,
-        error_type,
-    ]
+    if not isinstance(agent, str) or not agent:
+        agent = None
+    v = PROJECTION_VERSION
+    if error_type is not None:
+        return [v, status, name, label, sig, weigh, flags, agent, error_type]
+    if agent is not None:
+        return [v, status, name, label, sig, weigh, flags, agent]
+    if flags:
+        return [v, status, name, label, sig, weigh, flags]
+    if weigh is not None:
+        return [v, status, name, label, sig, weigh]
+    if sig is not None:
+        return [v, status, name, label, sig]
+    if label is not None:
+        return [v, status, name, label]
+    if name is not None:
+        return [v, status, name]
+    if status is not None:
+        return [v, status]
+    return [v]
 
 
 def project_json(etype: str, body: dict[str, Any]) -> bytes | None:
-    """``project`` as the JSON the store keeps beside the body; None when there is none."""
+    """``stored_projection`` as the JSON the store keeps beside the body; None when there is
+    none."""
     try:
-        got = project(etype, body)
-        return None if got is None else orjson.dumps(got)
+        got = stored_projection(etype, body)
     except Exception:  # noqa: BLE001 - a body replay cannot project is read whole instead
         return None
+    if got is None:
+        return None
+    return _BARE_JSON if len(got) == 1 else orjson.dumps(got)
+
+
+def _unstored(etype: str, p: list[Any]) -> list[Any]:
+    """A stored projection with its type and trailing defaults back."""
+    return [p[0], etype, *p[1:], *_TAIL[len(p) - 1 :]]
+
+
+def read_projection(etype: str, raw: bytes | str | None) -> list[Any] | None:
+    """A stored projection (``project_json``) as ``project`` gives it; None for none, or one
+    of another version."""
+    if not raw:
+        return None
+    p = orjson.loads(raw)
+    return _unstored(etype, p) if p[0] == PROJECTION_VERSION else None
 
 
 def project_body(etype: str, body: bytes | str) -> bytes | None:
@@ -524,7 +567,7 @@ def project_body(etype: str, body: bytes | str) -> bytes | None:
     return project_json(etype, data) if type(data) is dict else None
 
 
-def _event_projection(ev: Event) -> list[Any] | None:
+def _event_projection(ev: Event, *, stored: bool = False) -> list[Any] | None:
     body: dict[str, Any] = {
         "agent_state": ev.agent_state,
         "input": ev.input,
@@ -533,13 +576,13 @@ def _event_projection(ev: Event) -> list[Any] | None:
     }
     if ev.extra and "score" in ev.extra:
         body["score"] = ev.extra["score"]
-    return project(ev.type, body)
+    return stored_projection(ev.type, body) if stored else project(ev.type, body)
 
 
 def event_projection(ev: Event) -> bytes | None:
     """``project_json`` of an event in memory (a store copy, an import)."""
     try:
-        got = _event_projection(ev)
+        got = _event_projection(ev, stored=True)
         return None if got is None else orjson.dumps(got)
     except Exception:  # noqa: BLE001 - see project_json
         return None
@@ -582,8 +625,9 @@ class StoredRun(Sequence[Event]):
 
     Args:
         keys: Each event's key in the store, in (timestamp, seq) order.
-        projections: Each event's stored projection (JSON text), or None where it has none
-            (written before projections existed): those are decoded.
+        types: Each event's type.
+        projections: Each event's stored projection (``project_json``), or None (or "")
+            where it has none (written before projections existed): those are decoded.
         load: Reads the events of some keys: ``{key: Event}``.
 
     A store keeps a projection only beside a timestamp in the wire format, so the store's
@@ -591,15 +635,26 @@ class StoredRun(Sequence[Event]):
     odd timestamp among them makes replay decode and order the whole run itself (``ordered``).
     """
 
-    __slots__ = ("_keys", "_projections", "_load", "_events", "_later", "_read", "_ordered")
+    __slots__ = (
+        "_keys",
+        "_types",
+        "_projections",
+        "_load",
+        "_events",
+        "_later",
+        "_read",
+        "_ordered",
+    )
 
     def __init__(
         self,
         keys: list[Any],
+        types: list[str],
         projections: list[Any],
         load: Callable[[list[Any]], dict[Any, Event]],
     ) -> None:
         self._keys = keys
+        self._types = types
         self._projections = projections
         self._load = load
         self._events: list[Event | None] = [None] * len(keys)
@@ -610,7 +665,9 @@ class StoredRun(Sequence[Event]):
     @classmethod
     def of(cls, events: list[Event]) -> StoredRun:
         """A run of events already in memory, in the order given."""
-        run = cls(list(range(len(events))), [None] * len(events), _no_load)
+        run = cls(
+            list(range(len(events))), [e.type for e in events], [None] * len(events), _no_load
+        )
         run._events = list(events)
         return run
 
@@ -652,10 +709,12 @@ class StoredRun(Sequence[Event]):
         out: list[Any] = []
         loads, version, events = orjson.loads, PROJECTION_VERSION, self._events
         missing = []
-        for i, raw in enumerate(self._projections):
+        for i, (etype, raw) in enumerate(zip(self._types, self._projections, strict=True)):
             p = loads(raw) if raw else None
             if p is None or p[0] != version:
                 missing.append(i)
+            else:
+                p = [version, etype, *p[1:], *_TAIL[len(p) - 1 :]]  # _unstored, inlined
             out.append(p)
         if missing:
             self.prefetch(missing)

@@ -356,10 +356,11 @@ class PostgresStore:
     def stored_run(self, task_id: str) -> StoredRun:
         # The same order as events().
         rows = self._db.execute(
-            "SELECT id, projection FROM events WHERE task_id=%s ORDER BY ts, seq, id",
+            "SELECT id, type, projection FROM events WHERE task_id=%s ORDER BY ts, seq, id",
             (task_id,),
         ).fetchall()
-        return StoredRun([r[0] for r in rows], [r[1] for r in rows], self._events_by_key)
+        keys, types, projections = zip(*rows, strict=True) if rows else ((), (), ())
+        return StoredRun(list(keys), list(types), list(projections), self._events_by_key)
 
     def _events_by_key(self, keys: list[int]) -> dict[int, Event]:
         """The events of these row ids (the bodies a replay shows)."""

@@ -55,7 +55,7 @@ FROM json_each(?1)
 """
 # A task's events in replay's order (rows tied on (ts, seq) in insertion order, which the index
 # gives for free: its entries end with the row id).
-_PROJECTIONS = "SELECT id, projection FROM events WHERE task_id=? ORDER BY ts, seq, id"
+_PROJECTIONS = "SELECT id, type, projection FROM events WHERE task_id=? ORDER BY ts, seq, id"
 
 
 def _dumps(obj: Any) -> str:
@@ -353,7 +353,8 @@ class SQLiteStore:
 
     def stored_run(self, task_id: str) -> StoredRun:
         rows = self._db.execute(_PROJECTIONS, (task_id,)).fetchall()
-        return StoredRun([r[0] for r in rows], [r[1] for r in rows], self._events_by_key)
+        keys, types, projections = zip(*rows, strict=True) if rows else ((), (), ())
+        return StoredRun(list(keys), list(types), list(projections), self._events_by_key)
 
     def _events_by_key(self, keys: list[int]) -> dict[int, Event]:
         """The events of these row ids (the bodies a replay shows)."""
