@@ -709,7 +709,7 @@ class _Sanitizer:
 # A queued item: (task_id, seq, timestamp (ns int, or caller's value), type, payload, event_id)
 Item = tuple[str, int, Any, str, dict[str, Any], str | None]
 # A row for the store: (event_id, task_id, seq, timestamp, type, body, projection), where the
-# projection is ``replay.project`` of the body as JSON (None: replay decodes the body instead).
+# projection is ``replay.project_json`` of the payload (None: replay decodes the body instead).
 Row = tuple[str, str, int, str, str, bytes, bytes | None]
 # A batch on its way to the store: how many events, their rows, and, if they could not be
 # prepared, the raw items and why. The items themselves are not kept once prepared: as Python
