@@ -37,6 +37,7 @@ from typing import Any
 import orjson
 
 from hindsight_loop.models import EVENT_BODY_FIELDS, WIRE_SCALARS, new_id, parse_ts
+from hindsight_loop.replay import project_json
 
 log = logging.getLogger("hindsight_loop")
 
@@ -707,7 +708,9 @@ class _Sanitizer:
 
 # A queued item: (task_id, seq, timestamp (ns int, or caller's value), type, payload, event_id)
 Item = tuple[str, int, Any, str, dict[str, Any], str | None]
-Row = tuple[str, str, int, str, str, bytes]
+# A row for the store: (event_id, task_id, seq, timestamp, type, body, projection), where the
+# projection is ``replay.project_json`` of the payload (None: replay decodes the body instead).
+Row = tuple[str, str, int, str, str, bytes, bytes | None]
 # A batch on its way to the store: how many events, their rows, and, if they could not be
 # prepared, the raw items and why. The items themselves are not kept once prepared: as Python
 # objects an event takes several times the memory of its row.
@@ -1021,13 +1024,22 @@ class Recorder:
             clean = None
             body = orjson.dumps({"unserializable": sanitizer.text(repr(exc))})
             sanitizer.problems.append(f"could not be stored as JSON ({exc!r}): kept as its error")
+        raw = body
         body = redact(body, secret_key=sanitizer.secret_key)
+        # What replay's detectors read, worked out here where the payload is already decoded.
+        # Only when redaction left the body as it was: then it is the projection of the stored
+        # body, and nothing a redaction removed can reach the store through it.
+        projection = (
+            project_json(etype, clean)
+            if clean is not None and (body is raw or body == raw)
+            else None
+        )
         if sanitizer.problems:
             self.stats["warnings"] += 1
             warn(f"event {seq} of task {task_id!r}: " + "; ".join(sorted(set(sanitizer.problems))))
         if keep is not None:
             keep.append(clean if etype in WATCHED_TYPES else None)
-        return (event_id or new_id("evt"), task_id, seq, stamp, etype, body)
+        return (event_id or new_id("evt"), task_id, seq, stamp, etype, body, projection)
 
     def _prepare(
         self, items: list[Item], keep: list[Any] | None = None
@@ -1161,7 +1173,7 @@ class Recorder:
 
     def _dead_letter(self, rows: Iterable[Row], reason: str) -> None:
         def line(row: Row) -> bytes:
-            event_id, task_id, seq, ts, etype, body = row
+            event_id, task_id, seq, ts, etype, body = row[:6]
             try:
                 event = orjson.loads(body)
                 event.update(event_id=event_id, task_id=task_id, seq=seq, timestamp=ts, type=etype)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -56,6 +57,7 @@ from typing import Any, Protocol
 import orjson
 
 from hindsight_loop.models import (
+    FAILED_STATUSES,
     KNOWN_STATUSES,
     Chronicle,
     Event,
@@ -81,14 +83,23 @@ __all__ = [
     "LOOP_REPEATS",
     "LOOP_SPAN",
     "NODE_SUMMARY_MAX",
+    "PROJECTION_VERSION",
     "STEP_SUMMARY_MAX",
     "AnomalyWatch",
     "Detector",
     "Seen",
+    "StoredRun",
     "TeamChronicle",
     "local_window",
     "run_language",
     "looks_dissatisfied",
+    "project",
+    "event_projection",
+    "project_body",
+    "project_json",
+    "read_projection",
+    "stored_projection",
+    "wire_timestamp",
     "replay",
 ]
 
@@ -133,7 +144,11 @@ _SMALL_JSON = 256  # bytes of JSON under which a value is kept whole
 # Complaint words. Look-behinds keep common praise and negations out ("nothing wrong",
 # "不错了" = "pretty good", "对不对" / "行不行" = "right?" / "OK?", "没用过" = "never used").
 _COMPLAINT = re.compile(
-    "|".join(
+    # Every pattern below starts with one of these characters: checked first, the lookahead
+    # turns most positions away at once instead of trying each pattern there (several times
+    # faster on a line of text; the same matches, at the same places).
+    "(?=[wnadisutgf错不没怎又还搞弄答浪白垃说])(?:"
+    + "|".join(
         (
             # English
             # Look-behinds sit after the word they guard, so they run only where it matched
@@ -163,7 +178,8 @@ _COMPLAINT = re.compile(
             r"[搞弄]错(?<!没[搞弄]错)",
             r"答非所问|不满意|浪费时间|白费|垃圾|没听懂|说过了",
         )
-    ),
+    )
+    + ")",
     re.IGNORECASE,
 )
 
@@ -181,7 +197,9 @@ def replay(task: Task, events: Sequence[Event], *, max_steps: int = 500) -> Chro
 
     Args:
         task: The task the events belong to.
-        events: Its events, in any order; they are ordered by (timestamp, seq).
+        events: Its events, in any order; they are ordered by (timestamp, seq). A ``StoredRun``
+            (``store.stored_run(task_id)``) is read from its projection: only the bodies of the
+            steps the chronicle shows are decoded.
         max_steps: A run with more events than this is compressed: every key node, its related
             steps, its neighbours (while they fit) and the first and last few steps are kept, the
             rest dropped. Key nodes are always kept, so this is a target, not a hard cap.
@@ -194,28 +212,33 @@ def replay(task: Task, events: Sequence[Event], *, max_steps: int = 500) -> Chro
     """
     if max_steps < 1:
         raise ValueError(f"max_steps must be at least 1, got {max_steps}")
-    ordered = _order(events)
-    n = len(ordered)
-    nodes = _detect(ordered)
+    if isinstance(events, StoredRun) and events.ordered():
+        run = events
+    else:
+        # Events in memory (or a stored run whose timestamps the store cannot order): their
+        # projections are worked out here, by the same function the store uses at write time.
+        run = StoredRun.of(_order(list(events)))
+    n = len(run)
+    nodes = _detect(run)
+    kept = _compress(n, nodes, max_steps) if n > max_steps else list(range(n))
+    run.prefetch(kept)  # one read for the bodies of every step shown
+    for node in nodes:
+        if not node.event_id:  # found from the projection alone: its id is in the body
+            node.event_id = run[node.index].event_id
     if n > max_steps:
-        kept = _compress(n, nodes, max_steps)
         position = {old: new for new, old in enumerate(kept)}
         for node in nodes:
             node.index = position[node.index]
             node.related = [position[r] for r in node.related]
-    else:
-        kept = list(range(n))
-    steps = [_step(new, ordered[old]) for new, old in enumerate(kept)]
+    steps = [_step(new, run[old]) for new, old in enumerate(kept)]
     if any(node.kind == "handoff" for node in nodes):
         # Only a run whose turn passed between agents pays for the per-agent view.
-        return _team_chronicle(
-            task, steps, nodes, [ordered[old] for old in kept], len(events), len(steps) < n
-        )
+        return _team_chronicle(task, steps, nodes, [run[old] for old in kept], n, len(steps) < n)
     return Chronicle(
         task=task,
         steps=steps,
         key_nodes=nodes,
-        event_count=len(events),
+        event_count=n,
         compressed=len(steps) < n,
     )
 
@@ -233,7 +256,7 @@ class AnomalyWatch:
     per call; not thread-safe (it is meant for the single writer thread).
     """
 
-    __slots__ = ("_count", "_observers")
+    __slots__ = ("_count", "_routes")
 
     def __init__(self) -> None:
         self._count = 0
@@ -242,19 +265,27 @@ class AnomalyWatch:
             for factory in DETECTORS
             if _KIND_OF[factory] in LIVE_KINDS
         ]
-        self._observers = [d.observe for d in detectors]
+        self._routes = _Routes(detectors)
 
     @property
     def count(self) -> int:
         """How many events the watch has observed."""
         return self._count
 
-    def observe(self, event: Event) -> list[KeyNode]:
-        """Take the next event of the task; return the anomalies it completes (usually none)."""
-        seen = Seen(self._count, event)
+    def observe(self, event: Event, projection: list[Any] | None = None) -> list[KeyNode]:
+        """Take the next event of the task; return the anomalies it completes (usually none).
+
+        ``projection``: the event's, when the caller has it (``read_projection`` of the row the
+        recorder made): it is not worked out again.
+        """
+        p = projection or _event_projection(event) or _bare(event)
+        seen = Seen(self._count, event, projection=p)
         self._count += 1
         found: list[KeyNode] = []
-        for observe in self._observers:
+        observers = self._routes.get((p[1], p[7]))
+        if observers is None:
+            observers = self._routes.of(p[1], p[7])
+        for observe in observers:
             nodes = observe(seen)
             if nodes:
                 found.extend(nodes)
@@ -324,7 +355,9 @@ _COMPLAINT_HINTS = (
     "told you",
     "why",
     "waste",
-    "错",
+    "错了",
+    "搞错",
+    "弄错",
     "不对",
     "不是我",
     "没用",
@@ -340,9 +373,13 @@ _COMPLAINT_HINTS = (
 )
 
 
+# The hints as one pattern of plain literals: one scan of the text instead of one per hint (the
+# recorder runs it on every user turn).
+_HINTED = re.compile("|".join(map(re.escape, _COMPLAINT_HINTS)))
+
+
 def _complaint(text: str) -> re.Match[str] | None:
-    low = text.lower()
-    if not any(hint in low for hint in _COMPLAINT_HINTS):
+    if _HINTED.search(text.lower()) is None:
         return None
     return _COMPLAINT.search(text.replace("’", "'"))  # same length, so match offsets hold
 
@@ -355,10 +392,15 @@ def _order(events: Sequence[Event]) -> list[Event]:
     # Wire timestamps (``2024-11-20T14:32:10.882Z``) sort correctly as strings, which is far
     # cheaper than parsing; anything else (offsets, missing milliseconds) is parsed.
     for ev in events:
-        ts = ev.timestamp
-        if len(ts) != 24 or ts[23] != "Z" or ts[19] != ".":
+        if not wire_timestamp(ev.timestamp):
             return sorted(events, key=_parsed_order)
     return sorted(events, key=_WIRE_ORDER)
+
+
+def wire_timestamp(ts: Any) -> bool:
+    """Whether a timestamp is in the wire format (``2024-11-20T14:32:10.882Z``): such timestamps
+    sort correctly as text, so a store's order of them is replay's."""
+    return type(ts) is str and len(ts) == 24 and ts[23] == "Z" and ts[19] == "."
 
 
 def _parsed_order(ev: Event) -> tuple[datetime, int]:
@@ -369,46 +411,448 @@ def _parsed_order(ev: Event) -> tuple[datetime, int]:
         return _EPOCH, ev.seq
 
 
+# -- the projection: what replay reads of every event -----------------------------------------
+
+#: Bumped whenever ``project`` would answer differently for some event (a rule changed): rows
+#: stored with another version are read from their bodies, as if they had none.
+PROJECTION_VERSION = 1
+
+# Bits of a projection's flags.
+_ODD = 1  # the Anomaly detector must read the body (unusual status, flagged, expected type)
+_UNHAPPY = 2  # a user input or feedback the Dissatisfaction rule finds unhappy
+
+_BODY_PARTS = ("agent_state", "context", "input", "decision", "result")
+
+
+def project(etype: str, body: dict[str, Any]) -> list[Any] | None:
+    """What the key-node detectors read of one event, as a small JSON-able list.
+
+    ``[version, type, status, tool, step label, call signature, weighed alternatives, flags,
+    agent, error type]``, or None for an event whose parts are not JSON objects (replay then
+    reads its body). It is ``stored_projection`` with the type and the defaults it leaves out.
+
+    Args:
+        etype: The event's type.
+        body: Its stored body: ``agent_state``, ``input``, ``decision``, ``result`` and any
+            other top-level fields (``score``).
+    """
+    p = stored_projection(etype, body)
+    return None if p is None else _unstored(etype, p)
+
+
+# The projection's fields after the type, as ``stored_projection`` leaves them out at its end.
+_TAIL = (None, None, None, None, None, 0, None, None)
+_BARE_JSON = b"[%d]" % PROJECTION_VERSION
+
+
+def stored_projection(etype: str, body: dict[str, Any]) -> list[Any] | None:
+    """``project`` as stored: without the type (the row has it) and the trailing fields that
+    hold their defaults (``[version]`` alone for most state changes and user turns).
+
+    The recorder computes it once, at write time, from the sanitized payload it has in hand
+    (``Recorder._row``; stored only when redaction left the body as that payload, so it is
+    the projection of the stored body); a store computes it from the decoded event for rows
+    that come without one; replay computes it for events in memory and for rows stored
+    without one. Always this one function, so a chronicle read from projections is the
+    chronicle of the full events. On the writer's hot path: plain lookups, one checksum per
+    tool call, the complaint rule on user turns only, every byte left out that can be.
+    """
+    get = body.get
+    state, inp, decision, result = get("agent_state"), get("input"), get("decision"), get("result")
+    if (
+        (state is not None and type(state) is not dict)
+        or (inp is not None and type(inp) is not dict)
+        or (decision is not None and type(decision) is not dict)
+        or (result is not None and type(result) is not dict)
+    ):
+        return None
+    status = error_type = None
+    flags = 0
+    if result:
+        raw = result.get("status")
+        status = raw.strip().lower() if isinstance(raw, str) else None  # normal_status, inlined
+        error = result.get("error_type")
+        error_type = None if error is None else str(error)
+        if (
+            (status is not None and status not in KNOWN_STATUSES)
+            or "anomaly" in result
+            or "flagged" in result
+            or "expected_type" in result
+            or (inp and "expected_type" in inp)
+        ):
+            flags = _ODD
+    name = label = sig = weigh = None
+    if etype == "action_executed" or etype == "llm_decision":
+        label = state.get("current_step") if state else None
+        if label is not None and not isinstance(label, str):
+            label = _hashable(label)
+        if etype == "action_executed":
+            name = inp.get("tool") if inp else None
+            if not isinstance(name, str):
+                chosen = decision.get("chosen_action") if decision else None
+                name = chosen if isinstance(chosen, str) else None
+            if name is not None:
+                sig = _sig(name, inp)
+        if decision:
+            alternatives = decision.get("alternatives")
+            if alternatives:
+                # All the Hesitation rule compares: actions are names (text), so only text
+                # can match.
+                chosen = decision.get("chosen_action")
+                weigh = [
+                    chosen if isinstance(chosen, str) else None,
+                    [a for a in alternatives if isinstance(a, str)]
+                    if isinstance(alternatives, list)
+                    else None,
+                ]
+    elif (etype == "feedback" or etype == "user_input") and _dissatisfaction(
+        etype, inp, get("score")
+    ):
+        flags |= _UNHAPPY
+    agent = state.get("agent") if state else None
+    if not isinstance(agent, str) or not agent:
+        agent = None
+    v = PROJECTION_VERSION
+    if error_type is not None:
+        return [v, status, name, label, sig, weigh, flags, agent, error_type]
+    if agent is not None:
+        return [v, status, name, label, sig, weigh, flags, agent]
+    if flags:
+        return [v, status, name, label, sig, weigh, flags]
+    if weigh is not None:
+        return [v, status, name, label, sig, weigh]
+    if sig is not None:
+        return [v, status, name, label, sig]
+    if label is not None:
+        return [v, status, name, label]
+    if name is not None:
+        return [v, status, name]
+    if status is not None:
+        return [v, status]
+    return [v]
+
+
+def project_json(etype: str, body: dict[str, Any]) -> bytes | None:
+    """``stored_projection`` as the JSON the store keeps beside the body; None when there is
+    none."""
+    try:
+        got = stored_projection(etype, body)
+    except Exception:  # noqa: BLE001 - a body replay cannot project is read whole instead
+        return None
+    if got is None:
+        return None
+    return _BARE_JSON if len(got) == 1 else orjson.dumps(got)
+
+
+def _unstored(etype: str, p: list[Any]) -> list[Any]:
+    """A stored projection with its type and trailing defaults back."""
+    return [p[0], etype, *p[1:], *_TAIL[len(p) - 1 :]]
+
+
+def read_projection(etype: str, raw: bytes | str | None) -> list[Any] | None:
+    """A stored projection (``project_json``) as ``project`` gives it; None for none, or one
+    of another version."""
+    if not raw:
+        return None
+    p = orjson.loads(raw)
+    return _unstored(etype, p) if p[0] == PROJECTION_VERSION else None
+
+
+def project_body(etype: str, body: bytes | str) -> bytes | None:
+    """``project_json`` of a stored body (JSON text): for rows written without a projection."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return project_json(etype, data) if type(data) is dict else None
+
+
+def _event_projection(ev: Event, *, stored: bool = False) -> list[Any] | None:
+    body: dict[str, Any] = {
+        "agent_state": ev.agent_state,
+        "input": ev.input,
+        "decision": ev.decision,
+        "result": ev.result,
+    }
+    if ev.extra and "score" in ev.extra:
+        body["score"] = ev.extra["score"]
+    return stored_projection(ev.type, body) if stored else project(ev.type, body)
+
+
+def event_projection(ev: Event) -> bytes | None:
+    """``project_json`` of an event in memory (a store copy, an import)."""
+    try:
+        got = _event_projection(ev, stored=True)
+        return None if got is None else orjson.dumps(got)
+    except Exception:  # noqa: BLE001 - see project_json
+        return None
+
+
+def _sig(name: str, inp: dict[str, Any] | None) -> int:
+    """A call's signature: equal for the same tool with equal arguments (whatever key order).
+
+    Two checksums of ``(tool, _args_key)`` side by side, 64 bits: a cryptographic hash cost the
+    writer ~4x more per call, and only equality within one run matters here.
+    """
+    # The arguments as _args_key reads them, in orjson's plain (faster) mode where it can.
+    if not inp or ("args" not in inp and len(inp) == 1 and "tool" in inp):
+        key = b""
+    else:
+        args = inp["args"] if "args" in inp else {k: v for k, v in inp.items() if k != "tool"}
+        try:
+            key = orjson.dumps(args, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # keys JSON cannot hold, odd values (an event in memory)
+            key = _args_key(inp).encode()
+    seeds = _SIG_SEEDS.get(name)
+    if seeds is None:
+        head = name.encode() + b"\x00"
+        seeds = (zlib.crc32(head), zlib.adler32(head))
+        if len(_SIG_SEEDS) < 4096:  # a run's tool names: a handful (bounded all the same)
+            _SIG_SEEDS[name] = seeds
+    return zlib.crc32(key, seeds[0]) << 32 | zlib.adler32(key, seeds[1])
+
+
+# Each tool name's checksums, where a signature's start from (the name, then the arguments).
+_SIG_SEEDS: dict[str, tuple[int, int]] = {}
+
+
+class StoredRun(Sequence[Event]):
+    """A task's events as replay reads them: every event's projection at once, bodies on demand.
+
+    A store builds it from one cheap read of the projection column (``store.stored_run``);
+    replay decodes only the bodies of the steps it shows. Indexing gives the full ``Event``
+    (decoded once, then kept), so it is also a plain sequence of the run's events.
+
+    Args:
+        keys: Each event's key in the store, in (timestamp, seq) order.
+        types: Each event's type.
+        projections: Each event's stored projection (``project_json``), or None (or "")
+            where it has none (written before projections existed): those are decoded.
+        load: Reads the events of some keys: ``{key: Event}``.
+
+    A store keeps a projection only beside a timestamp in the wire format, so the store's
+    (timestamp, seq) order of the events with one is replay's; the others are decoded, and one
+    odd timestamp among them makes replay decode and order the whole run itself (``ordered``).
+    """
+
+    __slots__ = (
+        "_keys",
+        "_types",
+        "_projections",
+        "_load",
+        "_events",
+        "_later",
+        "_read",
+        "_ordered",
+    )
+
+    def __init__(
+        self,
+        keys: list[Any],
+        types: list[str],
+        projections: list[Any],
+        load: Callable[[list[Any]], dict[Any, Event]],
+    ) -> None:
+        self._keys = keys
+        self._types = types
+        self._projections = projections
+        self._load = load
+        self._events: list[Event | None] = [None] * len(keys)
+        self._later: list[tuple[Sequence[int], Callable[[], None]]] = []
+        self._read: list[list[Any]] | None = None
+        self._ordered = True
+
+    @classmethod
+    def of(cls, events: list[Event]) -> StoredRun:
+        """A run of events already in memory, in the order given."""
+        run = cls(
+            list(range(len(events))), [e.type for e in events], [None] * len(events), _no_load
+        )
+        run._events = list(events)
+        return run
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        ev = self._events[i]
+        if ev is None:
+            self.prefetch([i])
+            ev = self._events[i]
+            if ev is None:
+                raise LookupError(f"event {self._keys[i]!r} is no longer in the store")
+        return ev
+
+    def prefetch(self, positions: Iterable[int]) -> None:
+        """Decode the events at these positions (those not decoded yet) in one read."""
+        events = self._events
+        missing = [i for i in positions if events[i] is None]
+        if not missing:
+            return
+        keys = self._keys
+        got = self._load([keys[i] for i in missing])
+        for i in missing:
+            events[i] = got.get(keys[i])
+
+    def ordered(self) -> bool:
+        """Whether the store's order is replay's (every timestamp in the wire format)."""
+        self.projections()
+        return self._ordered
+
+    def projections(self) -> list[list[Any]]:
+        """Every event's projection, in order (computed from the body where none is stored);
+        read once."""
+        if self._read is not None:
+            return self._read
+        out: list[Any] = []
+        loads, version, events = orjson.loads, PROJECTION_VERSION, self._events
+        missing = []
+        for i, (etype, raw) in enumerate(zip(self._types, self._projections, strict=True)):
+            p = loads(raw) if raw else None
+            if p is None or p[0] != version:
+                missing.append(i)
+            else:
+                p = [version, etype, *p[1:], *_TAIL[len(p) - 1 :]]  # _unstored, inlined
+            out.append(p)
+        if missing:
+            self.prefetch(missing)
+            for i in missing:
+                ev = events[i]
+                p = _event_projection(ev) if ev is not None else None
+                # Not projectable (odd parts): the detectors see an event with nothing to
+                # report but its type, as they did when they read such a body.
+                out[i] = p if p is not None else _bare(ev)
+                if ev is not None and not wire_timestamp(ev.timestamp):
+                    self._ordered = False
+        self._read = out
+        return out
+
+    def event_id(self, i: int) -> str:
+        ev = self._events[i]
+        return ev.event_id if ev is not None else ""
+
+    def when_read(self, positions: Sequence[int], then: Callable[[], None]) -> None:
+        """Run ``then`` once the events at ``positions`` are decoded: now if they are, else at
+        ``settle`` (which reads all that is waited for in one go, not one event at a time)."""
+        events = self._events
+        if all(events[i] is not None for i in positions):
+            then()
+        else:
+            self._later.append((positions, then))
+
+    def settle(self) -> None:
+        """Decode what ``when_read`` waits for, and run what waited."""
+        later, self._later = self._later, []
+        self.prefetch(i for positions, _ in later for i in positions)
+        for _, then in later:
+            then()
+
+
+def _no_load(keys: list[Any]) -> dict[Any, Event]:
+    return {}
+
+
+def _bare(ev: Event | None) -> list[Any]:
+    etype = ev.type if ev is not None else "unknown"
+    return [PROJECTION_VERSION, etype, None, None, None, None, None, 0, None, None]
+
+
 # -- key nodes: one detector per kind ---------------------------------------------------------
 
 
 class Seen:
-    """One event as the detectors read it, worked out once per event and shared by them all."""
+    """One event as the detectors read it: its projection, shared by them all.
 
-    __slots__ = ("index", "event", "type", "status", "name", "label", "sig", "failed")
+    The full event (``event``) is decoded only when a detector needs more than the projection
+    says, to word a key node.
+    """
 
-    def __init__(self, index: int, event: Event) -> None:
+    __slots__ = (
+        "index",
+        "type",
+        "status",
+        "name",
+        "label",
+        "sig",
+        "failed",
+        "weigh",
+        "flags",
+        "agent",
+        "error_type",
+        "_event",
+        "_run",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        event: Event | None = None,
+        *,
+        projection: list[Any] | None = None,
+        run: StoredRun | None = None,
+    ) -> None:
         self.index = index
-        self.event = event
-        etype = self.type = event.type
-        result = event.result
+        self._event = event
+        self._run = run
+        p = projection
+        if p is None:
+            assert event is not None, "Seen needs an event or a projection"
+            p = _event_projection(event) or _bare(event)
+        #: The event's type.
+        etype = self.type = p[1]
         #: The result's status as the rule reads it (``normal_status``), or None.
-        self.status = normal_status(result.get("status")) if result else None
+        self.status: str | None = p[2]
         #: The tool a call ran (``input.tool``, else the decision's chosen action).
-        self.name: str | None = None
+        self.name: str | None = p[3]
         #: The agent's ``current_step``, usable as a dict key.
-        self.label: Any = None
-        #: ``(tool, canonical arguments)``: equal calls have equal signatures.
-        self.sig: tuple[str, str] | None = None
-        self.failed = False
-        if etype == "action_executed":
-            self.failed = is_failure(self.status)
-            inp = event.input
-            name = inp.get("tool") if inp else None
-            if not isinstance(name, str):
-                name = event.action
-            self.name = name
-            self.label = _label(event)
-            if name is not None:
-                self.sig = (name, _args_key(inp))
-        elif etype == "llm_decision":
-            self.label = _label(event)
+        self.label: Any = p[4]
+        #: Equal calls (tool and arguments) have equal signatures.
+        self.sig: int | None = p[5]
+        #: ``[chosen, alternatives]`` of a decision that weighed alternatives.
+        self.weigh: list[Any] | None = p[6]
+        self.flags: int = p[7]
+        #: The agent that spoke (``agent_state.agent``).
+        self.agent: str | None = p[8]
+        self.error_type: str | None = p[9]
+        # The status is normal_status already: is_failure's own set, without normalizing twice.
+        self.failed = etype == "action_executed" and p[2] in FAILED_STATUSES
+
+    @property
+    def event(self) -> Event:
+        """The full event (decoded from the store on first use)."""
+        ev = self._event
+        if ev is None:
+            assert self._run is not None
+            ev = self._event = self._run[self.index]
+        return ev
+
+    def when_read(self, positions: Sequence[int], then: Callable[[], None]) -> None:
+        """Run ``then`` once the events of the run at ``positions`` are decoded (now, for an
+        event in hand)."""
+        if self._run is None:
+            then()
+        else:
+            self._run.when_read(positions, then)
+
+    @property
+    def event_id(self) -> str:
+        """The event's id when its body is at hand, else "" (filled in once it is read)."""
+        ev = self._event
+        if ev is not None:
+            return ev.event_id
+        return self._run.event_id(self.index) if self._run is not None else ""
 
 
 class Detector(Protocol):
     """Finds the key nodes of one kind in one run, fed its events in order."""
 
     kind: KeyNodeKind
+    #: The event types it reads (None: all); it is fed only those, in order.
+    types: frozenset[str] | None
+    #: When not 0, it is fed only events whose projection has this flag.
+    flag: int
 
     def observe(self, seen: Seen) -> Sequence[KeyNode]:
         """The key nodes this event completes (usually none)."""
@@ -420,12 +864,15 @@ class Detector(Protocol):
 
 
 _NONE: tuple[KeyNode, ...] = ()
+_ACTION = frozenset({"action_executed"})
 
 
 class FirstFailure:
     """``first_failure``: the first tool call that failed."""
 
     kind: KeyNodeKind = "first_failure"
+    types: frozenset[str] | None = _ACTION
+    flag: int = 0
     __slots__ = ("_seen",)
 
     def __init__(self) -> None:
@@ -435,17 +882,14 @@ class FirstFailure:
         if not seen.failed or self._seen:
             return _NONE
         self._seen = True
-        ev = seen.event
-        result = ev.result or {}
-        why = _error_type(result) or _text(result.get("error_message")) or "error"
+        why = seen.error_type or _text((seen.event.result or {}).get("error_message")) or "error"
         return (
             _node(
                 "first_failure",
-                seen.index,
-                ev,
+                seen,
                 f"{_name(seen.name)} failed: {why}",
                 action=seen.name,
-                error_type=_error_type(result),
+                error_type=seen.error_type,
             ),
         )
 
@@ -457,6 +901,8 @@ class ConsecutiveFailures:
     """``consecutive_failures``: two tool calls in a row failed (one node per streak)."""
 
     kind: KeyNodeKind = "consecutive_failures"
+    types: frozenset[str] | None = _ACTION
+    flag: int = 0
     __slots__ = ("_prev_failed", "_prev_name", "_prev_index", "_reported")
 
     def __init__(self) -> None:
@@ -479,15 +925,13 @@ class ConsecutiveFailures:
                 text = f"{_name(name)} failed twice in a row"
             else:
                 text = f"{_name(prev, 15)}, {_name(name, 15)} failed in a row"
-            ev = seen.event
             found = (
                 _node(
                     "consecutive_failures",
-                    i,
-                    ev,
+                    seen,
                     text,
                     action=name,
-                    error_type=_error_type(ev.result or {}),
+                    error_type=seen.error_type,
                     related=[self._prev_index, i],
                 ),
             )
@@ -506,6 +950,8 @@ class Recovery:
     """
 
     kind: KeyNodeKind = "recovery"
+    types: frozenset[str] | None = _ACTION
+    flag: int = 0
     __slots__ = ("_unresolved",)
 
     def __init__(self) -> None:
@@ -518,22 +964,22 @@ class Recovery:
         if seen.failed:
             pending = unresolved.get(seen.label)
             if pending is None:
-                unresolved[seen.label] = _Unresolved(seen.index, seen.event, seen.sig)
-            elif pending.other is None and seen.sig != pending.sig:
-                pending.other, pending.other_sig = (seen.index, seen.event), seen.sig
+                unresolved[seen.label] = _Unresolved(seen)
+            elif pending.other is None and seen.sig != pending.first.sig:
+                pending.other = seen
             return _NONE
         if not unresolved or not is_success(seen.status):
             return _NONE
         pending = unresolved.pop(seen.label, None)
         if pending is None:
             return _NONE
-        if seen.sig != pending.sig:
-            fixed = (pending.index, pending.event)
-        elif pending.other is not None and seen.sig != pending.other_sig:
+        if seen.sig != pending.first.sig:
+            fixed = pending.first
+        elif pending.other is not None and seen.sig != pending.other.sig:
             fixed = pending.other
         else:
             return _NONE  # the same call that failed, now working: no change of course
-        return (_recovery_node(fixed[1], fixed[0], seen),)
+        return (_recovery_node(fixed, seen),)
 
     def finish(self) -> Sequence[KeyNode]:
         return _NONE
@@ -542,13 +988,12 @@ class Recovery:
 class _Unresolved:
     """Failures at one step label not yet followed by a success there."""
 
-    __slots__ = ("index", "event", "sig", "other", "other_sig")
+    __slots__ = ("first", "other")
 
-    def __init__(self, index: int, event: Event, sig: tuple[str, str] | None) -> None:
-        self.index, self.event, self.sig = index, event, sig
+    def __init__(self, first: Seen) -> None:
+        self.first = first
         # The first failure with other arguments, for when the success repeats the first call.
-        self.other: tuple[int, Event] | None = None
-        self.other_sig: tuple[str, str] | None = None
+        self.other: Seen | None = None
 
 
 class Loop:
@@ -564,14 +1009,16 @@ class Loop:
     """
 
     kind: KeyNodeKind = "loop"
+    types: frozenset[str] | None = _ACTION
+    flag: int = 0
     __slots__ = ("live", "_chains", "_ended", "_ordinal", "_run_sig", "_run_len")
 
     def __init__(self, *, live: bool = False) -> None:
         self.live = live
-        self._chains: dict[tuple[str, str], _Chain] = {}
+        self._chains: dict[int, _Chain] = {}
         self._ended: list[_Chain] = []
         self._ordinal = 0  # actions so far
-        self._run_sig: tuple[str, str] | None = None
+        self._run_sig: int | None = None
         self._run_len = 0
 
     def observe(self, seen: Seen) -> Sequence[KeyNode]:
@@ -589,7 +1036,7 @@ class Loop:
         else:
             if chain is not None and chain.at is not None:
                 self._ended.append(chain)
-            chain = self._chains[sig] = _Chain(sig[0], self._ordinal, seen.index)
+            chain = self._chains[sig] = _Chain(seen.name or "", self._ordinal, seen.index)
         if sig == self._run_sig:
             self._run_len += 1
             if self._run_len == LOOP_REPEATS:
@@ -597,7 +1044,7 @@ class Loop:
         else:
             self._run_sig, self._run_len = sig, 1
         if len(chain.indices) == LOOP_REPEATS:
-            chain.at = seen.event
+            chain.at = seen
             if self.live:
                 return (_loop_node(chain, LOOP_REPEATS),)
         return _NONE
@@ -619,7 +1066,7 @@ class _Chain:
         self.last = ordinal  # the action ordinal of the latest repetition
         self.indices = [index]
         self.row = False  # LOOP_REPEATS of them came in a row
-        self.at: Event | None = None  # the repetition that made it a loop
+        self.at: Seen | None = None  # the repetition that made it a loop
 
 
 class Hesitation:
@@ -631,11 +1078,13 @@ class Hesitation:
     """
 
     kind: KeyNodeKind = "hesitation"
+    types: frozenset[str] | None = frozenset({"action_executed", "llm_decision"})
+    flag: int = 0
     __slots__ = ("_weighing", "_last_at", "_found")
 
     def __init__(self) -> None:
-        # per label, a decision that had alternatives
-        self._weighing: dict[Any, dict[str, Any]] = {}
+        # per label, the [chosen, alternatives] of a decision that had alternatives
+        self._weighing: dict[Any, list[Any]] = {}
         # per label, the last two different actions run there (plain tuples: the hot path)
         # as (name, index, sig, failed, previous name, previous index, previous sig)
         self._last_at: dict[Any, tuple[str, int, Any, bool, str | None, int, Any]] = {}
@@ -644,18 +1093,16 @@ class Hesitation:
     def observe(self, seen: Seen) -> Sequence[KeyNode]:
         etype = seen.type
         if etype == "llm_decision":
-            decision = seen.event.decision
-            if decision and decision.get("alternatives"):
-                self._weighing[seen.label] = decision
+            if seen.weigh is not None:
+                self._weighing[seen.label] = seen.weigh
             return _NONE
         name = seen.name
         if etype != "action_executed" or name is None:
             return _NONE
         label, i, sig = seen.label, seen.index, seen.sig
         weighed = self._weighing.pop(label, None) if self._weighing else None
-        decision = seen.event.decision
-        if decision and decision.get("alternatives"):
-            weighed = decision
+        if seen.weigh is not None:
+            weighed = seen.weigh
         last = self._last_at.get(label)
         if last is None:
             self._last_at[label] = (name, i, sig, seen.failed, None, -1, None)
@@ -679,9 +1126,7 @@ class Hesitation:
             return _NONE
         where = f" at {label}" if label is not None else ""
         text = f"wavered {_name(last_name, 15)} ↔ {_name(name, 15)}{where}"
-        node = self._found[key] = _node(
-            "hesitation", i, seen.event, text, action=name, related=related
-        )
+        node = self._found[key] = _node("hesitation", seen, text, action=name, related=related)
         return (node,)
 
     def finish(self) -> Sequence[KeyNode]:
@@ -695,33 +1140,18 @@ class Anomaly:
     """
 
     kind: KeyNodeKind = "anomaly"
+    types: frozenset[str] | None = None
+    flag: int = _ODD  # only the events whose projection says so
     __slots__ = ()
 
     def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        # Fed only the events whose projection flags them (most results are plain successes
+        # and failures): the full event says what is odd.
         ev = seen.event
-        result = ev.result
-        # Most results are plain successes and failures: only look closer at the rest.
-        if not result or not (
-            (seen.status is not None and seen.status not in KNOWN_STATUSES)
-            or "anomaly" in result
-            or "flagged" in result
-            or "expected_type" in result
-            or (ev.input and "expected_type" in ev.input)
-        ):
-            return _NONE
-        reason = _anomaly(ev, result)
+        reason = _anomaly(ev, ev.result or {})
         if reason is None:
             return _NONE
-        return (
-            _node(
-                "anomaly",
-                seen.index,
-                ev,
-                reason,
-                action=ev.action,
-                error_type=_error_type(result),
-            ),
-        )
+        return (_node("anomaly", seen, reason, action=ev.action, error_type=seen.error_type),)
 
     def finish(self) -> Sequence[KeyNode]:
         return _NONE
@@ -734,6 +1164,8 @@ class Dissatisfaction:
     """
 
     kind: KeyNodeKind = "dissatisfaction"
+    types: frozenset[str] | None = frozenset({"action_executed", "feedback", "user_input"})
+    flag: int = 0
     __slots__ = ("_last_action", "_last_index")
 
     def __init__(self) -> None:
@@ -745,17 +1177,17 @@ class Dissatisfaction:
         if etype == "action_executed":
             self._last_action, self._last_index = seen.name, seen.index
             return _NONE
-        if etype != "feedback" and etype != "user_input":
+        if not seen.flags & _UNHAPPY or (etype != "feedback" and etype != "user_input"):
             return _NONE
-        reason = _dissatisfaction(seen.event)
+        ev = seen.event
+        reason = _dissatisfaction(etype, ev.input, ev.extra.get("score"))
         if reason is None:
             return _NONE
         i, last = seen.index, self._last_index
         return (
             _node(
                 "dissatisfaction",
-                i,
-                seen.event,
+                seen,
                 reason,
                 action=self._last_action,
                 related=[last, i] if last >= 0 else [],
@@ -774,6 +1206,8 @@ class Handoff:
     """
 
     kind: KeyNodeKind = "handoff"
+    types: frozenset[str] | None = frozenset({"llm_decision", "user_input"})
+    flag: int = 0
     __slots__ = ("_agent", "_index")
 
     def __init__(self) -> None:
@@ -784,9 +1218,8 @@ class Handoff:
         etype = seen.type
         if etype != "llm_decision" and etype != "user_input":
             return _NONE
-        state = seen.event.agent_state
-        agent = state.get("agent") if state else None
-        if not isinstance(agent, str) or not agent:
+        agent = seen.agent
+        if agent is None:
             return _NONE
         before, i = self._agent, seen.index
         self._agent = agent
@@ -796,8 +1229,7 @@ class Handoff:
         return (
             _node(
                 "handoff",
-                i,
-                seen.event,
+                seen,
                 f"{_name(before, 22)} → {_name(agent, 22)}",
                 action=seen.name,
                 related=[prev, i],
@@ -827,19 +1259,28 @@ _KIND_OF: dict[Callable[[], Detector], KeyNodeKind] = {f: f().kind for f in DETE
 _KIND_ORDER: dict[str, int] = {kind: n for n, kind in enumerate(_KIND_OF.values())}
 
 
-def _detect(events: list[Event]) -> list[KeyNode]:
-    """One pass over the ordered events running every detector (indices into ``events``)."""
+def _detect(run: StoredRun) -> list[KeyNode]:
+    """One pass over a run's projections running every detector (indices into the run)."""
+    projections = run.projections()
+    # The bodies the projection says some detector will read, in one go.
+    run.prefetch(i for i, p in enumerate(projections) if p[7])
     detectors = [factory() for factory in DETECTORS]
-    observers = [d.observe for d in detectors]
+    route = _Routes(detectors)
     nodes: list[KeyNode] = []
-    for i, ev in enumerate(events):
-        seen = Seen(i, ev)
+    for i, p in enumerate(projections):
+        observers = route.get((p[1], p[7]))
+        if observers is None:
+            observers = route.of(p[1], p[7])
+        if not observers:
+            continue  # a step no detector reads (a state change, a plain task start …)
+        seen = Seen(i, projection=p, run=run)
         for observe in observers:
             found = observe(seen)
             if found:
                 nodes.extend(found)
     for detector in detectors:
         nodes.extend(detector.finish())
+    run.settle()
     for node in nodes:
         if len(node.related) > _RELATED_MAX:
             half = _RELATED_MAX // 2
@@ -848,67 +1289,87 @@ def _detect(events: list[Event]) -> list[KeyNode]:
     return nodes
 
 
-def _wavered(decision: dict[str, Any], before: str, after: str) -> bool:
+class _Routes(dict[tuple[str, int], list[Callable[[Seen], Sequence[KeyNode]]]]):
+    """(event type, projection flags) -> the observers of the detectors that read such events:
+    a run's thousands of events pay one lookup each, not one call per detector."""
+
+    def __init__(self, detectors: Sequence[Detector]) -> None:
+        super().__init__()
+        self._detectors = detectors
+
+    def of(self, etype: str, flags: int) -> list[Callable[[Seen], Sequence[KeyNode]]]:
+        observers = self[(etype, flags)] = [
+            d.observe
+            for d in self._detectors
+            if (d.types is None or etype in d.types) and (not d.flag or flags & d.flag)
+        ]
+        return observers
+
+
+def _wavered(weighed: list[Any], before: str, after: str) -> bool:
     """Did the agent leave an action it had just weighed, or run an alternative it had not chosen?
 
-    A decision with alternatives followed by the next tool of a pipeline is not wavering, so
-    the switch has to involve the actions the decision was about.
+    ``weighed`` is the decision's ``[chosen, alternatives]`` (``project``). A decision with
+    alternatives followed by the next tool of a pipeline is not wavering, so the switch has to
+    involve the actions the decision was about.
     """
-    alternatives = decision.get("alternatives")
-    if not isinstance(alternatives, list):
+    chosen, alternatives = weighed
+    if alternatives is None:  # not a list
         return False
-    chosen = decision.get("chosen_action")
     return before == chosen or before in alternatives or (after in alternatives and after != chosen)
 
 
 def _loop_node(chain: _Chain, times: int) -> KeyNode:
     how = "in a row" if chain.row else "in the run"
-    ev = chain.at
-    assert ev is not None
+    at = chain.at
+    assert at is not None
     return _node(
         "loop",
-        chain.indices[LOOP_REPEATS - 1],
-        ev,
+        at,
         f"{_name(chain.name)} ×{times} same args {how}",
         action=chain.name,
-        error_type=_error_type(ev.result or {}),
+        error_type=at.error_type,
         related=list(chain.indices),
+        index=chain.indices[LOOP_REPEATS - 1],
     )
 
 
-def _recovery_node(bad: Event, failed_index: int, seen: Seen) -> KeyNode:
-    good = seen.event
-    bad_name, good_name = bad.action, good.action
-    if bad_name == good_name:
-        changed = _changed_args(bad.input, good.input)
-        text = f"{_name(good_name)} ok with {changed}" if changed else f"{_name(good_name)} ok"
-    else:
-        text = f"{_name(good_name, 18)} ok after {_name(bad_name, 18)} failed"
-    return _node(
+def _recovery_node(bad: Seen, good: Seen) -> KeyNode:
+    bad_name, good_name = bad.name, good.name
+    same = bad_name == good_name
+    node = _node(
         "recovery",
-        seen.index,
         good,
-        text,
+        "" if same else f"{_name(good_name, 18)} ok after {_name(bad_name, 18)} failed",
         action=good_name,
-        error_type=_error_type(bad.result or {}),
-        related=[failed_index, seen.index],
+        error_type=bad.error_type,
+        related=[bad.index, good.index],
     )
+    if same:
+
+        def word() -> None:  # what changed is in the two calls' arguments: their bodies
+            changed = _changed_args(bad.event.input, good.event.input)
+            text = f"{_name(good_name)} ok with {changed}" if changed else f"{_name(good_name)} ok"
+            node.summary = _clip(text, NODE_SUMMARY_MAX)
+
+        good.when_read([bad.index, good.index], word)
+    return node
 
 
 def _node(
     kind: KeyNodeKind,
-    index: int,
-    ev: Event,
+    seen: Seen,
     summary: str,
     *,
     action: str | None = None,
     error_type: str | None = None,
     related: list[int] | None = None,
+    index: int | None = None,
 ) -> KeyNode:
     return KeyNode(
         kind=kind,
-        index=index,
-        event_id=ev.event_id,
+        index=seen.index if index is None else index,
+        event_id=seen.event_id,
         summary=_clip(summary, NODE_SUMMARY_MAX),
         action=action,
         error_type=error_type,
@@ -916,12 +1377,15 @@ def _node(
     )
 
 
-def _dissatisfaction(ev: Event) -> str | None:
-    """A short reason when a user input or feedback shows the user is unhappy."""
-    inp = ev.input or {}
+def _dissatisfaction(etype: str, inp: dict[str, Any] | None, extra_score: Any) -> str | None:
+    """A short reason when a user input or feedback shows the user is unhappy.
+
+    ``extra_score`` is a feedback's top-level ``score`` (used when its input has none).
+    """
+    inp = inp or {}
     text = _user_text(inp)
-    if ev.type == "feedback":
-        score = _score(inp.get("score", ev.extra.get("score")))
+    if etype == "feedback":
+        score = _score(inp.get("score", extra_score))
         if score is not None:
             if score >= 0:
                 return None  # an explicit score says more than the words around it
@@ -1320,7 +1784,9 @@ def _args_key(inp: dict[str, Any] | None) -> str:
 def _args_text(args: Any, budget: int = 72) -> str:
     """``k=v, k=v`` in about ``budget`` characters: short values whole, long ones share the rest."""
     if isinstance(args, dict):
-        if len(args) <= 3:
+        # A text value longer than the budget cannot fit whole (the usual long query or text):
+        # no need to build and check the whole line first.
+        if len(args) <= 3 and not any(type(v) is str and len(v) > budget for v in args.values()):
             plain = ", ".join(f"{k}={v}" for k, v in args.items())
             if (
                 len(plain) <= budget
@@ -1339,7 +1805,8 @@ def _args_text(args: Any, budget: int = 72) -> str:
         # (encoding=gbk) is often the one that matters.
         left = budget - 2 * (len(shown) - 1) - (3 if more else 0)
         limits: dict[int, int] = {}
-        for count, n in enumerate(sorted(range(len(shown)), key=lambda j: len(shown[j][1]))):
+        sizes = [len(v) for _, v in shown]
+        for count, n in enumerate(sorted(range(len(shown)), key=sizes.__getitem__)):
             key, value = shown[n]
             fair = left // (len(shown) - count) - len(key) - 1
             limits[n] = min(len(value), max(4, fair))
@@ -1403,8 +1870,11 @@ def _bound(value: Any, depth: int = 0) -> Any:
                 break
             if not isinstance(k, str):
                 k = str(k)
-            # Short text and numbers, the bulk of any input, need no recursion.
-            if (isinstance(v, str) and len(v) <= _TEXT_MAX) or isinstance(v, int | float | None):
+            # Short text and numbers, the bulk of any input, need no recursion; nor does long
+            # text, cut here as _bound would.
+            if isinstance(v, str):
+                out[k] = v if len(v) <= _TEXT_MAX else v[: _TEXT_MAX - 1] + "…"
+            elif isinstance(v, int | float | None):
                 out[k] = v
             else:
                 out[k] = _bound(v, depth + 1)
@@ -1412,7 +1882,13 @@ def _bound(value: Any, depth: int = 0) -> Any:
     if isinstance(value, list | tuple):
         if depth >= _DEPTH_MAX:
             return f"[{len(value)} items]"
-        items = [_bound(v, depth + 1) for v in value[:_ITEMS_MAX]]
+        # Short text and numbers need no recursion here either (a list of column names …).
+        items = [
+            v
+            if (type(v) is str and len(v) <= _TEXT_MAX) or type(v) is int or v is None
+            else _bound(v, depth + 1)
+            for v in value[:_ITEMS_MAX]
+        ]
         if len(value) > _ITEMS_MAX:
             items.append(f"… {len(value) - _ITEMS_MAX} more items")
         return items
@@ -1426,9 +1902,9 @@ def _status(result: dict[str, Any] | None) -> str | None:
     return normal_status(result.get("status"))
 
 
-def _label(ev: Event) -> Any:
-    """The agent's ``current_step``, usable as a dict key."""
-    label = ev.agent_state.get("current_step") if ev.agent_state else None
+def _label(state: dict[str, Any] | None) -> Any:
+    """The agent's ``current_step`` (from its ``agent_state``), usable as a dict key."""
+    label = state.get("current_step") if state else None
     return label if label is None or isinstance(label, str) else _hashable(label)
 
 

@@ -17,7 +17,7 @@ import orjson
 from hindsight_loop.models import Event, is_failure
 from hindsight_loop.record import WATCHED_TYPES, Row
 from hindsight_loop.reflect import needs_review
-from hindsight_loop.replay import AnomalyWatch, local_window
+from hindsight_loop.replay import AnomalyWatch, local_window, read_projection
 from hindsight_loop.store import Store
 
 #: Most local reviews one task may ask for: a run that keeps failing needs one look, not fifty.
@@ -68,7 +68,7 @@ class Triggers:
         """The recorder's hook: ``payloads`` holds the sanitized payload of each watched event
         (else None), so the rules need not parse the JSON they were just made from."""
         queued = False
-        for i, (event_id, task_id, seq, ts, etype, body) in enumerate(rows):
+        for i, (event_id, task_id, seq, ts, etype, body, *projection) in enumerate(rows):
             run = self._running.get(task_id)
             if run is None:
                 run = self._running[task_id] = _Running()
@@ -99,7 +99,10 @@ class Triggers:
                     decision=data.get("decision"),
                     result=data.get("result"),
                 )
-                queued |= self._watch(run, event, position)
+                # The projection the recorder stored with the row: the rules read it as
+                # replay will, without working it out again.
+                seen = read_projection(etype, projection[0]) if projection else None
+                queued |= self._watch(run, event, position, seen)
         if queued:
             self._wake()
 
@@ -118,10 +121,12 @@ class Triggers:
             queued = True
         return queued
 
-    def _watch(self, run: _Running, event: Event, position: int) -> bool:
+    def _watch(
+        self, run: _Running, event: Event, position: int, projection: list[Any] | None
+    ) -> bool:
         run.positions.append(position)
         queued = False
-        for node in run.watch.observe(event):
+        for node in run.watch.observe(event, projection):
             if run.local_reviews >= MAX_LOCAL_REVIEWS:
                 break
             run.local_reviews += 1

@@ -195,7 +195,7 @@ class Worker:
             raise KeyError(
                 f"no task {task_id!r} in {self.store.url}; list them with 'hindsight tasks'"
             )
-        return replay(task, self.store.events(task_id), max_steps=max_steps)
+        return replay(task, self.store.stored_run(task_id), max_steps=max_steps)
 
     def reflect(
         self,

@@ -10,9 +10,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hindsight_loop.models import Event, Lesson, Reflection, Task
+
+if TYPE_CHECKING:
+    from hindsight_loop.replay import StoredRun
+
+#: A row for ``write_event_batch``: ``(event_id, task_id, seq, timestamp, type, body_json)``,
+#: optionally with the event's replay projection (``replay.project_json``, None for none) as a
+#: seventh element; a row without one has it worked out from its body.
+EventRow = (
+    tuple[str, str, int, str, str, bytes] | tuple[str, str, int, str, str, bytes, bytes | None]
+)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -37,8 +47,9 @@ class Store(Protocol):
     url: str
 
     # events ------------------------------------------------------------------------------
-    def write_event_batch(self, rows: Sequence[tuple[str, str, int, str, str, bytes]]) -> list[str]:
-        """Durably write recorder rows ``(event_id, task_id, seq, timestamp, type, body_json)``.
+    def write_event_batch(self, rows: Sequence[EventRow]) -> list[str]:
+        """Durably write recorder rows ``(event_id, task_id, seq, timestamp, type, body_json[,
+        projection])`` (``EventRow``).
 
         One statement per batch; raises on failure so the caller can dead-letter the batch.
         Tasks are created from ``task_start`` rows and closed by ``task_end`` rows; events of a
@@ -56,6 +67,10 @@ class Store(Protocol):
 
     def events(self, task_id: str) -> list[Event]:
         """A task's events ordered by (timestamp, seq)."""
+
+    def stored_run(self, task_id: str) -> StoredRun:
+        """A task's events as replay reads them: each event's projection (``replay.project``,
+        kept beside its body at write time) in (timestamp, seq) order, bodies read on demand."""
 
     def event_count(self, task_id: str | None = None) -> int: ...
 

@@ -145,6 +145,17 @@ def m008_lesson_versions(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX lessons_by_version ON lessons(saved_version)")
 
 
+@migration
+def m009_replay_projection(db: sqlite3.Connection) -> None:
+    # What replay's key-node detectors read of each event (``replay.project``: status, tool,
+    # step, call signature, error type …) as a small JSON array beside the body, filled at
+    # write time from the payload the recorder already holds, so a replay decodes only the
+    # bodies of the steps it shows. Rows written before stay NULL and replay decodes them as
+    # it always did (the same chronicle): a backfill here would hold every process opening a
+    # large store for the time it takes to decode all its events.
+    db.execute("ALTER TABLE events ADD COLUMN projection TEXT")
+
+
 class SchemaError(ValueError):
     """The file is not a store this version of Hindsight can open."""
 

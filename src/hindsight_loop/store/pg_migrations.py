@@ -237,6 +237,14 @@ def m008_lesson_versions(db: Any) -> None:
     db.execute("CREATE INDEX lessons_by_version ON lessons(saved_version)")
 
 
+@migration
+def m009_replay_projection(db: Any) -> None:
+    # replay.project of each event, kept beside its body at write time (see SQLite's m009);
+    # rows written before stay NULL and are read from their bodies. Adding a nullable column
+    # without a default rewrites nothing, however many events the table holds.
+    db.execute("ALTER TABLE events ADD COLUMN projection TEXT")
+
+
 # One registry of names: a migration added to SQLite's must be added here too.
 assert [n for n, _ in MIGRATIONS] == [n for n, _ in SQLITE_MIGRATIONS], "PG migrations drifted"
 

@@ -26,8 +26,9 @@ import numpy as np
 import orjson
 
 from hindsight_loop.lesson_keys import RuleFilter, ScoreBound, recall_keys
-from hindsight_loop.models import EVENT_BODY_FIELDS, Event, Lesson, Reflection, Task, iso, utcnow
-from hindsight_loop.store import Job
+from hindsight_loop.models import Event, Lesson, Reflection, Task, iso, utcnow
+from hindsight_loop.replay import StoredRun
+from hindsight_loop.store import EventRow, Job
 from hindsight_loop.store.pg_migrations import (
     MIGRATIONS,
     applied,
@@ -35,7 +36,14 @@ from hindsight_loop.store.pg_migrations import (
     has_vec_column,
     migrate,
 )
-from hindsight_loop.store.sqlite import JOB_LEASE, MAX_ATTEMPTS, _dumps, _task_from_start
+from hindsight_loop.store.sqlite import (
+    JOB_LEASE,
+    MAX_ATTEMPTS,
+    _dumps,
+    _event,
+    _task_from_start,
+    row_projection,
+)
 
 try:
     import psycopg
@@ -244,27 +252,37 @@ class PostgresStore:
             yield db
 
     # -- events ----------------------------------------------------------------------------
-    def write_event_batch(self, rows: Sequence[tuple[str, str, int, str, str, bytes]]) -> list[str]:
+    def write_event_batch(self, rows: Sequence[EventRow]) -> list[str]:
         if not rows:
             return []
         with self._unit() as db:
-            # COPY: one round trip for the batch's events, however many.
+            # COPY: one round trip for the batch's events, however many, each with its replay
+            # projection beside the body.
             with db.cursor().copy(
-                "COPY events(event_id, task_id, seq, ts, type, body) FROM STDIN"
+                "COPY events(event_id, task_id, seq, ts, type, body, projection) FROM STDIN"
             ) as copy:
-                for event_id, task_id, seq, ts, etype, body in rows:
-                    copy.write_row((event_id, task_id, seq, ts, etype, body.decode()))
+                for r in rows:
+                    projection = row_projection(r)
+                    copy.write_row(
+                        (
+                            r[0],
+                            r[1],
+                            r[2],
+                            r[3],
+                            r[4],
+                            r[5].decode(),
+                            projection and projection.decode(),
+                        )
+                    )
             unknown = self._adopt_unknown_tasks(db, rows)
             self._apply_task_events(db, rows)
         return unknown
 
-    def _adopt_unknown_tasks(
-        self, db: Any, rows: Sequence[tuple[str, str, int, str, str, bytes]]
-    ) -> list[str]:
+    def _adopt_unknown_tasks(self, db: Any, rows: Sequence[EventRow]) -> list[str]:
         """Events for a task nobody started are kept, under a placeholder task, and reported."""
         first_ts: dict[str, str] = {}
         started = set()
-        for _eid, task_id, _seq, ts, etype, _body in rows:
+        for _eid, task_id, _seq, ts, etype, *_ in rows:
             if etype == "task_start":
                 started.add(task_id)
             elif task_id not in first_ts or ts < first_ts[task_id]:
@@ -283,11 +301,9 @@ class PostgresStore:
         ).fetchall()
         return sorted(r[0] for r in made)
 
-    def _apply_task_events(
-        self, db: Any, rows: Sequence[tuple[str, str, int, str, str, bytes]]
-    ) -> None:
+    def _apply_task_events(self, db: Any, rows: Sequence[EventRow]) -> None:
         """Create tasks from their ``task_start`` and close them on ``task_end``."""
-        for _event_id, task_id, _seq, ts, etype, body in rows:
+        for _event_id, task_id, _seq, ts, etype, body, *_ in rows:
             if etype == "task_start":
                 fields = orjson.loads(body)
                 db.execute(
@@ -328,30 +344,33 @@ class PostgresStore:
         return int(row[0])
 
     def events(self, task_id: str) -> list[Event]:
-        out = []
-        for event_id, tid, seq, ts, etype, body in self._db.execute(
-            "SELECT event_id, task_id, seq, ts, type, body FROM events "
-            "WHERE task_id=%s ORDER BY ts, seq, id",
-            (task_id,),
-        ):
-            data = orjson.loads(body)
-            extra = {k: v for k, v in data.items() if k not in EVENT_BODY_FIELDS}
-            out.append(
-                Event(
-                    event_id=event_id,
-                    task_id=tid,
-                    seq=seq,
-                    timestamp=ts,
-                    type=etype,
-                    agent_state=data.get("agent_state"),
-                    context=data.get("context"),
-                    input=data.get("input"),
-                    decision=data.get("decision"),
-                    result=data.get("result"),
-                    extra=extra,
-                )
+        return [
+            _event(row)
+            for row in self._db.execute(
+                "SELECT event_id, task_id, seq, ts, type, body FROM events "
+                "WHERE task_id=%s ORDER BY ts, seq, id",
+                (task_id,),
             )
-        return out
+        ]
+
+    def stored_run(self, task_id: str) -> StoredRun:
+        # The same order as events().
+        rows = self._db.execute(
+            "SELECT id, type, projection FROM events WHERE task_id=%s ORDER BY ts, seq, id",
+            (task_id,),
+        ).fetchall()
+        keys, types, projections = zip(*rows, strict=True) if rows else ((), (), ())
+        return StoredRun(list(keys), list(types), list(projections), self._events_by_key)
+
+    def _events_by_key(self, keys: list[int]) -> dict[int, Event]:
+        """The events of these row ids (the bodies a replay shows)."""
+        return {
+            row[0]: _event(row[1:])
+            for row in self._db.execute(
+                "SELECT id, event_id, task_id, seq, ts, type, body FROM events WHERE id = ANY(%s)",
+                (keys,),
+            )
+        }
 
     def event_count(self, task_id: str | None = None) -> int:
         if task_id is None:

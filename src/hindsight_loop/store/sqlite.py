@@ -29,7 +29,8 @@ from hindsight_loop.models import (
     task_outcome,
     utcnow,
 )
-from hindsight_loop.store import Job
+from hindsight_loop.replay import StoredRun, project_body, wire_timestamp
+from hindsight_loop.store import EventRow, Job
 from hindsight_loop.store.migrations import MIGRATIONS, SchemaError, check_schema, migrate
 
 #: Seconds a claimed job may run before another worker takes it back (a reflection with
@@ -42,17 +43,52 @@ MAX_ATTEMPTS = 3
 # One statement per batch: a writer that makes many small calls gives up the GIL on each and is
 # starved by a CPU-busy agent thread; a single INSERT … SELECT over a JSON array is not. The
 # bodies travel as one BLOB cut out by (offset, length): only the small index array goes through
-# SQLite's JSON parser, not every body twice (json_each, then ->>).
+# SQLite's JSON parser, not every body twice (json_each, then ->>). Each event's replay
+# projection follows its body in the BLOB the same way ('' when it has none): as text inside the
+# index it cost SQLite an unescaping pass, measurably more per event.
 _INSERT_BATCH = """
-INSERT INTO events(event_id, task_id, seq, ts, type, body)
+INSERT INTO events(event_id, task_id, seq, ts, type, body, projection)
 SELECT value->>0, value->>1, value->>2, value->>3, value->>4,
-       CAST(substr(?2, value->>5, value->>6) AS TEXT)
+       CAST(substr(?2, value->>5, value->>6) AS TEXT),
+       CAST(substr(?2, value->>7, value->>8) AS TEXT)
 FROM json_each(?1)
 """
+# A task's events in replay's order (rows tied on (ts, seq) in insertion order, which the index
+# gives for free: its entries end with the row id).
+_PROJECTIONS = "SELECT id, type, projection FROM events WHERE task_id=? ORDER BY ts, seq, id"
 
 
 def _dumps(obj: Any) -> str:
     return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def row_projection(row: EventRow) -> bytes | None:
+    """A row's replay projection: the one it came with, else worked out from its body (rows
+    from callers other than the recorder); none beside a timestamp out of the wire format, so
+    the store's order of the rows with one is replay's (``replay.StoredRun``)."""
+    if not wire_timestamp(row[3]):
+        return None
+    return row[6] if len(row) > 6 else project_body(row[4], row[5])
+
+
+def _event(row: Sequence[Any]) -> Event:
+    """An ``Event`` from a row ``(event_id, task_id, seq, ts, type, body)``."""
+    event_id, task_id, seq, ts, etype, body = row
+    data = orjson.loads(body)
+    extra = {k: v for k, v in data.items() if k not in EVENT_BODY_FIELDS}
+    return Event(
+        event_id=event_id,
+        task_id=task_id,
+        seq=seq,
+        timestamp=ts,
+        type=etype,
+        agent_state=data.get("agent_state"),
+        context=data.get("context"),
+        input=data.get("input"),
+        decision=data.get("decision"),
+        result=data.get("result"),
+        extra=extra,
+    )
 
 
 def _task_from_start(task_id: str, ts: str, body: dict[str, Any]) -> tuple:
@@ -203,16 +239,22 @@ class SQLiteStore:
         db.execute("COMMIT")
 
     # -- events ----------------------------------------------------------------------------
-    def write_event_batch(self, rows: Sequence[tuple[str, str, int, str, str, bytes]]) -> list[str]:
+    def write_event_batch(self, rows: Sequence[EventRow]) -> list[str]:
         if not rows:
             return []
         index = []
+        parts = []
         offset = 1  # substr() counts from 1, in bytes on a BLOB
         for r in rows:
-            size = len(r[5])
-            index.append((r[0], r[1], r[2], r[3], r[4], offset, size))
-            offset += size
-        bodies = b"".join([r[5] for r in rows])
+            body = r[5]
+            size = len(body)
+            projection = row_projection(r)
+            extra = projection or b""
+            index.append((r[0], r[1], r[2], r[3], r[4], offset, size, offset + size, len(extra)))
+            parts.append(body)
+            parts.append(extra)
+            offset += size + len(extra)
+        bodies = b"".join(parts)
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -228,13 +270,11 @@ class SQLiteStore:
             raise
         return unknown
 
-    def _adopt_unknown_tasks(
-        self, db: sqlite3.Connection, rows: Sequence[tuple[str, str, int, str, str, bytes]]
-    ) -> list[str]:
+    def _adopt_unknown_tasks(self, db: sqlite3.Connection, rows: Sequence[EventRow]) -> list[str]:
         """Events for a task nobody started are kept, under a placeholder task, and reported."""
         first_ts: dict[str, str] = {}
         started = set()
-        for _eid, task_id, _seq, ts, etype, _body in rows:
+        for _eid, task_id, _seq, ts, etype, *_ in rows:
             if etype == "task_start":
                 started.add(task_id)
             elif task_id not in first_ts or ts < first_ts[task_id]:
@@ -258,12 +298,9 @@ class SQLiteStore:
             )
         return unknown
 
-    def _apply_task_events(
-        self, db: sqlite3.Connection, rows: Sequence[tuple[str, str, int, str, str, bytes]]
-    ) -> None:
+    def _apply_task_events(self, db: sqlite3.Connection, rows: Sequence[EventRow]) -> None:
         """Create tasks from their ``task_start`` and close them on ``task_end``."""
-        for event_id, task_id, _seq, ts, etype, body in rows:
-            del event_id
+        for _eid, task_id, _seq, ts, etype, body, *_ in rows:
             if etype == "task_start":
                 fields = orjson.loads(body)
                 db.execute(
@@ -305,30 +342,30 @@ class SQLiteStore:
         return int(row[0])
 
     def events(self, task_id: str) -> list[Event]:
-        out = []
-        for event_id, tid, seq, ts, etype, body in self._db.execute(
-            "SELECT event_id, task_id, seq, ts, type, body FROM events "
-            "WHERE task_id=? ORDER BY ts, seq",
-            (task_id,),
-        ):
-            data = orjson.loads(body)
-            extra = {k: v for k, v in data.items() if k not in EVENT_BODY_FIELDS}
-            out.append(
-                Event(
-                    event_id=event_id,
-                    task_id=tid,
-                    seq=seq,
-                    timestamp=ts,
-                    type=etype,
-                    agent_state=data.get("agent_state"),
-                    context=data.get("context"),
-                    input=data.get("input"),
-                    decision=data.get("decision"),
-                    result=data.get("result"),
-                    extra=extra,
-                )
+        return [
+            _event(row)
+            for row in self._db.execute(
+                "SELECT event_id, task_id, seq, ts, type, body FROM events "
+                "WHERE task_id=? ORDER BY ts, seq, id",
+                (task_id,),
             )
-        return out
+        ]
+
+    def stored_run(self, task_id: str) -> StoredRun:
+        rows = self._db.execute(_PROJECTIONS, (task_id,)).fetchall()
+        keys, types, projections = zip(*rows, strict=True) if rows else ((), (), ())
+        return StoredRun(list(keys), list(types), list(projections), self._events_by_key)
+
+    def _events_by_key(self, keys: list[int]) -> dict[int, Event]:
+        """The events of these row ids (the bodies a replay shows)."""
+        return {
+            row[0]: _event(row[1:])
+            for row in self._db.execute(
+                "SELECT id, event_id, task_id, seq, ts, type, body FROM events "
+                "WHERE id IN (SELECT value FROM json_each(?))",
+                (orjson.dumps(keys),),
+            )
+        }
 
     def event_count(self, task_id: str | None = None) -> int:
         if task_id is None:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import orjson
 
 from hindsight_loop.models import WIRE_SCALARS
-from hindsight_loop.store import Store
+from hindsight_loop.replay import event_projection
+from hindsight_loop.store import EventRow, Store
 
 #: Events per write: large enough for COPY to pay, small enough to bound memory per batch.
 BATCH = 5000
@@ -37,7 +38,7 @@ def copy_store(src: Store, dst: Store) -> Copied:
     out = Copied()
     # Oldest first throughout: rows tied on their timestamp keep the source's insertion order.
     tasks = list(reversed(src.list_tasks(limit=2**62)))
-    rows: list[tuple[str, str, int, str, str, bytes]] = []
+    rows: list[EventRow] = []
     for task in tasks:
         have = dst.event_ids(task.task_id)
         for event in src.events(task.task_id):
@@ -52,6 +53,7 @@ def copy_store(src: Store, dst: Store) -> Copied:
                     event.timestamp,
                     event.type,
                     orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS),
+                    event_projection(event),  # from the decoded event, not its body again
                 )
             )
             if len(rows) >= BATCH:
