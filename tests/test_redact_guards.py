@@ -157,3 +157,9 @@ def test_stored_bodies_of_odd_values_equal_the_unguarded_pipeline(tmp_path: Path
         except orjson.JSONEncodeError:
             body = orjson.dumps(sanitizer.strict(clean))
         assert row[5] == _every_pattern(body, secret_key=sanitizer.secret_key), payload
+
+
+def test_every_chinese_assignment_sign_is_looked_for() -> None:
+    for sign in R._ZH_ASSIGN:
+        assert R._may_assign(orjson.dumps({"t": f"plain {sign} text"}), True), sign
+    assert not R._may_assign(orjson.dumps({"t": "销售报表 plain text"}), True)
