@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import io
 import logging
 import math
@@ -67,6 +68,8 @@ EXIT_WAIT = 60.0
 #: is freed soon is memory the next serialization reuses while it is still in the CPU's cache).
 SEND_POLL = 0.002
 _OPT = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+#: The writer process's first-generation collection threshold (Python's default is 700).
+GC_THRESHOLD = 10_000
 _F_SETPIPE_SZ = 1031  # Linux: a larger pipe lets the sender write big chunks without waiting
 
 
@@ -697,6 +700,11 @@ def main() -> int:
     from hindsight_loop.triggers import Triggers
 
     store = open_store(config["db"])
+    # What the writer allocates is JSON values that die with their batch (no cycles): the
+    # collector only walked the modules imported above and the batch in hand, again and again.
+    # Those modules are set aside for good, and a collection waits for more new objects.
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, 10, 10)
     triggers = Triggers(
         store,
         review_min_events=config["review_min_events"],
