@@ -609,11 +609,22 @@ def _sig(name: str, inp: dict[str, Any] | None) -> int:
         seeds = (zlib.crc32(head), zlib.adler32(head))
         if len(_SIG_SEEDS) < 4096:  # a run's tool names: a handful (bounded all the same)
             _SIG_SEEDS[name] = seeds
-    return zlib.crc32(key, seeds[0]) << 32 | zlib.adler32(key, seeds[1])
+    crc, adler = seeds
+    if len(key) <= _SIG_CHUNK:
+        return zlib.crc32(key, crc) << 32 | zlib.adler32(key, adler)
+    # zlib lets go of the GIL over a buffer of more than 5 KB; the thread then waits its turn
+    # to take it back behind every busy thread (the agent's spill under overload waited up to
+    # 2 s over a batch of 14 KB events). Chunks below that keep it: the checksums chain.
+    view = memoryview(key)
+    for i in range(0, len(key), _SIG_CHUNK):
+        part = view[i : i + _SIG_CHUNK]
+        crc, adler = zlib.crc32(part, crc), zlib.adler32(part, adler)
+    return crc << 32 | adler
 
 
 # Each tool name's checksums, where a signature's start from (the name, then the arguments).
 _SIG_SEEDS: dict[str, tuple[int, int]] = {}
+_SIG_CHUNK = 4096  # under zlib's 5 KB threshold for releasing the GIL
 
 
 class StoredRun(Sequence[Event]):
