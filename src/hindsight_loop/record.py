@@ -915,7 +915,7 @@ class Recorder:
 
     def _after_close(self, *item: Any) -> None:
         """An event recorded after close(): nothing will write it, so keep it in the dead letter."""
-        rows, raw = self._prepare([item])  # type: ignore[list-item]
+        rows, raw = self._prepare([item], project=False)  # type: ignore[list-item]
         reason = "recorded after close(): not written to the store"
         self._dead_letter(rows, reason)
         self._dead_letter_raw(raw, reason)
@@ -965,7 +965,7 @@ class Recorder:
 
     def _spill(self, spill: list[Item]) -> None:
         try:
-            rows, raw = self._prepare(spill)
+            rows, raw = self._prepare(spill, project=False)
             reason = "queue full: spilled under overload"
             self._dead_letter(rows, reason)
             self._dead_letter_raw(raw, reason)
@@ -1009,10 +1009,17 @@ class Recorder:
             return (_END_OF_TIME if late else _START_OF_TIME), str(ts)[:200]
 
     def _row(
-        self, item: Item, sanitizer: _Sanitizer | None = None, keep: list[Any] | None = None
+        self,
+        item: Item,
+        sanitizer: _Sanitizer | None = None,
+        keep: list[Any] | None = None,
+        *,
+        project: bool = True,
     ) -> Row:
         """Turn a queued item into a row; with ``keep``, also collect its sanitized payload
-        (secret-named keys redacted, free text not: only for the in-process hook, never stored)."""
+        (secret-named keys redacted, free text not: only for the in-process hook, never stored).
+        ``project=False``: no replay projection (a row bound for the dead letter, which keeps
+        the body alone)."""
         task_id, seq, ts, etype, payload, event_id = item
         if sanitizer is None:
             sanitizer = _Sanitizer(self.max_text)
@@ -1040,7 +1047,7 @@ class Recorder:
                 if not sanitizer.check_utf8:
                     # Perhaps a lone surrogate the trusting pass let through: once more with
                     # the check, which replaces it (and warns) as the sanitizer always did.
-                    return self._row(item, _Sanitizer(self.max_text), keep)
+                    return self._row(item, _Sanitizer(self.max_text), keep, project=project)
                 # orjson refuses what the sanitizer let through (a StrEnum key, an integer
                 # beyond 64 bits): rare, so handled here rather than checked on every value.
                 clean = sanitizer.strict(clean)
@@ -1056,7 +1063,7 @@ class Recorder:
         # body, and nothing a redaction removed can reach the store through it.
         projection = (
             project_json(etype, clean)
-            if clean is not None and (body is raw or body == raw)
+            if project and clean is not None and (body is raw or body == raw)
             else None
         )
         if sanitizer.problems:
@@ -1067,16 +1074,17 @@ class Recorder:
         return (event_id or new_id("evt"), task_id, seq, stamp, etype, body, projection)
 
     def _prepare(
-        self, items: list[Item], keep: list[Any] | None = None
+        self, items: list[Item], keep: list[Any] | None = None, *, project: bool = True
     ) -> tuple[list[Row], list[Item]]:
         """Rows for ``items``; an item that cannot become a row spoils only itself (it is
-        returned apart, for the dead letter)."""
+        returned apart, for the dead letter). ``project=False`` for rows bound for the dead
+        letter: a spill runs on the agent's thread, where the projection would be wasted work."""
         sanitizer = _Sanitizer(self.max_text, check_utf8=False)
         rows: list[Row] = []
         raw: list[Item] = []
         for item in items:
             try:
-                rows.append(self._row(item, sanitizer, keep))
+                rows.append(self._row(item, sanitizer, keep, project=project))
             except Exception:  # noqa: BLE001 - keep the writer alive whatever happens
                 log.exception("hindsight: could not prepare an event")
                 raw.append(item)
