@@ -163,3 +163,84 @@ def test_every_chinese_assignment_sign_is_looked_for() -> None:
     for sign in R._ZH_ASSIGN:
         assert R._may_assign(orjson.dumps({"t": f"plain {sign} text"}), True), sign
     assert not R._may_assign(orjson.dumps({"t": "销售报表 plain text"}), True)
+
+
+def _agent_payloads(rng: random.Random) -> list[Any]:
+    """Payloads as an agent hands them over: the generated ones above, the odd ones orjson
+    takes as they are, and values whose JSON text could be written more than one way."""
+    import dataclasses
+    import enum
+    import uuid
+    from datetime import UTC, datetime
+
+    import numpy as np
+
+    class Color(enum.Enum):
+        RED = "red"
+
+    @dataclasses.dataclass
+    class Point:
+        x: int
+        y: float
+
+    odd: list[Any] = [
+        {"floats": [1e300, -0.0, 5e-324, 0.1 + 0.2, 1e16, 1e-7, 123456789.125, -1.5e-300]},
+        {"np": np.float32(0.1), "np64": np.float64(1 / 3), "ints": np.arange(3, dtype=np.int64)},
+        {"f32": np.array([1e-7, 3.4028235e38, 0.30000001], dtype=np.float32)},
+        {"when": datetime(2024, 1, 2, 3, 4, 5, 678901, tzinfo=UTC), "id": uuid.UUID(int=7)},
+        {"color": Color.RED, "point": Point(x=1, y=2.5), "tuple": (1, "a")},
+        {"esc": 'q"b\\s/\n\t\r\x00\x1f\u2028\u2029 é 中文 😀', "key\n\"x": "v"},
+        {},
+        {"nested": [[[]], [{}], {"a": [None, True, False]}]},
+        {"ints": [0, -1, 2**63 - 1, -(2**63), 2**64 - 1]},
+    ]
+    odd += [p for p in ODD if _orjson_takes(p)]
+    return odd + [
+        {rng.choice(KEYS): _value(rng) for _ in range(rng.randint(1, 4))} for _ in range(2000)
+    ]
+
+
+def _orjson_takes(payload: Any) -> bool:
+    try:
+        orjson.dumps(payload)
+    except orjson.JSONEncodeError:
+        return False
+    return True
+
+
+def test_the_payload_bytes_in_the_agents_line_equal_a_second_serialization(
+    tmp_path: Path,
+) -> None:
+    """The writer process stores the payload's bytes from the agent's line when sanitizing
+    changed nothing, instead of serializing the decoded payload again: they must be the bytes
+    that second serialization gives, and the row (body, redaction, projection) the same."""
+    from hindsight_loop import writer as W
+
+    rng = random.Random(29)
+    rec = Recorder(lambda rows: None, dead_letter=tmp_path / "dl.jsonl", start=False)
+    heads = [
+        ("tsk_a", 1, None, 1_700_000_000_123_456_789, "action_executed", None),
+        ('t"],{"x', 2, 5, 1.7e9, "user_input", 'e,"]}'),
+        ("任务", 3, None, "2024-11-20T14:32:10.882Z", "feedback", "evt_],"),
+        ("t", 4, -7, "not a time", "state_change", ""),
+    ]
+    found = kept = 0
+    for i, payload in enumerate(_agent_payloads(rng)):
+        task_id, own, seq, ts, etype, event_id = heads[i % len(heads)]
+        line = orjson.dumps((task_id, own, seq, ts, etype, event_id, payload), option=W._OPT)
+        for frame in (line, line[:-1]):  # as queued, and as split off the pipe
+            raws: list[bytes | None] = []
+            item = W.frame_item(frame, "s", raws)
+            raw = raws[0]
+            if raw is None:
+                continue
+            found += 1
+            assert raw == orjson.dumps(item[4]), frame
+            with_raw = rec._row(item, _Sanitizer(rec.max_text, check_utf8=False), raw=raw)
+            without = rec._row(item, _Sanitizer(rec.max_text, check_utf8=False))
+            # (an unreadable timestamp becomes "now": the two calls' clocks may differ)
+            assert with_raw[:3] + with_raw[4:] == without[:3] + without[4:], frame
+            assert with_raw[3] == without[3] or ts == "not a time"
+            kept += with_raw[5] is raw
+    assert found > 4000  # the line's layout is found for every payload but the odd
+    assert kept > 100  # and its bytes stored as they are where nothing was redacted

@@ -437,11 +437,13 @@ def redact(blob: bytes, *, secret_key: bool | None = None, escaped: bool = False
     A replacement that is a function checks the candidate (the whole name, Luhn) first.
     """
     low = blob.lower()
-    if b"PRIVATE KEY-----" in blob:
+    # "--" first: the PEM marker holds it, and the flag pattern below needs it too.
+    dash = b"-" in blob and _DASHES.search(blob) is not None
+    if dash and b"PRIVATE KEY-----" in blob:
         blob = _PEM.sub(b"[REDACTED PRIVATE KEY]", blob)
+        dash = _DASHES.search(blob) is not None  # the key's own dashes may be gone
     # The secret-word scan is the dearest guard (a regex over the whole event): it runs only
     # when a pattern that needs a word could match at all.
-    dash = b"-" in blob and _DASHES.search(blob) is not None
     assign = _may_assign(blob, escaped)
     words = (dash or assign or secret_key is None) and _WORD_CORES.search(low) is not None
     if words if secret_key is None else secret_key:
@@ -1015,11 +1017,15 @@ class Recorder:
         keep: list[Any] | None = None,
         *,
         project: bool = True,
+        raw: bytes | None = None,
     ) -> Row:
         """Turn a queued item into a row; with ``keep``, also collect its sanitized payload
         (secret-named keys redacted, free text not: only for the in-process hook, never stored).
         ``project=False``: no replay projection (a row bound for the dead letter, which keeps
-        the body alone)."""
+        the body alone). ``raw``: the payload as orjson serialized it in the agent's process
+        (the writer process decoded the payload from it): when sanitizing changed nothing,
+        ``orjson.dumps`` of the payload would give these bytes again, so they are the body
+        (redacted like any body)."""
         task_id, seq, ts, etype, payload, event_id = item
         if sanitizer is None:
             sanitizer = _Sanitizer(self.max_text)
@@ -1042,12 +1048,14 @@ class Recorder:
                 context["original_timestamp"] = original
                 clean = {**clean, "context": context}
             try:
-                body = orjson.dumps(clean)
+                body = raw if raw is not None and clean is payload else orjson.dumps(clean)
             except orjson.JSONEncodeError:
                 if not sanitizer.check_utf8:
                     # Perhaps a lone surrogate the trusting pass let through: once more with
                     # the check, which replaces it (and warns) as the sanitizer always did.
-                    return self._row(item, _Sanitizer(self.max_text), keep, project=project)
+                    return self._row(
+                        item, _Sanitizer(self.max_text), keep, project=project, raw=raw
+                    )
                 # orjson refuses what the sanitizer let through (a StrEnum key, an integer
                 # beyond 64 bits): rare, so handled here rather than checked on every value.
                 clean = sanitizer.strict(clean)
@@ -1056,14 +1064,14 @@ class Recorder:
             clean = None
             body = orjson.dumps({"unserializable": sanitizer.text(repr(exc))})
             sanitizer.problems.append(f"could not be stored as JSON ({exc!r}): kept as its error")
-        raw = body
+        serialized = body
         body = redact(body, secret_key=sanitizer.secret_key, escaped=True)
         # What replay's detectors read, worked out here where the payload is already decoded.
         # Only when redaction left the body as it was: then it is the projection of the stored
         # body, and nothing a redaction removed can reach the store through it.
         projection = (
             project_json(etype, clean)
-            if project and clean is not None and (body is raw or body == raw)
+            if project and clean is not None and (body is serialized or body == serialized)
             else None
         )
         if sanitizer.problems:
@@ -1074,17 +1082,25 @@ class Recorder:
         return (event_id or new_id("evt"), task_id, seq, stamp, etype, body, projection)
 
     def _prepare(
-        self, items: list[Item], keep: list[Any] | None = None, *, project: bool = True
+        self,
+        items: list[Item],
+        keep: list[Any] | None = None,
+        *,
+        project: bool = True,
+        payloads: list[bytes | None] | None = None,
     ) -> tuple[list[Row], list[Item]]:
         """Rows for ``items``; an item that cannot become a row spoils only itself (it is
         returned apart, for the dead letter). ``project=False`` for rows bound for the dead
-        letter: a spill runs on the agent's thread, where the projection would be wasted work."""
+        letter: a spill runs on the agent's thread, where the projection would be wasted work.
+        ``payloads``: each item's payload as orjson wrote it, where known (see ``_row``)."""
         sanitizer = _Sanitizer(self.max_text, check_utf8=False)
         rows: list[Row] = []
         raw: list[Item] = []
-        for item in items:
+        if payloads is None or len(payloads) != len(items):
+            payloads = [None] * len(items)
+        for item, payload in zip(items, payloads, strict=True):
             try:
-                rows.append(self._row(item, sanitizer, keep, project=project))
+                rows.append(self._row(item, sanitizer, keep, project=project, raw=payload))
             except Exception:  # noqa: BLE001 - keep the writer alive whatever happens
                 log.exception("hindsight: could not prepare an event")
                 raw.append(item)
@@ -1123,18 +1139,19 @@ class Recorder:
         finally:
             self._commits.put(None)
 
-    def commit_items(self, items: list[Item]) -> None:
+    def commit_items(self, items: list[Item], payloads: list[bytes | None] | None = None) -> None:
         """Prepare ``items`` (sanitize, cut, redact) on the calling thread and hand them to the
         committer thread; waits while a prepared batch still waits for it.
 
         The writer thread calls it for each batch it takes from the queue; the writer process
         calls it from the thread that reads the agent's pipe (one thread of Python work
-        beside the committer's: a third contending for the GIL cost more than it did)."""
+        beside the committer's: a third contending for the GIL cost more than it did), with
+        each payload's JSON as the agent serialized it (``payloads``, see ``_row``)."""
         with self._cond:
             self._in_flight += len(items)
         cleans: list[Any] = []
         keep = cleans if self._on_batch is not None else None
-        rows, raw = self._prepare(items, keep)
+        rows, raw = self._prepare(items, keep, payloads=payloads)
         if raw and keep is not None:
             cleans = []  # out of step with the rows: the hook reads the rows alone
         self._commits.put((len(items), rows, raw, "could not prepare", cleans))

@@ -79,9 +79,12 @@ def event_id_for(session: str, own: int) -> str:
     return f"{session}_{own:x}"
 
 
-def frame_item(frame: bytes, session: str) -> Item:
-    """A line from the agent as the recorder's queued item."""
-    task_id, own, seq, ts, etype, payload, event_id = orjson.loads(frame)
+def frame_item(frame: bytes, session: str, raws: list[bytes | None] | None = None) -> Item:
+    """A line from the agent as the recorder's queued item; with ``raws``, also the payload's
+    JSON as it stands in the line (``payload_json``), appended there."""
+    task_id, own, seq, ts, etype, event_id, payload = orjson.loads(frame)
+    if raws is not None:
+        raws.append(payload_json(frame, (task_id, own, seq, ts, etype, event_id)))
     return (
         task_id,
         own if seq is None else seq,
@@ -90,6 +93,25 @@ def frame_item(frame: bytes, session: str) -> Item:
         payload,
         event_id or event_id_for(session, own),
     )
+
+
+def payload_json(frame: bytes, head: tuple[Any, ...]) -> bytes | None:
+    """The payload's bytes in ``frame`` (the agent's line: the ``head`` fields, then the
+    payload), None when the line is not laid out as expected.
+
+    orjson writes a value the same way each time and reads back what it wrote, so the line
+    starts with the serialization of the fields decoded from it, and what follows them is the
+    payload exactly as ``orjson.dumps`` writes it once decoded. The writer stores it as it is
+    when sanitizing changed nothing (``Recorder._row``), rather than serializing it again."""
+    try:
+        start = orjson.dumps(head)
+    except Exception:  # noqa: BLE001 - then the payload is serialized again, as before
+        return None
+    n = len(start)
+    end = len(frame) - 1 if frame[-1] == 93 else len(frame) - 2  # the closing "]" (a "\n" after)
+    if frame[end] == 93 and frame[n - 1] == 44 and frame.startswith(start[:-1]):
+        return frame[n:end]  # after the comma that follows the head
+    return None
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -268,7 +290,7 @@ class ProcessRecorder:
         if type(ts) is float and not math.isfinite(ts):
             ts = repr(ts)  # orjson would write null: the writer keeps the original text
         try:
-            frame = orjson.dumps((task_id, own, seq, ts, etype, payload, event_id), option=_OPT)
+            frame = orjson.dumps((task_id, own, seq, ts, etype, event_id, payload), option=_OPT)
         except Exception:  # noqa: BLE001 - what orjson refuses is converted (rare, slower)
             frame = self._portable(task_id, own, seq, ts, etype, payload, event_id)
         q = self._out
@@ -298,7 +320,7 @@ class ProcessRecorder:
         try:
             clean = sanitizer.value(payload)
             try:
-                return orjson.dumps((task_id, own, seq, ts, etype, clean, event_id), option=_OPT)
+                return orjson.dumps((task_id, own, seq, ts, etype, event_id, clean), option=_OPT)
             except (TypeError, orjson.JSONEncodeError):
                 clean = sanitizer.strict(clean)
                 if type(ts) is int and not -(2**63) <= ts < 2**64:
@@ -306,7 +328,7 @@ class ProcessRecorder:
                 elif not isinstance(ts, (int, float, str)):
                     ts = sanitizer._marker(ts)
                 return orjson.dumps(
-                    (str(task_id), own, seq, ts, str(etype), clean, event_id), option=_OPT
+                    (str(task_id), own, seq, ts, str(etype), event_id, clean), option=_OPT
                 )
         except Exception as exc:  # noqa: BLE001 - never lose the event for its content
             sanitizer.problems.append(f"could not be stored as JSON ({exc!r}): kept as its error")
@@ -317,8 +339,8 @@ class ProcessRecorder:
                     seq,
                     time.time_ns(),
                     str(etype),
-                    {"unserializable": sanitizer.text(repr(exc))},
                     event_id,
+                    {"unserializable": sanitizer.text(repr(exc))},
                 ),
                 option=_OPT,
             )
@@ -741,9 +763,10 @@ def main() -> int:
             lines = (tail + chunk).split(b"\n") if tail else chunk.split(b"\n")
             tail = lines.pop()  # an incomplete last line: the rest of it comes next
             items: list[Item] = []
+            raws: list[bytes | None] = []
             for line in lines:
                 try:
-                    item = frame_item(line, session)
+                    item = frame_item(line, session, raws)
                 except Exception:  # noqa: BLE001
                     try:
                         control = orjson.loads(line)
@@ -763,6 +786,7 @@ def main() -> int:
                     if item[5] in ids:
                         skipped += 1  # stored by the writer that died (a prefix: in order)
                         resent -= 1
+                        raws.pop()
                         continue
                     resent = 0  # the first one not stored: the rest were not either
                 items.append(item)
@@ -770,10 +794,10 @@ def main() -> int:
             if items:
                 # Waits while the committer still has a batch waiting: the pipe fills and the
                 # agent's sender waits in turn (its overload policy takes over from there).
-                recorder.commit_items(items)
+                recorder.commit_items(items, raws)
             else:
                 send({"done": recorder._done + skipped, "stats": recorder.stats})
-            del items
+            del items, raws
     finally:
         recorder.finish()
         send({"done": recorder._done + skipped, "stats": recorder.stats})
