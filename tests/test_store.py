@@ -172,6 +172,40 @@ def _row(event_id: str, task_id: str, seq: int, ts: str, etype: str, body: dict)
     return (event_id, task_id, seq, ts, etype, orjson.dumps(body))
 
 
+def test_a_new_task_is_adopted_after_batches_of_known_ones(store_url: str) -> None:
+    """The writer remembers which tasks are stored (it skips looking them up): a task it has
+    not seen is still adopted and reported, and a batch that failed teaches it nothing."""
+    store = open_store(store_url)
+    try:
+        start = {"task_type": "csv", "goal": "g"}
+        t = "2025-01-01T00:00:0{}.000Z"
+        assert (
+            store.write_event_batch([_row("a0", "tsk_a", 0, t.format(0), "task_start", start)])
+            == []
+        )
+        assert (
+            store.write_event_batch([_row("a1", "tsk_a", 1, t.format(1), "user_input", {})]) == []
+        )
+        bad = ("b1", "tsk_b", 1, t.format(2), "user_input", None)  # no body: refused
+        with pytest.raises(Exception):  # noqa: B017, PT011 - each store refuses it its own way
+            store.write_event_batch([_row("b0", "tsk_b", 0, t.format(2), "user_input", {}), bad])  # type: ignore[list-item]
+        assert store.get_task("tsk_b") is None
+        unknown = store.write_event_batch(
+            [
+                _row("a2", "tsk_a", 2, t.format(3), "user_input", {}),
+                _row("b2", "tsk_b", 2, t.format(4), "user_input", {}),
+            ]
+        )
+        assert unknown == ["tsk_b"]
+        assert store.get_task("tsk_b").task_type == "unknown"
+        assert (
+            store.write_event_batch([_row("b3", "tsk_b", 3, t.format(5), "user_input", {})]) == []
+        )
+        assert store.event_ids("tsk_b") == {"b2", "b3"}
+    finally:
+        store.close()
+
+
 def test_event_batches_create_close_and_adopt_tasks(store_url: str) -> None:
     store = open_store(store_url)
     try:

@@ -68,31 +68,39 @@ class Triggers:
         """The recorder's hook: ``payloads`` holds the sanitized payload of each watched event
         (else None), so the rules need not parse the JSON they were just made from."""
         queued = False
-        for i, (event_id, task_id, seq, ts, etype, body, *projection) in enumerate(rows):
-            run = self._running.get(task_id)
-            if run is None:
-                run = self._running[task_id] = _Running()
+        running = self._running
+        run: _Running | None = None
+        last = None
+        for i, row in enumerate(rows):
+            task_id, etype = row[1], row[4]
+            if task_id is not last:  # a batch is mostly runs of one task's events
+                run = running.get(task_id)
+                if run is None:
+                    run = running[task_id] = _Running()
+                last = task_id
+            assert run is not None
             position = run.events
             run.events += 1
             if etype == "task_end":
-                del self._running[task_id]
+                del running[task_id]
+                last = None
                 queued |= self._queue_end_reviews(task_id, run.had_failure)
                 continue
             if etype not in WATCHED_TYPES:
                 continue
             data = payloads[i] if i < len(payloads) else None
             if data is None:
-                data = orjson.loads(body)
+                data = orjson.loads(row[5])
             if etype == "action_executed" and is_failure((data.get("result") or {}).get("status")):
                 run.had_failure = True
             # A task that used up its local reviews is not watched any more: what the rules
             # would find could not be queued (and its positions need not grow).
             if self.live and run.local_reviews < MAX_LOCAL_REVIEWS:
                 event = Event(
-                    event_id=event_id,
+                    event_id=row[0],
                     task_id=task_id,
-                    seq=seq,
-                    timestamp=ts,
+                    seq=row[2],
+                    timestamp=row[3],
                     type=etype,  # type: ignore[arg-type]
                     agent_state=data.get("agent_state"),
                     input=data.get("input"),
@@ -101,7 +109,7 @@ class Triggers:
                 )
                 # The projection the recorder stored with the row: the rules read it as
                 # replay will, without working it out again.
-                seen = read_projection(etype, projection[0]) if projection else None
+                seen = read_projection(etype, row[6]) if len(row) > 6 else None
                 queued |= self._watch(run, event, position, seen)
         if queued:
             self._wake()

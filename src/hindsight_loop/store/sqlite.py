@@ -38,6 +38,8 @@ from hindsight_loop.store.migrations import MIGRATIONS, SchemaError, check_schem
 JOB_LEASE = 600.0
 #: Claims of one job before it is given up (it kept killing its worker).
 MAX_ATTEMPTS = 3
+#: Task ids the event writer remembers as stored, at most (past it, it starts over).
+KNOWN_TASKS_BOUND = 100_000
 
 
 # One statement per batch: a writer that makes many small calls gives up the GIL on each and is
@@ -126,6 +128,8 @@ class SQLiteStore:
         self._closed = False
         #: Names this store object's claims on jobs.
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        #: Task ids known to be in the tasks table (``write_event_batch`` skips looking).
+        self._known_tasks: set[str] = set()
         if readonly:
             self._open_readonly()
             return
@@ -268,13 +272,25 @@ class SQLiteStore:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        # Committed: every task of the batch is in the table now (started, or adopted).
+        if len(self._known_tasks) > KNOWN_TASKS_BOUND:
+            self._known_tasks.clear()
+        self._known_tasks.update([r[1] for r in rows])
         return unknown
 
     def _adopt_unknown_tasks(self, db: sqlite3.Connection, rows: Sequence[EventRow]) -> list[str]:
         """Events for a task nobody started are kept, under a placeholder task, and reported."""
+        # A task once in the table stays there (nothing deletes tasks): a batch of known
+        # tasks' events, the usual one, needs neither the loop below nor its SELECT.
+        known_tasks = self._known_tasks
+        if known_tasks.issuperset([r[1] for r in rows]):
+            return []
         first_ts: dict[str, str] = {}
         started = set()
-        for _eid, task_id, _seq, ts, etype, *_ in rows:
+        for r in rows:
+            task_id, ts, etype = r[1], r[3], r[4]
+            if task_id in known_tasks:
+                continue
             if etype == "task_start":
                 started.add(task_id)
             elif task_id not in first_ts or ts < first_ts[task_id]:
@@ -300,7 +316,11 @@ class SQLiteStore:
 
     def _apply_task_events(self, db: sqlite3.Connection, rows: Sequence[EventRow]) -> None:
         """Create tasks from their ``task_start`` and close them on ``task_end``."""
-        for _eid, task_id, _seq, ts, etype, body, *_ in rows:
+        for r in rows:
+            etype = r[4]
+            if etype != "task_start" and etype != "task_end":  # most rows: no unpacking
+                continue
+            task_id, ts, body = r[1], r[3], r[5]
             if etype == "task_start":
                 fields = orjson.loads(body)
                 db.execute(
