@@ -13,9 +13,24 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from hindsight_loop import record as R
+from hindsight_loop import redact_scan
 from hindsight_loop.record import Recorder, _Sanitizer, redact
+
+
+@pytest.fixture(params=["python", "hyperscan"])
+def guards(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test below with the pure-Python guards and with the one-pass Hyperscan guards."""
+    if request.param == "python":
+        monkeypatch.setattr(R, "_SCANNER", None)
+    else:
+        scanner = redact_scan.load(R._WORD_CORES.pattern)
+        if scanner is None:
+            pytest.skip("hyperscan is not installed: pip install 'hindsight-loop[hyperscan]'")
+        monkeypatch.setattr(R, "_SCANNER", scanner)
+    return str(request.param)
 
 
 def _every_pattern(blob: bytes, *, secret_key: bool | None) -> bytes:
@@ -63,6 +78,8 @@ FRAGMENTS = [
     "4111 1111 1111 1111",
     "4111-1111-1111-1111",
     "5555555555554444",
+    "4222222222222",  # 13 digits: the shortest card
+    "411111111111",  # 12: too short
     "3782 822463 10005",
     "1234 5678",
     "0000",
@@ -96,7 +113,7 @@ def _value(rng: random.Random, depth: int = 0) -> Any:
     return " ".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(1, 4)))
 
 
-def test_guarded_redaction_equals_every_pattern_run() -> None:
+def test_guarded_redaction_equals_every_pattern_run(guards: str) -> None:
     rng = random.Random(13)
     changed = 0
     for _ in range(3000):
@@ -141,7 +158,9 @@ ODD: list[Any] = [
 ]
 
 
-def test_stored_bodies_of_odd_values_equal_the_unguarded_pipeline(tmp_path: Path) -> None:
+def test_stored_bodies_of_odd_values_equal_the_unguarded_pipeline(
+    tmp_path: Path, guards: str
+) -> None:
     """The writer's body for each odd payload: sanitized (secret-named keys redacted at any
     depth, long text redacted then cut, surrogates and NaN replaced), serialized, then
     redacted by every pattern: the same bytes as the guarded writer stores."""
@@ -159,10 +178,46 @@ def test_stored_bodies_of_odd_values_equal_the_unguarded_pipeline(tmp_path: Path
         assert row[5] == _every_pattern(body, secret_key=sanitizer.secret_key), payload
 
 
-def test_every_chinese_assignment_sign_is_looked_for() -> None:
+def test_every_chinese_assignment_sign_is_looked_for(guards: str) -> None:
     for sign in R._ZH_ASSIGN:
-        assert R._may_assign(orjson.dumps({"t": f"plain {sign} text"}), True), sign
+        blob = orjson.dumps({"t": f"plain {sign} text"})
+        assert R._may_assign(blob, True), sign
+        for text in (f"token{sign}abc123", f"密码{sign} abc123", f"{sign}令牌 abc123"):
+            blob = orjson.dumps({"t": text})
+            assert redact(blob, escaped=True) == _every_pattern(blob, secret_key=None), text
     assert not R._may_assign(orjson.dumps({"t": "销售报表 plain text"}), True)
+
+
+def test_the_one_pass_guards_are_the_python_guards() -> None:
+    """Each Hyperscan guard holds exactly where its pure-Python twin does (so the one pass
+    runs the same patterns, no more), on the generated events above."""
+    scanner = redact_scan.load(R._WORD_CORES.pattern)
+    if scanner is None:
+        pytest.skip("hyperscan is not installed: pip install 'hindsight-loop[hyperscan]'")
+    S = redact_scan
+    rng = random.Random(5)
+    seen = set()
+    for _ in range(3000):
+        blob = orjson.dumps({rng.choice(KEYS): _value(rng) for _ in range(rng.randint(1, 4))})
+        hits = set(scanner.scan(blob))
+        low = blob.lower()
+        python = {
+            S.PEM: b"PRIVATE KEY-----" in blob,
+            S.DASHES: R._DASHES.search(blob) is not None,
+            S.WORDS: R._WORD_CORES.search(low) is not None,
+            S.AUTHORIZATION: b"authorization" in low,
+            S.BEARER: R._BEARER_GUARD.search(low) is not None,
+            S.RUN: R._RUN in blob.translate(R._RUN_TABLE),
+            S.CARD: R._CARD_SHAPE.search(blob.translate(R._CARD_TABLE)) is not None,
+        }
+        for guard, held in python.items():
+            assert (guard in hits) == held, (guard, blob)
+        assign = bool(hits & {S.EQUALS, S.INNER_COLON, S.ESCAPED_KEY, S.IS, S.ZH_ASSIGN})
+        assert assign == R._may_assign(blob, True), blob
+        userinfo = S.AT in hits and S.SCHEME in hits
+        assert userinfo == (b"@" in blob and b"://" in blob), blob
+        seen |= hits
+    assert seen == set(range(14))  # every guard was seen holding
 
 
 def _agent_payloads(rng: random.Random) -> list[Any]:
@@ -189,7 +244,7 @@ def _agent_payloads(rng: random.Random) -> list[Any]:
         {"f32": np.array([1e-7, 3.4028235e38, 0.30000001], dtype=np.float32)},
         {"when": datetime(2024, 1, 2, 3, 4, 5, 678901, tzinfo=UTC), "id": uuid.UUID(int=7)},
         {"color": Color.RED, "point": Point(x=1, y=2.5), "tuple": (1, "a")},
-        {"esc": 'q"b\\s/\n\t\r\x00\x1f\u2028\u2029 é 中文 😀', "key\n\"x": "v"},
+        {"esc": 'q"b\\s/\n\t\r\x00\x1f\u2028\u2029 é 中文 😀', 'key\n"x': "v"},
         {},
         {"nested": [[[]], [{}], {"a": [None, True, False]}]},
         {"ints": [0, -1, 2**63 - 1, -(2**63), 2**64 - 1]},
@@ -209,7 +264,7 @@ def _orjson_takes(payload: Any) -> bool:
 
 
 def test_the_payload_bytes_in_the_agents_line_equal_a_second_serialization(
-    tmp_path: Path,
+    tmp_path: Path, guards: str
 ) -> None:
     """The writer process stores the payload's bytes from the agent's line when sanitizing
     changed nothing, instead of serializing the decoded payload again: they must be the bytes

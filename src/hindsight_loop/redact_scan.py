@@ -1,0 +1,89 @@
+"""Redaction's guards in one pass over the event, with Hyperscan (the ``[hyperscan]`` extra).
+
+``record.redact`` runs each secret pattern only where a cheap guard finds something all of the
+pattern's matches contain. In pure Python the guards are a dozen C-level scans of the event, the
+larger part of the writer's redaction time; Hyperscan runs them all in a single pass. The guards
+here are the same tests written as Hyperscan expressions, each matching wherever its pure-Python
+twin is true (tests/test_redact_guards.py holds both against every pattern run unguarded).
+
+Without the package (or on a CPU Hyperscan does not run on), ``SCANNER`` is None and redaction
+uses its own scans: the core install does not depend on it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+# Guard ids, in the order of ``_EXPRESSIONS``.
+PEM, DASHES, EQUALS, INNER_COLON, ESCAPED_KEY, IS, ZH_ASSIGN = range(7)
+WORDS, AUTHORIZATION, BEARER, RUN, AT, SCHEME, CARD = range(7, 14)
+
+
+def _expressions(word_cores: bytes) -> list[tuple[bytes, bool]]:
+    """(expression, caseless) per guard id: each true where ``record.redact``'s test is."""
+    return [
+        (rb"PRIVATE KEY-----", False),
+        (rb"--", False),
+        (rb"=", False),
+        # a colon not right after a quote: blob.count(b":") > blob.count(b'":')
+        (rb'(?:^|[^"]):', False),
+        (rb'\\":', False),
+        (rb" is ", False),
+        ("：|是|为|密|令|秘".encode(), False),
+        # bytes.lower() lowers ASCII letters only, as a caseless Hyperscan match does
+        (word_cores, True),
+        (rb"authorization", True),
+        (rb"b(?:earer|asic)", True),
+        (rb"[A-Za-z0-9_\-]{16}", False),
+        (rb"@", False),
+        (rb"://", False),
+        (rb"[0-9]{4}(?:[0-9]{9}|[ \-][0-9]{4})", False),
+    ]
+
+
+def _hit(guard: int, _start: int, _end: int, _flags: int, hits: list[int]) -> None:
+    hits.append(guard)
+
+
+class Scanner:
+    """Every guard of an event in one Hyperscan pass (each reported at most once)."""
+
+    def __init__(self, hyperscan: Any, word_cores: bytes) -> None:
+        expressions = _expressions(word_cores)
+        self._hs = hyperscan
+        self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        single = hyperscan.HS_FLAG_SINGLEMATCH
+        self._db.compile(
+            expressions=[e for e, _ in expressions],
+            ids=list(range(len(expressions))),
+            elements=len(expressions),
+            flags=[single | (hyperscan.HS_FLAG_CASELESS if c else 0) for _, c in expressions],
+        )
+        self._prototype = hyperscan.Scratch(self._db)
+        # A scratch space per thread: the writer, a spilling agent thread and a gateway may
+        # redact at once, and a scratch serves one scan at a time.
+        self._local = threading.local()
+
+    def scan(self, blob: bytes) -> list[int]:
+        """The ids of the guards ``blob`` holds."""
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = self._prototype.clone()
+        hits: list[int] = []
+        self._db.scan(blob, match_event_handler=_hit, context=hits, scratch=scratch)
+        return hits
+
+
+def load(word_cores: bytes) -> Scanner | None:
+    """A scanner, or None without the ``hyperscan`` package or where it cannot run."""
+    try:
+        import hyperscan
+    except ImportError:
+        return None
+    try:
+        scanner = Scanner(hyperscan, word_cores)
+        scanner.scan(b"probe")
+    except Exception:  # noqa: BLE001 - an unsupported CPU: the pure-Python guards serve
+        return None
+    return scanner
