@@ -52,6 +52,13 @@ def machine() -> dict[str, Any]:
     }
 
 
+def redact_guards() -> str:
+    """How the recorder's redaction guards run here: ``hyperscan`` (the extra) or ``python``."""
+    from hindsight_loop import record
+
+    return record.guards_in_use()
+
+
 def spread(values: Sequence[float]) -> dict[str, float]:
     """Median and range over runs (each value is one run's figure)."""
     return {

@@ -43,7 +43,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import action_pool, cli, otel_tool_span, otel_tracer, spread  # noqa: E402
+from _common import (  # noqa: E402
+    action_pool,
+    cli,
+    otel_tool_span,
+    otel_tracer,
+    redact_guards,
+    spread,
+)
 
 WORK_US = 50.0
 
@@ -207,6 +214,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     out: dict[str, Any] = {
         "bench": "agent_step",
+        "redact_guards": redact_guards(),
         "rounds": rounds,
         "steps_per_block": steps,
         "work_us": WORK_US,
@@ -253,7 +261,8 @@ def render(r: dict[str, Any]) -> str:
         f"{r['rounds']} rounds x {r['steps_per_block']} steps of ~{r['work_us']:.0f} µs work + one "
         f"~1 KB tool call; extra µs per step over no recording (flush included), median (min-max)",
         f"Hindsight() {r['construct_ms']:.0f} ms; first flush (writer process start) "
-        f"{r['writer_start_first_flush_ms']:.0f} ms",
+        f"{r['writer_start_first_flush_ms']:.0f} ms; redaction guards: "
+        f"{r.get('redact_guards', 'python')}",
     ]
     for t in (1, 4):
         lines.append(f"{t} agent thread(s): step alone {r[f't{t}_none_step_us']['median']:.1f} µs")

@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import orjson  # noqa: E402
-from _common import cli, mixed_events, spread  # noqa: E402
+from _common import cli, mixed_events, redact_guards, spread  # noqa: E402
 
 
 def _replay_onto(task: Any, events: list[dict[str, Any]]) -> None:
@@ -241,6 +241,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     idle.append(_busy(db, busy_events, work, False))
         return {
             "bench": "ingest",
+            "redact_guards": redact_guards(),
             "runs": runs,
             "events_per_run": n,
             "avg_body_bytes": avg_body,
@@ -286,7 +287,8 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"{r['runs']} runs x {r['events_per_run']:,} events (~{r['avg_body_bytes']:.0f} B body), "
-            f"store ends at {r['rows_at_end']:,} rows (expected {r['rows_expected']:,})",
+            f"store ends at {r['rows_at_end']:,} rows (expected {r['rows_expected']:,}); "
+            f"redaction guards: {r.get('redact_guards', 'python')}",
             f"writer process (triggers on) {r['process_events_per_s']['median']:,.0f} events/s "
             f"({r['process_events_per_s']['min']:,.0f}-{r['process_events_per_s']['max']:,.0f}), "
             f"last run (store at {r['process_rows_at_end']:,} rows) "

@@ -434,6 +434,11 @@ def _scanner() -> redact_scan.Scanner | None:
     return _SCANNER  # type: ignore[return-value]
 
 
+def guards_in_use() -> str:
+    """How redaction's guards run in this process: ``hyperscan`` (one pass) or ``python``."""
+    return "python" if (_SCANNER if _SCANNER is not False else _scanner()) is None else "hyperscan"
+
+
 def _redact_scanned(blob: bytes, secret_key: bool | None, hits: list[int]) -> bytes:
     """``redact`` for orjson's output with the guards ``redact_scan`` found in one pass.
 
