@@ -297,5 +297,10 @@ def test_the_payload_bytes_in_the_agents_line_equal_a_second_serialization(
             assert with_raw[:3] + with_raw[4:] == without[:3] + without[4:], frame
             assert with_raw[3] == without[3] or ts == "not a time"
             kept += with_raw[5] is raw
+    # a line that is not laid out as its head says: no bytes, the payload serialized again
+    head = ("tsk_a", 1, None, 5, "user_input", None)
+    assert W.payload_json(b"[1]", head) is None
+    assert W.payload_json(b'["tsk_b",1,null,5,"user_input",null,{}]', head) is None
+    assert W.payload_json(b'["tsk_a",1,null,5,"user_input",null,{}]', head) == b"{}"
     assert found > 4000  # the line's layout is found for every payload but the odd
     assert kept > 100  # and its bytes stored as they are where nothing was redacted

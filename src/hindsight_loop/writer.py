@@ -109,7 +109,7 @@ def payload_json(frame: bytes, head: tuple[Any, ...]) -> bytes | None:
         return None
     n = len(start)
     end = len(frame) - 1 if frame[-1] == 93 else len(frame) - 2  # the closing "]" (a "\n" after)
-    if frame[end] == 93 and frame[n - 1] == 44 and frame.startswith(start[:-1]):
+    if n <= end and frame[end] == 93 and frame[n - 1] == 44 and frame.startswith(start[:-1]):
         return frame[n:end]  # after the comma that follows the head
     return None
 
