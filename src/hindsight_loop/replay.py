@@ -259,16 +259,21 @@ def _replay(task: Task, events: Sequence[Event], max_steps: int) -> Chronicle:
             node.index = position[node.index]
             node.related = [position[r] for r in node.related]
     steps = [_step(new, run[old]) for new, old in enumerate(kept)]
+    chronicle: Chronicle
     if any(node.kind == "handoff" for node in nodes):
         # Only a run whose turn passed between agents pays for the per-agent view.
-        return _team_chronicle(task, steps, nodes, [run[old] for old in kept], n, len(steps) < n)
-    return Chronicle(
-        task=task,
-        steps=steps,
-        key_nodes=nodes,
-        event_count=n,
-        compressed=len(steps) < n,
-    )
+        events_kept = [run[old] for old in kept]
+        chronicle = _team_chronicle(task, steps, nodes, events_kept, n, len(steps) < n)
+    else:
+        chronicle = Chronicle(
+            task=task, steps=steps, key_nodes=nodes, event_count=n, compressed=len(steps) < n
+        )
+    # Freed now, while collection is paused: the caller still holds the run, and the first
+    # collection after the pause would otherwise walk its thousands of projections and bodies.
+    run.release()
+    if isinstance(events, StoredRun) and events is not run:
+        events.release()
+    return chronicle
 
 
 class AnomalyWatch:
@@ -683,6 +688,7 @@ class StoredRun(Sequence[Event]):
         "_projections",
         "_load",
         "_events",
+        "read_keys",
         "_later",
         "_read",
         "_ordered",
@@ -700,6 +706,8 @@ class StoredRun(Sequence[Event]):
         self._projections = projections
         self._load = load
         self._events: list[Event | None] = [None] * len(keys)
+        #: The keys of every body decoded so far, in the order read.
+        self.read_keys: list[Any] = []
         self._later: list[tuple[Sequence[int], Callable[[], None]]] = []
         self._read: list[list[Any]] | None = None
         self._ordered = True
@@ -734,7 +742,9 @@ class StoredRun(Sequence[Event]):
         if not missing:
             return
         keys = self._keys
-        got = self._load([keys[i] for i in missing])
+        wanted = [keys[i] for i in missing]
+        self.read_keys += wanted
+        got = self._load(wanted)
         for i in missing:
             events[i] = got.get(keys[i])
 
@@ -745,15 +755,25 @@ class StoredRun(Sequence[Event]):
 
     def projections(self) -> list[list[Any]]:
         """Every event's projection, in order (computed from the body where none is stored);
-        read once."""
+        read once. Equal projections may be one shared list: read them, do not change them."""
         if self._read is not None:
             return self._read
         out: list[Any] = []
         append = out.append
         loads, version, events, pad = orjson.loads, PROJECTION_VERSION, self._events, _PAD
         missing = []
+        # Decisions, user turns, state changes … repeat the same few projections over a run:
+        # each is parsed once and shared (the detectors only read them). A tool call's carries
+        # its call signature, and repeats far less.
+        same: dict[tuple[str, Any], list[Any]] = {}
         for i, (etype, raw) in enumerate(zip(self._types, self._projections, strict=True)):
             if raw:
+                shared = etype != "action_executed"
+                if shared:
+                    p = same.get((etype, raw))
+                    if p is not None:
+                        append(p)
+                        continue
                 p = loads(raw)
                 if p is not None and p[0] == version:
                     # _unstored, in place (the list is this call's own): the type after the
@@ -761,6 +781,8 @@ class StoredRun(Sequence[Event]):
                     p.insert(1, etype)
                     if len(p) < 11:
                         p += pad[len(p)]
+                    if shared:
+                        same[(etype, raw)] = p
                     append(p)
                     continue
             missing.append(i)
@@ -777,6 +799,13 @@ class StoredRun(Sequence[Event]):
                     self._ordered = False
         self._read = out
         return out
+
+    def release(self) -> None:
+        """Let go of the projections and of the bodies decoded from the store (read again if
+        asked for again): a replay is done with them, and its chronicle keeps none of them."""
+        self._read = None
+        if self._load is not _no_load:
+            self._events = [None] * len(self._keys)
 
     def event_id(self, i: int) -> str:
         ev = self._events[i]
