@@ -61,6 +61,7 @@ import orjson
 from hindsight_loop.models import (
     FAILED_STATUSES,
     KNOWN_STATUSES,
+    OK_STATUSES,
     Chronicle,
     Event,
     KeyNode,
@@ -1046,7 +1047,8 @@ class Recovery:
             elif pending.other is None and seen.sig != pending.first.sig:
                 pending.other = seen
             return _NONE
-        if not unresolved or not is_success(seen.status):
+        # The status is normal_status already: is_success's own set, without normalizing twice.
+        if not unresolved or seen.status not in OK_STATUSES:
             return _NONE
         pending = unresolved.pop(seen.label, None)
         if pending is None:
@@ -2068,6 +2070,14 @@ def _text(value: Any) -> str:
 
 def _clip(text: str, limit: int) -> str:
     """One line of at most ``limit`` characters (code points, so CJK counts one per glyph)."""
+    if len(text) > limit > 0:
+        # A long text whose first limit + 1 characters are already one clean line (printable,
+        # single spaces, no space at either end of them) is cut there whatever follows:
+        # making the whole text one line would keep those characters as they are. Only they
+        # are checked, not the whole (long) text.
+        head = text[: limit + 1]
+        if head.isprintable() and "  " not in head and head[0] != " " and head[-1] != " ":
+            return text[: limit - 1].rstrip() + "…"
     if not text.isprintable() or "  " in text:  # newlines, tabs, wide spaces, runs of spaces
         text = " ".join(text.split())
     if len(text) <= limit:
