@@ -100,20 +100,26 @@ def _warm_child(db: str, task_id: str, reps: int) -> dict[str, float]:
     con = hs.store._db  # type: ignore[attr-defined]
     for _ in range(3):
         hs.replay(task_id)
-    subj, base = [], []
+    subj, base, subj_cpu, base_cpu = [], [], [], []
+    wall, cpu = time.perf_counter, time.thread_time
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = wall(), cpu()
         hs.replay(task_id)
-        subj.append((time.perf_counter() - t0) * 1e3)
-        t0 = time.perf_counter()
+        subj.append((wall() - t0) * 1e3)
+        subj_cpu.append((cpu() - c0) * 1e3)
+        t0, c0 = wall(), cpu()
         con.execute(RAW, (task_id,)).fetchall()
-        base.append((time.perf_counter() - t0) * 1e3)
+        base.append((wall() - t0) * 1e3)
+        base_cpu.append((cpu() - c0) * 1e3)
     hs.close()
-    subj.sort()
-    base.sort()
+    for xs in (subj, base, subj_cpu, base_cpu):
+        xs.sort()
     return {
         "p50": percentile(subj, 50),
         "base_p50": percentile(base, 50),
+        # CPU time of the measuring thread: less moved by other processes on a shared machine.
+        "cpu_p50": percentile(subj_cpu, 50),
+        "base_cpu_p50": percentile(base_cpu, 50),
         "code": str(Path(hindsight_loop.__file__).parent),
     }
 
@@ -133,6 +139,9 @@ def _compare(db: Path, task_id: str, other: str, runs: int, reps: int) -> dict[s
             "p50_ms": spread([w["p50"] for w in rows]),
             "raw_p50_ms": spread([w["base_p50"] for w in rows]),
             "ratio": spread([w["p50"] / w["base_p50"] for w in rows]),
+            "cpu_p50_ms": spread([w["cpu_p50"] for w in rows]),
+            "raw_cpu_p50_ms": spread([w["base_cpu_p50"] for w in rows]),
+            "cpu_ratio": spread([w["cpu_p50"] / w["base_cpu_p50"] for w in rows]),
         }
     return out
 
@@ -235,7 +244,9 @@ def render(r: dict[str, Any]) -> str:
         lines.append(
             f"{who} ({m['code']}): warm p50 {p['median']:.1f} ms ({p['min']:.1f}-{p['max']:.1f}); "
             f"raw read {m['raw_p50_ms']['median']:.1f} ms; ratio {m['ratio']['median']:.2f} "
-            f"({m['ratio']['min']:.2f}-{m['ratio']['max']:.2f})"
+            f"({m['ratio']['min']:.2f}-{m['ratio']['max']:.2f}); thread CPU "
+            f"{m['cpu_p50_ms']['median']:.1f} ms vs raw {m['raw_cpu_p50_ms']['median']:.1f} ms, "
+            f"ratio {m['cpu_ratio']['median']:.2f}"
         )
     return "\n".join(
         [
