@@ -228,7 +228,8 @@ def no_gc() -> Iterator[None]:
     that all live until it returns and form no cycles: every collection they trigger on the way
     only walks them again (and a full one walks the whole process). Reference counting frees
     what they drop as before; collection resumes at the end. Left as it was when the caller had
-    paused it.
+    paused it (a pause another thread makes meanwhile ends with the replay's: the collector is
+    one per process).
     """
     if not gc.isenabled():
         yield
