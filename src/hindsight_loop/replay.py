@@ -670,7 +670,8 @@ class StoredRun(Sequence[Event]):
 
     A store builds it from one cheap read of the projection column (``store.stored_run``);
     replay decodes only the bodies of the steps it shows. Indexing gives the full ``Event``
-    (decoded once, then kept), so it is also a plain sequence of the run's events.
+    (decoded once, then kept until ``release``, which replay calls when its chronicle is
+    built), so it is also a plain sequence of the run's events.
 
     Args:
         keys: Each event's key in the store, in (timestamp, seq) order.
