@@ -1981,6 +1981,7 @@ def _bound(value: Any, depth: int = 0) -> Any:
         depth == 0
         and (kind is dict or kind is list or isinstance(value, dict | list))
         and len(value) <= _KEYS_MAX
+        and not (kind is dict and _long_text(value))
     ):
         # Most inputs and outputs are small: one round trip through orjson copies them, in C,
         # and proves they are JSON; only the big or odd ones need the walk below.
@@ -2037,6 +2038,15 @@ def _bound(value: Any, depth: int = 0) -> Any:
             items.append(f"… {len(value) - _ITEMS_MAX} more items")
         return items
     return _clip(repr(value), _TEXT_MAX)  # bytes, objects …: text is all a reflector can read
+
+
+def _long_text(value: dict[str, Any]) -> bool:
+    """Whether a dict holds text too long for its JSON to be small (a tool's output with its
+    text, the usual case): the round trip of ``_bound`` would be wasted on it."""
+    for v in value.values():  # noqa: SIM110 - any(generator) costs more on this hot path
+        if type(v) is str and len(v) > _SMALL_JSON:
+            return True
+    return False
 
 
 def _status(result: dict[str, Any] | None) -> str | None:
