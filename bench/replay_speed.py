@@ -9,7 +9,11 @@ seq`` fetched as tuples without decoding: the floor set by SQLite itself. Beside
 reference: decoding every event (``store.events``, what replay read before the projection) and
 reading the projections alone.
 
-Warm: the same process and connection, repeated. Cold: a fresh process and a fresh connection
+Warm: the same process and connection, repeated.
+
+``--compare SRC`` (e.g. ``/work/main/src``) also measures another checkout's replay on the same
+store, in child processes alternating with children running this checkout's code, each child
+timing its replay interleaved call by call with the raw read: two codes, one run, one baseline. Cold: a fresh process and a fresh connection
 for each measurement (the time from opening the store to the chronicle, imports excluded),
 after asking the kernel to drop its page cache (``/proc/sys/vm/drop_caches``); the result says
 whether that worked here (it needs root and a writable /proc/sys) or whether "cold" only means
@@ -86,9 +90,65 @@ def _cold_raw_child(db: str, task_id: str) -> dict[str, float]:
     return {"baseline_ms": elapsed * 1e3}
 
 
-def _child(kind: str, db: Path, task_id: str) -> dict[str, float]:
+def _warm_child(db: str, task_id: str, reps: int) -> dict[str, float]:
+    """Warm replays of one task interleaved with the raw read, in this process (whose code is
+    the checkout first on ``sys.path``)."""
+    import hindsight_loop
+    from hindsight_loop import Hindsight
+
+    hs = Hindsight(db, background=False, triggers=False)
+    con = hs.store._db  # type: ignore[attr-defined]
+    for _ in range(3):
+        hs.replay(task_id)
+    subj, base, subj_cpu, base_cpu = [], [], [], []
+    wall, cpu = time.perf_counter, time.thread_time
+    for _ in range(reps):
+        t0, c0 = wall(), cpu()
+        hs.replay(task_id)
+        subj.append((wall() - t0) * 1e3)
+        subj_cpu.append((cpu() - c0) * 1e3)
+        t0, c0 = wall(), cpu()
+        con.execute(RAW, (task_id,)).fetchall()
+        base.append((wall() - t0) * 1e3)
+        base_cpu.append((cpu() - c0) * 1e3)
+    hs.close()
+    for xs in (subj, base, subj_cpu, base_cpu):
+        xs.sort()
+    return {
+        "p50": percentile(subj, 50),
+        "base_p50": percentile(base, 50),
+        # CPU time of the measuring thread: less moved by other processes on a shared machine.
+        "cpu_p50": percentile(subj_cpu, 50),
+        "base_cpu_p50": percentile(base_cpu, 50),
+        "code": str(Path(hindsight_loop.__file__).parent),
+    }
+
+
+def _compare(db: Path, task_id: str, other: str, runs: int, reps: int) -> dict[str, Any]:
+    """This checkout's warm replay vs ``other``'s (a ``src`` folder), alternating children."""
+    got: dict[str, list[dict[str, float]]] = {"this": [], "other": []}
+    for r in range(runs):
+        order = ("this", "other") if r % 2 == 0 else ("other", "this")
+        for who in order:
+            src = str(Path(__file__).resolve().parent.parent / "src") if who == "this" else other
+            got[who].append(_child("warm", db, task_id, src, str(reps)))
+    out: dict[str, Any] = {}
+    for who, rows in got.items():
+        out[who] = {
+            "code": rows[0]["code"],
+            "p50_ms": spread([w["p50"] for w in rows]),
+            "raw_p50_ms": spread([w["base_p50"] for w in rows]),
+            "ratio": spread([w["p50"] / w["base_p50"] for w in rows]),
+            "cpu_p50_ms": spread([w["cpu_p50"] for w in rows]),
+            "raw_cpu_p50_ms": spread([w["base_cpu_p50"] for w in rows]),
+            "cpu_ratio": spread([w["cpu_p50"] / w["base_cpu_p50"] for w in rows]),
+        }
+    return out
+
+
+def _child(kind: str, db: Path, task_id: str, *extra: str) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", kind, str(db), task_id],
+        [sys.executable, __file__, "--child", kind, str(db), task_id, *extra],
         capture_output=True,
         text=True,
         check=True,
@@ -141,6 +201,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         hs.close()
 
+        compared = _compare(db, task_id, args.compare, runs, reps) if args.compare else None
+
         dropped = _drop_caches()
         cold = []
         for r in range(runs):
@@ -168,6 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "cold_raw_ms": spread([c["baseline_ms"] for c in cold]),
             "cold_ratio": spread([c["subject_ms"] / c["baseline_ms"] for c in cold]),
             "page_cache_dropped": dropped,
+            "compared": compared,
         }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -175,6 +238,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def render(r: dict[str, Any]) -> str:
     w, c = r["warm_p50_ms"], r["cold_ms"]
+    lines = []
+    for who, m in (r.get("compared") or {}).items():
+        p = m["p50_ms"]
+        lines.append(
+            f"{who} ({m['code']}): warm p50 {p['median']:.1f} ms ({p['min']:.1f}-{p['max']:.1f}); "
+            f"raw read {m['raw_p50_ms']['median']:.1f} ms; ratio {m['ratio']['median']:.2f} "
+            f"({m['ratio']['min']:.2f}-{m['ratio']['max']:.2f}); thread CPU "
+            f"{m['cpu_p50_ms']['median']:.1f} ms vs raw {m['raw_cpu_p50_ms']['median']:.1f} ms, "
+            f"ratio {m['cpu_ratio']['median']:.2f}"
+        )
     return "\n".join(
         [
             f"{r['events']:,}-event task -> {r['steps']} steps, {r['key_nodes']} key nodes",
@@ -184,6 +257,7 @@ def render(r: dict[str, Any]) -> str:
             f"{r['warm_projection_p50_ms']['median']:.1f} ms; ratio {r['warm_ratio']['median']:.1f}",
             f"cold {c['median']:.1f} ms ({c['min']:.1f}-{c['max']:.1f}); raw read "
             f"{r['cold_raw_ms']['median']:.1f} ms; page cache dropped: {r['page_cache_dropped']}",
+            *lines,
         ]
     )
 
@@ -192,12 +266,23 @@ def _extra(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--reps", type=int, default=20, help="warm replays per run")
     p.add_argument("--events", type=int, default=10_000)
+    p.add_argument(
+        "--compare",
+        metavar="SRC",
+        help="also measure the replay of another checkout's src folder (e.g. /work/main/src), "
+        "in child processes alternating with this checkout's",
+    )
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, db, task_id = sys.argv[2:5]
-        fn = _cold_child if kind == "subject" else _cold_raw_child
-        print(json.dumps(fn(db, task_id)))
+        if kind == "warm":
+            src, reps = sys.argv[5:7]
+            sys.path.insert(0, src)  # before hindsight_loop is imported: that code is measured
+            print(json.dumps(_warm_child(db, task_id, int(reps))))
+        else:
+            fn = _cold_child if kind == "subject" else _cold_raw_child
+            print(json.dumps(fn(db, task_id)))
     else:
         cli(__doc__ or "", run, render, _extra)

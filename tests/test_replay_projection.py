@@ -275,7 +275,12 @@ def test_the_projection_reads_only_the_bodies_it_shows(db_path: Any) -> None:
         chronicle = replay(task, stored, max_steps=50)
         assert chronicle == replay(task, store.events("tsk_long"), max_steps=50)
         assert kinds(chronicle) == ["first_failure", "dissatisfaction", "recovery"]
-        decoded = {ev.event_id for ev in stored._events if ev is not None}
+        read = store._db.execute(
+            "SELECT event_id FROM events WHERE id IN (SELECT value FROM json_each(?))",
+            (orjson.dumps(stored.read_keys),),
+        )
+        assert len(stored.read_keys) == len(chronicle.steps)  # each body read once
+        decoded = {row[0] for row in read}
         assert decoded == {step.event_id for step in chronicle.steps}  # of 3,003 events
     finally:
         store.close()

@@ -43,11 +43,13 @@ Everything here is a pure function of the events: no store, no clock, no I/O.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import re
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
@@ -59,6 +61,7 @@ import orjson
 from hindsight_loop.models import (
     FAILED_STATUSES,
     KNOWN_STATUSES,
+    OK_STATUSES,
     Chronicle,
     Event,
     KeyNode,
@@ -93,6 +96,7 @@ __all__ = [
     "local_window",
     "run_language",
     "looks_dissatisfied",
+    "no_gc",
     "project",
     "event_projection",
     "project_body",
@@ -212,6 +216,32 @@ def replay(task: Task, events: Sequence[Event], *, max_steps: int = 500) -> Chro
     """
     if max_steps < 1:
         raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+    with no_gc():
+        return _replay(task, events, max_steps)
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused for a replay (or a store's read of a run).
+
+    A replay allocates tens of thousands of containers (projections, decoded bodies, steps)
+    that all live until it returns and form no cycles: every collection they trigger on the way
+    only walks them again (and a full one walks the whole process). Reference counting frees
+    what they drop as before; collection resumes at the end. Left as it was when the caller had
+    paused it (a pause another thread makes meanwhile ends with the replay's: the collector is
+    one per process).
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _replay(task: Task, events: Sequence[Event], max_steps: int) -> Chronicle:
     if isinstance(events, StoredRun) and events.ordered():
         run = events
     else:
@@ -231,16 +261,21 @@ def replay(task: Task, events: Sequence[Event], *, max_steps: int = 500) -> Chro
             node.index = position[node.index]
             node.related = [position[r] for r in node.related]
     steps = [_step(new, run[old]) for new, old in enumerate(kept)]
+    chronicle: Chronicle
     if any(node.kind == "handoff" for node in nodes):
         # Only a run whose turn passed between agents pays for the per-agent view.
-        return _team_chronicle(task, steps, nodes, [run[old] for old in kept], n, len(steps) < n)
-    return Chronicle(
-        task=task,
-        steps=steps,
-        key_nodes=nodes,
-        event_count=n,
-        compressed=len(steps) < n,
-    )
+        events_kept = [run[old] for old in kept]
+        chronicle = _team_chronicle(task, steps, nodes, events_kept, n, len(steps) < n)
+    else:
+        chronicle = Chronicle(
+            task=task, steps=steps, key_nodes=nodes, event_count=n, compressed=len(steps) < n
+        )
+    # Freed now, while collection is paused: the caller still holds the run, and the first
+    # collection after the pause would otherwise walk its thousands of projections and bodies.
+    run.release()
+    if isinstance(events, StoredRun) and events is not run:
+        events.release()
+    return chronicle
 
 
 class AnomalyWatch:
@@ -282,9 +317,10 @@ class AnomalyWatch:
         seen = Seen(self._count, event, projection=p)
         self._count += 1
         found: list[KeyNode] = []
-        observers = self._routes.get((p[1], p[7]))
+        etype, flags = p[1], p[7]
+        observers = self._routes.get((etype, flags) if flags else etype)
         if observers is None:
-            observers = self._routes.of(p[1], p[7])
+            observers = self._routes.of(etype, flags)
         for observe in observers:
             nodes = observe(seen)
             if nodes:
@@ -443,6 +479,8 @@ def project(etype: str, body: dict[str, Any]) -> list[Any] | None:
 # The projection's fields after the type, as ``stored_projection`` leaves them out at its end.
 _TAIL = (None, None, None, None, None, 0, None, None)
 _BARE_JSON = b"[%d]" % PROJECTION_VERSION
+# _TAIL's end that completes a stored projection once its type is back in: by its length then.
+_PAD = tuple(_TAIL[max(0, n - 2) :] for n in range(len(_TAIL) + 3))
 
 
 def stored_projection(etype: str, body: dict[str, Any]) -> list[Any] | None:
@@ -632,7 +670,8 @@ class StoredRun(Sequence[Event]):
 
     A store builds it from one cheap read of the projection column (``store.stored_run``);
     replay decodes only the bodies of the steps it shows. Indexing gives the full ``Event``
-    (decoded once, then kept), so it is also a plain sequence of the run's events.
+    (decoded once, then kept until ``release``, which replay calls when its chronicle is
+    built), so it is also a plain sequence of the run's events.
 
     Args:
         keys: Each event's key in the store, in (timestamp, seq) order.
@@ -652,6 +691,7 @@ class StoredRun(Sequence[Event]):
         "_projections",
         "_load",
         "_events",
+        "read_keys",
         "_later",
         "_read",
         "_ordered",
@@ -669,6 +709,8 @@ class StoredRun(Sequence[Event]):
         self._projections = projections
         self._load = load
         self._events: list[Event | None] = [None] * len(keys)
+        #: The keys of every body decoded so far, in the order read.
+        self.read_keys: list[Any] = []
         self._later: list[tuple[Sequence[int], Callable[[], None]]] = []
         self._read: list[list[Any]] | None = None
         self._ordered = True
@@ -703,7 +745,9 @@ class StoredRun(Sequence[Event]):
         if not missing:
             return
         keys = self._keys
-        got = self._load([keys[i] for i in missing])
+        wanted = [keys[i] for i in missing]
+        self.read_keys += wanted
+        got = self._load(wanted)
         for i in missing:
             events[i] = got.get(keys[i])
 
@@ -714,19 +758,38 @@ class StoredRun(Sequence[Event]):
 
     def projections(self) -> list[list[Any]]:
         """Every event's projection, in order (computed from the body where none is stored);
-        read once."""
+        read once. Equal projections may be one shared list: read them, do not change them."""
         if self._read is not None:
             return self._read
         out: list[Any] = []
-        loads, version, events = orjson.loads, PROJECTION_VERSION, self._events
+        append = out.append
+        loads, version, events, pad = orjson.loads, PROJECTION_VERSION, self._events, _PAD
         missing = []
+        # Decisions, user turns, state changes … repeat the same few projections over a run:
+        # each is parsed once and shared (the detectors only read them). A tool call's carries
+        # its call signature, and repeats far less.
+        same: dict[tuple[str, Any], list[Any]] = {}
         for i, (etype, raw) in enumerate(zip(self._types, self._projections, strict=True)):
-            p = loads(raw) if raw else None
-            if p is None or p[0] != version:
-                missing.append(i)
-            else:
-                p = [version, etype, *p[1:], *_TAIL[len(p) - 1 :]]  # _unstored, inlined
-            out.append(p)
+            if raw:
+                shared = etype != "action_executed"
+                if shared:
+                    p = same.get((etype, raw))
+                    if p is not None:
+                        append(p)
+                        continue
+                p = loads(raw)
+                if p is not None and p[0] == version:
+                    # _unstored, in place (the list is this call's own): the type after the
+                    # version, then the defaults the store left out.
+                    p.insert(1, etype)
+                    if len(p) < 11:
+                        p += pad[len(p)]
+                    if shared:
+                        same[(etype, raw)] = p
+                    append(p)
+                    continue
+            missing.append(i)
+            append(None)
         if missing:
             self.prefetch(missing)
             for i in missing:
@@ -739,6 +802,13 @@ class StoredRun(Sequence[Event]):
                     self._ordered = False
         self._read = out
         return out
+
+    def release(self) -> None:
+        """Let go of the projections and of the bodies decoded from the store (read again if
+        asked for again): a replay is done with them, and its chronicle keeps none of them."""
+        self._read = None
+        if self._load is not _no_load:
+            self._events = [None] * len(self._keys)
 
     def event_id(self, i: int) -> str:
         ev = self._events[i]
@@ -979,7 +1049,8 @@ class Recovery:
             elif pending.other is None and seen.sig != pending.first.sig:
                 pending.other = seen
             return _NONE
-        if not unresolved or not is_success(seen.status):
+        # The status is normal_status already: is_success's own set, without normalizing twice.
+        if not unresolved or seen.status not in OK_STATUSES:
             return _NONE
         pending = unresolved.pop(seen.label, None)
         if pending is None:
@@ -1022,11 +1093,14 @@ class Loop:
     kind: KeyNodeKind = "loop"
     types: frozenset[str] | None = _ACTION
     flag: int = 0
-    __slots__ = ("live", "_chains", "_ended", "_ordinal", "_run_sig", "_run_len")
+    __slots__ = ("live", "_chains", "_once", "_ended", "_ordinal", "_run_sig", "_run_len")
 
     def __init__(self, *, live: bool = False) -> None:
         self.live = live
         self._chains: dict[int, _Chain] = {}
+        # A call not repeated (lately): a chain of one, as (ordinal, index, name) until it
+        # repeats. Most calls of a run never do; they need no chain object.
+        self._once: dict[int, tuple[int, int, str | None]] = {}
         self._ended: list[_Chain] = []
         self._ordinal = 0  # actions so far
         self._run_sig: int | None = None
@@ -1039,15 +1113,26 @@ class Loop:
         if sig is None:
             self._run_sig = None
             return _NONE
-        self._ordinal += 1
+        ordinal = self._ordinal = self._ordinal + 1
         chain = self._chains.get(sig)
-        if chain is not None and self._ordinal - chain.last <= LOOP_SPAN:
-            chain.last = self._ordinal
+        if chain is not None and ordinal - chain.last <= LOOP_SPAN:
+            chain.last = ordinal
             chain.indices.append(seen.index)
         else:
-            if chain is not None and chain.at is not None:
-                self._ended.append(chain)
-            chain = self._chains[sig] = _Chain(seen.name or "", self._ordinal, seen.index)
+            if chain is not None:  # too long ago: that chain has ended
+                if chain.at is not None:
+                    self._ended.append(chain)
+                del self._chains[sig]
+            first = self._once.get(sig)
+            if first is None or ordinal - first[0] > LOOP_SPAN:
+                self._once[sig] = (ordinal, seen.index, seen.name)
+                # The call before this one was another (else it would be in a chain).
+                self._run_sig, self._run_len = sig, 1
+                return _NONE
+            del self._once[sig]
+            chain = self._chains[sig] = _Chain(first[2] or "", first[0], first[1])
+            chain.last = ordinal
+            chain.indices.append(seen.index)
         if sig == self._run_sig:
             self._run_len += 1
             if self._run_len == LOOP_REPEATS:
@@ -1278,13 +1363,27 @@ def _detect(run: StoredRun) -> list[KeyNode]:
     detectors = [factory() for factory in DETECTORS]
     route = _Routes(detectors)
     nodes: list[KeyNode] = []
+    get, new, failed_statuses = route.get, Seen.__new__, FAILED_STATUSES
     for i, p in enumerate(projections):
-        observers = route.get((p[1], p[7]))
+        etype, flags = p[1], p[7]
+        observers = get((etype, flags) if flags else etype)
         if observers is None:
-            observers = route.of(p[1], p[7])
+            observers = route.of(etype, flags)
         if not observers:
             continue  # a step no detector reads (a state change, a plain task start …)
-        seen = Seen(i, projection=p, run=run)
+        # Seen(i, projection=p, run=run), inlined: thousands of events per run.
+        seen = new(Seen)
+        seen.index, seen._event, seen._run, seen.type, seen.flags = i, None, run, etype, flags
+        seen.status, seen.name, seen.label, seen.sig, seen.weigh, seen.agent, seen.error_type = (
+            p[2],
+            p[3],
+            p[4],
+            p[5],
+            p[6],
+            p[8],
+            p[9],
+        )
+        seen.failed = etype == "action_executed" and p[2] in failed_statuses
         for observe in observers:
             found = observe(seen)
             if found:
@@ -1300,16 +1399,17 @@ def _detect(run: StoredRun) -> list[KeyNode]:
     return nodes
 
 
-class _Routes(dict[tuple[str, int], list[Callable[[Seen], Sequence[KeyNode]]]]):
+class _Routes(dict[Any, list[Callable[[Seen], Sequence[KeyNode]]]]):
     """(event type, projection flags) -> the observers of the detectors that read such events:
-    a run's thousands of events pay one lookup each, not one call per detector."""
+    a run's thousands of events pay one lookup each, not one call per detector. Keyed by the
+    type alone where the flags are 0 (most events: no tuple to build for the lookup)."""
 
     def __init__(self, detectors: Sequence[Detector]) -> None:
         super().__init__()
         self._detectors = detectors
 
     def of(self, etype: str, flags: int) -> list[Callable[[Seen], Sequence[KeyNode]]]:
-        observers = self[(etype, flags)] = [
+        observers = self[(etype, flags) if flags else etype] = [
             d.observe
             for d in self._detectors
             if (d.types is None or etype in d.types) and (not d.flag or flags & d.flag)
@@ -1795,35 +1895,52 @@ def _args_key(inp: dict[str, Any] | None) -> str:
 def _args_text(args: Any, budget: int = 72) -> str:
     """``k=v, k=v`` in about ``budget`` characters: short values whole, long ones share the rest."""
     if isinstance(args, dict):
-        # A text value longer than the budget cannot fit whole (the usual long query or text):
-        # no need to build and check the whole line first.
-        if len(args) <= 3 and not any(type(v) is str and len(v) > budget for v in args.values()):
-            plain = ", ".join(f"{k}={v}" for k, v in args.items())
-            if (
-                len(plain) <= budget
-                and plain.isprintable()
-                and "{" not in plain
-                and "[" not in plain
-            ):
-                return plain  # it all fits: nothing to share out
-        shown = [
-            (str(k), v if isinstance(v, str) else _short(v, 40)) for k, v in islice(args.items(), 3)
-        ]
+        size = len(args)
+        if size <= 3:
+            # A text value longer than the budget cannot fit whole (the usual long query or
+            # text): no need to build and check the whole line first.
+            for v in args.values():
+                if type(v) is str and len(v) > budget:
+                    break
+            else:
+                plain = ", ".join([f"{k}={v}" for k, v in args.items()])
+                if (
+                    len(plain) <= budget
+                    and plain.isprintable()
+                    and "{" not in plain
+                    and "[" not in plain
+                ):
+                    return plain  # it all fits: nothing to share out
+            items: Iterable[tuple[Any, Any]] = args.items()
+        else:
+            items = islice(args.items(), 3)
+        keys: list[str] = []
+        values: list[str] = []
+        for k, v in items:
+            keys.append(str(k))
+            values.append(v if isinstance(v, str) else _short(v, 40))
+        shown = len(keys)
         if not shown:
             return ""
-        more = len(args) > 3
         # Cutting the longest values beats cutting the line's end: the last argument
         # (encoding=gbk) is often the one that matters.
-        left = budget - 2 * (len(shown) - 1) - (3 if more else 0)
-        limits: dict[int, int] = {}
-        sizes = [len(v) for _, v in shown]
-        for count, n in enumerate(sorted(range(len(shown)), key=sizes.__getitem__)):
-            key, value = shown[n]
-            fair = left // (len(shown) - count) - len(key) - 1
-            limits[n] = min(len(value), max(4, fair))
-            left -= len(key) + 1 + limits[n]
-        parts = [f"{k}={_short(v, limits[n])}" for n, (k, v) in enumerate(shown)]
-        if more:
+        left = budget - 2 * (shown - 1) - (3 if size > 3 else 0)
+        limits = [0] * shown
+        order = (
+            (0,) if shown == 1 else sorted(range(shown), key=[len(v) for v in values].__getitem__)
+        )
+        for count, n in enumerate(order):
+            key_size = len(keys[n]) + 1
+            limit = min(len(values[n]), max(4, left // (shown - count) - key_size))
+            limits[n] = limit
+            left -= key_size + limit
+        parts = []
+        for n in range(shown):
+            value, limit = values[n], limits[n]
+            if len(value) > limit:  # _short(value, limit), inlined
+                value = "…" + value[-(limit - 1) :] if "/" in value else _clip(value, limit)
+            parts.append(f"{keys[n]}={value}")
+        if size > 3:
             parts.append("…")
         return ", ".join(parts)
     if args is None:
@@ -1857,7 +1974,15 @@ def _short(value: Any, limit: int) -> str:
 
 def _bound(value: Any, depth: int = 0) -> Any:
     """A JSON-safe copy of a value with long text, long lists and deep nesting cut."""
-    if depth == 0 and isinstance(value, dict | list) and len(value) <= _KEYS_MAX:
+    kind = type(value)
+    if kind is str:
+        return value if len(value) <= _TEXT_MAX else value[: _TEXT_MAX - 1] + "…"
+    if (
+        depth == 0
+        and (kind is dict or kind is list or isinstance(value, dict | list))
+        and len(value) <= _KEYS_MAX
+        and not (kind is dict and _long_text(value))
+    ):
         # Most inputs and outputs are small: one round trip through orjson copies them, in C,
         # and proves they are JSON; only the big or odd ones need the walk below.
         try:
@@ -1867,30 +1992,39 @@ def _bound(value: Any, depth: int = 0) -> Any:
         else:
             if len(raw) <= _SMALL_JSON:
                 return orjson.loads(raw)
-    if isinstance(value, str):
-        return value if len(value) <= _TEXT_MAX else value[: _TEXT_MAX - 1] + "…"
-    if value is None or isinstance(value, bool | int | float):
-        return value
-    if isinstance(value, dict):
+    if kind is dict or isinstance(value, dict):
         if depth >= _DEPTH_MAX:
             return f"{{{len(value)} keys}}"
         out: dict[str, Any] = {}
+        # Exact types first (what a decoded body holds): the isinstance checks only for the
+        # rest. Short text and numbers, the bulk of any input, need no recursion; nor does
+        # long text, cut here as above.
+        crowded = len(value) > _KEYS_MAX
         for k, v in value.items():
-            if len(out) == _KEYS_MAX:
+            if crowded and len(out) == _KEYS_MAX:
                 out["…"] = f"{len(value) - _KEYS_MAX} more keys"
                 break
-            if not isinstance(k, str):
+            if type(k) is not str and not isinstance(k, str):
                 k = str(k)
-            # Short text and numbers, the bulk of any input, need no recursion; nor does long
-            # text, cut here as _bound would.
-            if isinstance(v, str):
+            kind = type(v)
+            if kind is str:
                 out[k] = v if len(v) <= _TEXT_MAX else v[: _TEXT_MAX - 1] + "…"
-            elif isinstance(v, int | float | None):
+            elif kind is int or kind is float or v is None or kind is bool:
+                out[k] = v
+            elif isinstance(v, str):
+                out[k] = v if len(v) <= _TEXT_MAX else v[: _TEXT_MAX - 1] + "…"
+            elif isinstance(v, int | float):
                 out[k] = v
             else:
                 out[k] = _bound(v, depth + 1)
         return out
-    if isinstance(value, list | tuple):
+    if value is None or kind is int or kind is float or kind is bool:
+        return value
+    if isinstance(value, str):
+        return value if len(value) <= _TEXT_MAX else value[: _TEXT_MAX - 1] + "…"
+    if isinstance(value, bool | int | float):
+        return value
+    if kind is list or isinstance(value, list | tuple):
         if depth >= _DEPTH_MAX:
             return f"[{len(value)} items]"
         # Short text and numbers need no recursion here either (a list of column names …).
@@ -1904,6 +2038,15 @@ def _bound(value: Any, depth: int = 0) -> Any:
             items.append(f"… {len(value) - _ITEMS_MAX} more items")
         return items
     return _clip(repr(value), _TEXT_MAX)  # bytes, objects …: text is all a reflector can read
+
+
+def _long_text(value: dict[str, Any]) -> bool:
+    """Whether a dict holds text too long for its JSON to be small (a tool's output with its
+    text, the usual case): the round trip of ``_bound`` would be wasted on it."""
+    for v in value.values():  # noqa: SIM110 - any(generator) costs more on this hot path
+        if type(v) is str and len(v) > _SMALL_JSON:
+            return True
+    return False
 
 
 def _status(result: dict[str, Any] | None) -> str | None:
@@ -1939,6 +2082,14 @@ def _text(value: Any) -> str:
 
 def _clip(text: str, limit: int) -> str:
     """One line of at most ``limit`` characters (code points, so CJK counts one per glyph)."""
+    if len(text) > limit > 0:
+        # A long text whose first limit + 1 characters are already one clean line (printable,
+        # single spaces, no space at either end of them) is cut there whatever follows:
+        # making the whole text one line would keep those characters as they are. Only they
+        # are checked, not the whole (long) text.
+        head = text[: limit + 1]
+        if head.isprintable() and "  " not in head and head[0] != " " and head[-1] != " ":
+            return text[: limit - 1].rstrip() + "…"
     if not text.isprintable() or "  " in text:  # newlines, tabs, wide spaces, runs of spaces
         text = " ".join(text.split())
     if len(text) <= limit:

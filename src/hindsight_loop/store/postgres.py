@@ -27,7 +27,7 @@ import orjson
 
 from hindsight_loop.lesson_keys import RuleFilter, ScoreBound, recall_keys
 from hindsight_loop.models import Event, Lesson, Reflection, Task, iso, utcnow
-from hindsight_loop.replay import StoredRun
+from hindsight_loop.replay import StoredRun, no_gc
 from hindsight_loop.store import EventRow, Job
 from hindsight_loop.store.pg_migrations import (
     MIGRATIONS,
@@ -40,7 +40,7 @@ from hindsight_loop.store.sqlite import (
     JOB_LEASE,
     MAX_ATTEMPTS,
     _dumps,
-    _event,
+    _event_of,
     _task_from_start,
     row_projection,
 )
@@ -344,29 +344,31 @@ class PostgresStore:
         return int(row[0])
 
     def events(self, task_id: str) -> list[Event]:
-        return [
-            _event(row)
-            for row in self._db.execute(
-                "SELECT event_id, task_id, seq, ts, type, body FROM events "
-                "WHERE task_id=%s ORDER BY ts, seq, id",
-                (task_id,),
-            )
-        ]
+        with no_gc():  # thousands of decoded bodies, all kept: see replay.no_gc
+            return [
+                _event_of(*row)
+                for row in self._db.execute(
+                    "SELECT event_id, task_id, seq, ts, type, body FROM events "
+                    "WHERE task_id=%s ORDER BY ts, seq, id",
+                    (task_id,),
+                )
+            ]
 
     def stored_run(self, task_id: str) -> StoredRun:
         # The same order as events().
-        rows = self._db.execute(
-            "SELECT id, type, projection FROM events WHERE task_id=%s ORDER BY ts, seq, id",
-            (task_id,),
-        ).fetchall()
-        keys, types, projections = zip(*rows, strict=True) if rows else ((), (), ())
-        return StoredRun(list(keys), list(types), list(projections), self._events_by_key)
+        with no_gc():
+            rows = self._db.execute(
+                "SELECT id, type, projection FROM events WHERE task_id=%s ORDER BY ts, seq, id",
+                (task_id,),
+            ).fetchall()
+            keys, types, projections = zip(*rows, strict=True) if rows else ((), (), ())
+            return StoredRun(list(keys), list(types), list(projections), self._events_by_key)
 
     def _events_by_key(self, keys: list[int]) -> dict[int, Event]:
         """The events of these row ids (the bodies a replay shows)."""
         return {
-            row[0]: _event(row[1:])
-            for row in self._db.execute(
+            key: _event_of(event_id, task_id, seq, ts, etype, body)
+            for key, event_id, task_id, seq, ts, etype, body in self._db.execute(
                 "SELECT id, event_id, task_id, seq, ts, type, body FROM events WHERE id = ANY(%s)",
                 (keys,),
             )
