@@ -263,7 +263,9 @@ def _term_weight(term: str) -> float:
 
 # Words nearly every piece of agent advice uses: two lessons sharing them share no content.
 _ADVICE_WORDS = frozenset(
-    {"user", "call", "calling", "called", "before", "after", "first", "always", "never", "make"}
+    # "alway": the tokenizer folds plurals, and takes "always" for one.
+    {"user", "call", "calling", "called", "before", "after", "first", "always", "alway", "never"}
+    | {"make"}
     | {"sure", "need", "tool", "用户", "调用", "之前", "之后", "务必", "总是", "一定"}
 )
 
