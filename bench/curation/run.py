@@ -19,11 +19,12 @@ Also ``--book``: the 42 lessons of ``bench/retrieval`` curated one after another
 right answer is almost always "add" (they are distinct lessons), and the review cost of a lesson
 merged into 1 vs 2,000 times (``--review``).
 
-Three splits, each reported on its own (``--split`` picks): ``tuning`` (``pairs.jsonl``, what the
+Four splits, each reported on its own (``--split`` picks): ``tuning`` (``pairs.jsonl``, what the
 rules and thresholds were shaped on), ``heldout`` (``heldout.jsonl``, 32 pairs on other subjects
-written before the 2026-12 changes) and ``blind`` (``blind.jsonl``, 24 pairs written before the
-concept lexicon and first run for the final measurement). A gain that shows on ``tuning`` only
-is not a gain.
+written before the 2026-12 changes), ``blind`` (``blind.jsonl``, 24 pairs written before the
+concept lexicon and first run for the final measurement) and ``blind2`` (``blind2.jsonl``,
+written by another engineer without seeing the code, first run once the fourth session's code was
+final). A gain that shows on ``tuning`` only is not a gain.
 
 Run: ``python bench/curation/run.py`` (``--embedder hash|concept|e5|st:MODEL|openai:MODEL``,
 repeatable; ``--judge`` adds a run with the model of ``HINDSIGHT_LLM_*`` judging the pairs the
@@ -81,7 +82,14 @@ def make_embedder(spec: str) -> Embedder:
 #: the hashed embedder and the Chinese term matching, and never used to choose them.
 #: ``blind`` (``blind.jsonl``): written after the held-out baseline was seen, before the concept
 #: lexicon, and run only for the final measurement.
-SPLITS = {"tuning": "pairs.jsonl", "heldout": "heldout.jsonl", "blind": "blind.jsonl"}
+#: ``blind2`` (``blind2.jsonl``): written by another engineer without seeing the code, before the
+#: 2026-12-01 (fourth session) changes to the merge decision, and run only once that code was final.
+SPLITS = {
+    "tuning": "pairs.jsonl",
+    "heldout": "heldout.jsonl",
+    "blind": "blind.jsonl",
+    "blind2": "blind2.jsonl",
+}
 
 
 def load_pairs(split: str = "tuning") -> list[dict]:
@@ -203,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         "--split",
         action="append",
         choices=tuple(SPLITS),
-        help="tuning, heldout and/or blind (default: all three, each reported on its own)",
+        help="tuning, heldout, blind and/or blind2 (default: all four, each reported on its own)",
     )
     parser.add_argument("--verbose", action="store_true", help="list every wrong decision")
     parser.add_argument("--book", action="store_true", help="also curate the retrieval book")

@@ -20,9 +20,10 @@ Metrics (micro-averaged over queries):
 - recall@3: of the relevant lessons, the share returned.
 - wrong-injection rate: the share of queries where at least one returned lesson is neither.
 
-Three splits, each reported on its own (``--split`` picks): ``tuning`` (the set the ranking and
-the hashed embedder were shaped on), ``heldout`` and ``blind`` (``heldout/``, ``blind/``: their
-own lessons added to the tuning book, and queries written before the changes they measure).
+Four splits, each reported on its own (``--split`` picks): ``tuning`` (the set the ranking and
+the hashed embedder were shaped on), ``heldout``, ``blind`` and ``blind2`` (``heldout/``,
+``blind/``, ``blind2/``: their own lessons added to the tuning book, and queries written before
+the changes they measure; ``blind2`` by another engineer without seeing the code).
 
 Run: ``python bench/retrieval/run.py`` (``--embedder concept|hash|st:MODEL|openai:MODEL``,
 ``--verbose`` lists every miss, ``--sweep`` shows how the hybrid numbers move with its
@@ -76,7 +77,10 @@ class Case:
 #: the ranking, and never used to choose them; its book is the tuning book plus its own lessons.
 #: ``blind``: written after the held-out baseline was seen, before the concept lexicon, and run
 #: only for the final measurement; its book is the tuning book plus its own lessons.
-SPLITS = ("tuning", "heldout", "blind")
+#: ``blind2``: written by another engineer without seeing the code, before the 2026-12-01 (fourth
+#: session) changes to the cut-offs, and run only once that code was final; its book is the
+#: tuning book plus its own lessons.
+SPLITS = ("tuning", "heldout", "blind", "blind2")
 
 
 def load(split: str = "tuning") -> tuple[list[Lesson], list[Case]]:
@@ -263,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--split",
         action="append",
         choices=SPLITS,
-        help="tuning, heldout and/or blind (default: all three, each reported on its own)",
+        help="tuning, heldout, blind and/or blind2 (default: all four, each reported on its own)",
     )
     parser.add_argument("--verbose", action="store_true", help="list every query with a miss")
     parser.add_argument("--json", action="store_true", help="print results as JSON")

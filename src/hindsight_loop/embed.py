@@ -32,6 +32,7 @@ __all__ = [
     "OpenAIEmbedder",
     "SentenceTransformerEmbedder",
     "cosine_floor",
+    "is_model_floor",
     "default_embedder",
     "lesson_text",
     "matvec",
@@ -512,8 +513,14 @@ def cosine_floor(embedder: Any) -> float:
     return _FLOORS[name]
 
 
+def is_model_floor(floor: float) -> bool:
+    """Whether an embedder with this ``cosine_floor`` is a model (its cosines are rescaled from
+    the floor, and it knows synonyms), not the hashed embedder (shared characters only)."""
+    return floor >= _FLOOR_MIN
+
+
 def rescale_cosines(cosines: np.ndarray, floor: float) -> np.ndarray:
     """Cosines in the hashed embedder's terms: 0 at the embedder's floor, 1 at identity."""
-    if floor < _FLOOR_MIN:
+    if not is_model_floor(floor):
         return cosines
     return np.maximum(cosines - floor, 0.0) / (1.0 - floor)

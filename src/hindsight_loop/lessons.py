@@ -24,7 +24,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 import orjson
 
-from hindsight_loop.embed import cosine_floor, rescale_cosines
+from hindsight_loop.embed import cosine_floor, is_model_floor, rescale_cosines
 from hindsight_loop.models import (
     DEFAULT_VALIDITY,
     Features,
@@ -263,7 +263,9 @@ def _term_weight(term: str) -> float:
 
 # Words nearly every piece of agent advice uses: two lessons sharing them share no content.
 _ADVICE_WORDS = frozenset(
-    {"user", "call", "calling", "called", "before", "after", "first", "always", "never", "make"}
+    # "alway": the tokenizer folds plurals, and takes "always" for one.
+    {"user", "call", "calling", "called", "before", "after", "first", "always", "alway", "never"}
+    | {"make"}
     | {"sure", "need", "tool", "用户", "调用", "之前", "之后", "务必", "总是", "一定"}
 )
 
@@ -295,9 +297,17 @@ def term_overlap(a: str, b: str) -> float:
     return shared / norm
 
 
-def text_similarity(a: str, b: str, cosine: float) -> float:
-    """How alike two pieces of advice are: mean of embedding ``cosine`` and ``term_overlap``."""
-    return (max(cosine, 0.0) + term_overlap(a, b)) / 2
+#: The share of a model embedder's cosine in ``text_similarity`` (the hashed embedder's is 0.5):
+#: a model knows synonyms, so a rewording sharing few words ("send an idempotency key" / "include
+#: an idempotency_key so retries cannot bill twice") should not be held back by the term overlap
+#: as much; the terms still keep concrete values decisive.
+MODEL_COSINE_WEIGHT = 0.6
+
+
+def text_similarity(a: str, b: str, cosine: float, weight: float = 0.5) -> float:
+    """How alike two pieces of advice are: ``weight`` of the embedding ``cosine`` and the rest
+    of ``term_overlap`` (the mean of the two by default)."""
+    return weight * max(cosine, 0.0) + (1.0 - weight) * term_overlap(a, b)
 
 
 # -- what a lesson tells the agent to do and not to do ------------------------------------------
@@ -621,6 +631,7 @@ def _relations(
     matrix = np.asarray(embedder.embed(texts), dtype=np.float32)
     query = matrix[0]
     floor = cosine_floor(embedder)
+    weight = MODEL_COSINE_WEIGHT if is_model_floor(floor) else 0.5
 
     draft_negative, draft_core = _polarity(draft.advice)
     draft_scenario = _scenario(draft)
@@ -644,7 +655,7 @@ def _relations(
         if agreement == -2:
             continue  # different situations: neither a repeat nor a contradiction
         sim = max(
-            text_similarity(draft.advice, text, float(c))
+            text_similarity(draft.advice, text, float(c), weight)
             for text, c in zip(
                 texts[start:stop], rescale_cosines(matrix[start:stop] @ query, floor), strict=True
             )
@@ -685,7 +696,7 @@ def _relations(
         core_vecs = np.asarray(embedder.embed(cores), dtype=np.float32)
         for (lesson, core, sim), vec in zip(polar, core_vecs[1:], strict=True):
             cosine = float(rescale_cosines(np.asarray([vec @ core_vecs[0]]), floor)[0])
-            if text_similarity(draft_core, core, cosine) >= CONFLICT_THRESHOLD:
+            if text_similarity(draft_core, core, cosine, weight) >= CONFLICT_THRESHOLD:
                 conflicts.append(lesson)
             else:
                 same.append((sim, lesson))

@@ -107,8 +107,14 @@ class Ranking:
     record moves its rank, but cannot carry a lesson that does not match."""
     value_span: float = 0.6
     """See ``value_floor``: a value score of 0.5 leaves the relevance as it is."""
-    min_score: float = 0.3
+    min_score: float = 0.34
     """Below this, a lesson is a poor match and is not returned."""
+    rule_slack: float = 0.1
+    """A strong rule match (a lesson written for the query's task type that names a tool of the
+    call and shares a word or concept with the request) needs ``min_score`` less this: the
+    rules already say it is about this very situation, so a request sharing few words with its
+    advice ("where is my package?" / "ask for the order number") does not cut it. A lesson the
+    request shares nothing with still needs ``min_score`` ("fewer than 3 when nothing fits")."""
     relative: float = 0.75
     """A lesson scoring below this fraction of the best one is left out too."""
 
@@ -602,10 +608,13 @@ class LessonIndex:
         # its tools the task has, say it was learned in the same situation.
         specific = self._specific[idx] if task_type is not None else 1.0
         tool_fit: np.ndarray | float = 0.5  # tools unknown, or a lesson without tools
+        strong: tuple[np.ndarray, np.ndarray] | None = None
         if query_tools:
             shared = np.concatenate([f[1] for f in found])  # type: ignore[misc]
             count = self._tool_count[idx]
             tool_fit = np.where(count > 0, shared / np.maximum(count, 1), 0.5)
+            if task_type is not None:
+                strong = self._specific[idx], shared
         scenario = 0.5 * specific + 0.5 * tool_fit
 
         text = q.query.strip()
@@ -652,7 +661,21 @@ class LessonIndex:
             lambda les: self._conflicts.get(les.lesson_id),
             limit=limit,
             min_score=min_score,
+            strong=None if strong is None else _strong(*strong, bm25),
         )
+
+
+def _strong(
+    specific: np.ndarray | float, shared: np.ndarray, bm25: np.ndarray | float | None
+) -> np.ndarray:
+    """The survivors that are strong rule matches: written for the query's task type (not for
+    any), naming a tool of the call, and sharing at least a word or a concept with the request
+    (a hashed vector's character n-grams alone are no evidence: "translate this birthday card"
+    scores a little against any English advice)."""
+    strong = (np.asarray(specific) > 0) & (np.asarray(shared) > 0)
+    if bm25 is not None:
+        strong &= np.asarray(bm25) > 0
+    return strong
 
 
 def _bm25_reference(known_idf: float, unknown: float, max_idf: float, k1: float) -> float:
@@ -686,9 +709,15 @@ def _fuse(
     return relevance * (rk.value_floor + rk.value_span * value)
 
 
-def _cutoff(rk: Ranking, best: float, min_score: float | None) -> float:
+def _floors(rk: Ranking, min_score: float | None) -> tuple[float, float]:
+    """The minimum score of (any survivor, a strong rule match)."""
     floor = rk.min_score if min_score is None else min_score
-    return max(floor, best * rk.relative)
+    return floor, floor - rk.rule_slack
+
+
+def _cutoff(rk: Ranking, best: float, min_score: float | None) -> float:
+    """The lowest score any survivor may have and still be chosen next to the ``best``."""
+    return max(min(_floors(rk, min_score)), best * rk.relative)
 
 
 def _choose(
@@ -699,17 +728,22 @@ def _choose(
     *,
     limit: int,
     min_score: float | None,
+    strong: np.ndarray | None = None,
 ) -> LessonSet:
-    """Cut off, order, and keep conflicting lessons apart: the best ``limit`` of ``score``."""
-    floor = rk.min_score if min_score is None else min_score
-    good = np.flatnonzero(score >= floor)
+    """Cut off, order, and keep conflicting lessons apart: the best ``limit`` of ``score``.
+
+    ``strong`` marks the strong rule matches (``_strong``): their floor is ``rule_slack`` lower;
+    every lesson still needs ``relative`` of the best one's score."""
+    floor, strong_floor = _floors(rk, min_score)
+    bar = floor if strong is None else np.where(strong, strong_floor, floor)
+    good = np.flatnonzero(score >= bar)
     if not good.size:
         return LessonSet()
     head_size = max(64, 4 * limit)  # only the head is needed; conflicts skip only a few
     if good.size > head_size:
         good = good[np.argpartition(-score[good], head_size - 1)[:head_size]]
     order = good[np.argsort(-score[good], kind="stable")]
-    cutoff = _cutoff(rk, float(score[order[0]]), min_score)
+    cutoff = float(score[order[0]]) * rk.relative
     chosen = LessonSet()
     chosen_ids: set[str] = set()
     for j in order.tolist():
@@ -849,7 +883,9 @@ class StoreStage:
             intent_key=_norm(q.intent) if q.intent else None,
             tools=query_tools or None,
         )
-        floor = rk.min_score if min_score is None else min_score
+        # The lowest floor any lesson may meet (a strong rule match's): the store's bound must
+        # not leave out a lesson that ``_choose`` would keep.
+        floor = min(_floors(rk, min_score))
         text = q.query.strip()
         qvec: np.ndarray | None = None
         idf32: dict[str, np.float32] = {}
@@ -877,7 +913,7 @@ class StoreStage:
                 weights = {t: float(v) / reference for t, v in zip(known, idf, strict=True)}
         avgdl = np.float64(total_tokens) / n_book if n_book else np.float64(1.0)
 
-        def score(rows: list[tuple[Any, ...]]) -> np.ndarray:
+        def score(rows: list[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray | None]:
             return self._score(rows, q, task, query_tools, qvec, cos_floor, idf32, reference, avgdl)
 
         def bound(at_least: float) -> lesson_keys.ScoreBound:
@@ -904,7 +940,7 @@ class StoreStage:
 
         def bar_of(rows: list[tuple[Any, ...]]) -> float:
             """What a lesson must score to change the result of ranking ``rows`` alone."""
-            found = self._choose(rows, score(rows), limit=limit, min_score=min_score)
+            found = self._choose(rows, *score(rows), limit=limit, min_score=min_score)
             if not found:
                 return floor
             if len(found) == limit:
@@ -937,7 +973,7 @@ class StoreStage:
         if not rows:
             return LessonSet()
         rows.sort(key=self._tie_order(task))
-        return self._choose(rows, score(rows), limit=limit, min_score=min_score)
+        return self._choose(rows, *score(rows), limit=limit, min_score=min_score)
 
     @staticmethod
     def _tie_order(task: str | None) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
@@ -959,18 +995,22 @@ class StoreStage:
         idf32: dict[str, np.float32],
         reference: float,
         avgdl: np.float64,
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The rows' scores (``_fuse``) and which are strong rule matches (``_strong``)."""
         n = len(rows)
         rk = self.ranking
         specific = (
             np.fromiter((r[2] != "" for r in rows), np.float32, n) if task is not None else 1.0
         )
         tool_fit: np.ndarray | float = 0.5
+        strong: tuple[np.ndarray, np.ndarray] | None = None
         if query_tools:
             wanted = set(query_tools)
             shared = np.fromiter((len(wanted.intersection(r[3])) for r in rows), np.int32, n)
             count = np.fromiter((len(r[3]) for r in rows), np.int32, n)
             tool_fit = np.where(count > 0, shared / np.maximum(count, 1), 0.5)
+            if task is not None:
+                strong = np.broadcast_to(specific, (n,)), shared
         scenario = 0.5 * specific + 0.5 * tool_fit
         cosine: np.ndarray | None = None
         bm25: np.ndarray | float | None = None
@@ -998,7 +1038,8 @@ class StoreStage:
         if q.error_type and (error := _norm(q.error_type)):
             error_hit = np.fromiter((r[5] == error for r in rows), bool, n)
         value = np.fromiter((r[6] for r in rows), np.float32, n)
-        return _fuse(rk, n, scenario, cosine, bm25, step_hit, error_hit, value)
+        score = _fuse(rk, n, scenario, cosine, bm25, step_hit, error_hit, value)
+        return score, None if strong is None else _strong(*strong, bm25)
 
     def _vectors(self, rows: list[tuple[Any, ...]]) -> np.ndarray:
         """The rows' stored vectors; one missing or of another model is embedded here, in
@@ -1019,7 +1060,13 @@ class StoreStage:
         return matrix
 
     def _choose(
-        self, rows: list[tuple[Any, ...]], score: np.ndarray, *, limit: int, min_score: float | None
+        self,
+        rows: list[tuple[Any, ...]],
+        score: np.ndarray,
+        strong: np.ndarray | None,
+        *,
+        limit: int,
+        min_score: float | None,
     ) -> LessonSet:
         # Lessons are read from the store only as the choice reaches them (a few), with the
         # conflicts each records; a conflict recorded on either side keeps the two apart.
@@ -1043,7 +1090,13 @@ class StoreStage:
             return clash
 
         return _choose(
-            self.ranking, score, lesson_at, conflicts_of, limit=limit, min_score=min_score
+            self.ranking,
+            score,
+            lesson_at,
+            conflicts_of,
+            limit=limit,
+            min_score=min_score,
+            strong=strong,
         )
 
 
