@@ -68,6 +68,7 @@ from hindsight_loop.mcp.events import (
 )
 from hindsight_loop.mcp.fastpath import RawRelay, UpstreamLink
 from hindsight_loop.mcp.forward import Forwarder, GatewayServer
+from hindsight_loop.mcp.presence import SESSIONLESS_LINGER_S, Presence
 from hindsight_loop.models import MAX_LESSONS, new_id
 
 if TYPE_CHECKING:
@@ -79,9 +80,12 @@ logger = logging.getLogger("hindsight_loop.mcp.proxy")
 _R = TypeVar("_R")
 
 GATEWAY_NAME = "hindsight-gateway"
-#: Sessions without a transport session id (2026-era HTTP clients are sessionless) end after
-#: this long without a call; so do abandoned 2025-era HTTP sessions.
+#: HTTP sessions end when their client's connections are gone (``presence.py``), at the latest
+#: after this long without a call (where the HTTP server does not report connections).
 DEFAULT_SESSION_IDLE = 600.0
+#: Sessions ended because their client went away, kept so a client that comes back with the
+#: same session id continues its task (at most this many).
+_ENDED_KEPT = 1024
 _RECALL_BUDGET_S = 2.0
 _RESERVED_META_PREFIX = "io.modelcontextprotocol/"
 _PROGRESS_KEYS = ("progress_token", "progressToken")
@@ -190,6 +194,10 @@ class Gateway:
         }
         self.routes: dict[str, Route] = {}
         self.sessions: dict[str, SessionTask] = {}
+        self.ended: dict[str, SessionTask] = {}
+        """2025-era HTTP sessions whose client went away (see ``_client_gone``)."""
+        self.presence = Presence(self._client_gone)
+        """Which HTTP connections each session uses (reported by the CLI's HTTP server)."""
         self.declared: types.ClientCapabilities | None = (
             types.ClientCapabilities() if one_client else None
         )
@@ -207,6 +215,7 @@ class Gateway:
         )
         self.server.middleware.append(_keep_is_error_absent)
         self.server.middleware.append(self.forward.note_requests)
+        self.server.middleware.append(self._note_connection)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -237,6 +246,7 @@ class Gateway:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.presence.close()
         self.end_sessions("gateway stopped")
         if self._stack is not None:
             stack, self._stack = self._stack, None
@@ -366,30 +376,46 @@ class Gateway:
                 read_stream, write_stream, self.server.create_initialization_options()
             )
 
-    def http_app(self, *, host: str = "127.0.0.1") -> ASGIApp:
+    def http_app(self, *, host: str = "127.0.0.1", keep_alive: int | None = None) -> ASGIApp:
         """A Starlette app serving streamable HTTP at ``/mcp`` (both protocol eras).
 
         Binds the SDK's DNS-rebinding protection to ``host``; a 2025-era client's ``DELETE``
-        of its session ends that session's task.
+        of its session ends that session's task, and so does a client whose connections are
+        gone, where the HTTP server reports them to ``presence`` (``presence.protocol_class``).
+        ``keep_alive``: the seconds the server keeps an idle connection, told to clients in a
+        ``Keep-Alive`` header so they keep theirs as long (see ``presence.py``).
         """
         app = self.server.streamable_http_app(host=host)
-        return _SessionEndWatcher(app, self)
+        return _SessionEndWatcher(app, self, keep_alive)
 
     # -- sessions --------------------------------------------------------------------------
 
     def session_for(self, ctx: ServerRequestContext[Any, Any]) -> SessionTask:
         """The task of the client session this request belongs to (started on first use)."""
-        request = ctx.request
-        headers = getattr(request, "headers", None)
         client_name = _client_name(ctx)
-        if headers is not None:
-            sid = headers.get("mcp-session-id")
-            peer = getattr(getattr(request, "client", None), "host", None) or "?"
-            key = f"http:{sid}" if sid else f"http-client:{client_name}@{peer}"
-        else:
-            # stdio (and in-process): one gateway process serves exactly one client.
-            key = "local"
-        return self.session(key, client_name, ctx.protocol_version, http=headers is not None)
+        key = _session_key(ctx, client_name)
+        return self.session(key, client_name, ctx.protocol_version, http=key != "local")
+
+    async def _note_connection(self, ctx: ServerRequestContext[Any, Any], call_next: Any) -> Any:
+        """Server middleware: the HTTP connection of each request belongs to its session."""
+        request = ctx.request
+        if ctx.method != "initialize" and getattr(request, "headers", None) is not None:
+            assert request is not None
+            key = _session_key(ctx, _client_name(ctx))
+            if not key.startswith("http:"):  # a named session's connections are bound below
+                self.presence.bind(key, request.scope.get("client"), SESSIONLESS_LINGER_S)
+        return await call_next(ctx)
+
+    def _client_gone(self, key: str) -> None:
+        """No connection of an HTTP session's client is open any more: its task ends."""
+        session = self.sessions.get(key)
+        if session is None:
+            return
+        self.end_session(key, "client disconnected")
+        if key.startswith("http:"):
+            self.ended[key] = session
+            while len(self.ended) > _ENDED_KEPT:
+                del self.ended[next(iter(self.ended))]
 
     def session(
         self, key: str, client_name: str, protocol_version: str, *, http: bool
@@ -397,6 +423,10 @@ class Gateway:
         """The task of the client session ``key`` (started on first use)."""
         session = self.sessions.get(key)
         now = time.monotonic()
+        if session is None and (session := self.ended.pop(key, None)) is not None:
+            # The client came back with its session id after its connections were gone: the
+            # same run goes on in the same task (whose next end is recorded again).
+            self.sessions[key] = session
         if session is None:
             session = SessionTask(
                 key=key,
@@ -718,18 +748,39 @@ async def _keep_is_error_absent(ctx: ServerRequestContext[Any, Any], call_next: 
 
 
 class _SessionEndWatcher:
-    """ASGI wrapper: a 2025-era client's ``DELETE /mcp`` ends its session's task."""
+    """ASGI wrapper: a 2025-era client's ``DELETE /mcp`` ends its session's task.
 
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+    Every request naming a session (its GET stream too, which no handler sees) ties its
+    connection to that session (``Gateway.presence``); with ``keep_alive`` each response tells
+    the client how long the server keeps an idle connection.
+    """
+
+    def __init__(self, app: ASGIApp, gateway: Gateway, keep_alive: int | None = None) -> None:
         self.app = app
         self.gateway = gateway
+        self.hint = (b"keep-alive", f"timeout={keep_alive}".encode()) if keep_alive else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sid = None
+        for name, value in scope.get("headers", []):
+            if name == b"mcp-session-id":
+                sid = value.decode("latin-1")
+                self.gateway.presence.bind(f"http:{sid}", scope.get("client"))
+        hint = self.hint
+        if hint is not None:
+            inner = send
+
+            async def send(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    message = {**message, "headers": [*message.get("headers", ()), hint]}
+                await inner(message)
+
         await self.app(scope, receive, send)
-        if scope["type"] == "http" and scope.get("method") == "DELETE":
-            for name, value in scope.get("headers", []):
-                if name == b"mcp-session-id":
-                    self.gateway.end_session(f"http:{value.decode('latin-1')}", "session closed")
+        if sid is not None and scope.get("method") == "DELETE":
+            self.gateway.end_session(f"http:{sid}", "session closed")
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -886,6 +937,25 @@ def _client_name(ctx: ServerRequestContext[Any, Any]) -> str:
     if isinstance(info, dict) and isinstance(info.get("name"), str) and info["name"]:
         return info["name"]
     return "mcp-client"
+
+
+def _session_key(ctx: ServerRequestContext[Any, Any], client_name: str) -> str:
+    """Which client session a request belongs to.
+
+    Over HTTP a 2025-era client names its session; a 2026-era client has none, so its runs are
+    told apart by client name and host, one run at a time: a run ends when its connections are
+    gone (``presence.py``), and the next call starts the next run's task.
+    """
+    request = ctx.request
+    headers = getattr(request, "headers", None)
+    if headers is None:
+        # stdio (and in-process): one gateway process serves exactly one client.
+        return "local"
+    sid = headers.get("mcp-session-id")
+    if sid:
+        return f"http:{sid}"
+    peer = getattr(getattr(request, "client", None), "host", None) or "?"
+    return f"http-client:{client_name}@{peer}"
 
 
 def _task_type_from(client_name: str) -> str:
