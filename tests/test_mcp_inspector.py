@@ -312,7 +312,7 @@ def _ended(db: Path, count: int, timeout: float = 15.0) -> list[tuple[Any, list[
         time.sleep(0.1)
 
 
-def test_inspector_runs_over_http_end_their_tasks_when_the_inspector_exits(
+def test_the_inspector_over_http_ends_its_tasks_on_exit_and_runs_tasks(
     inspector: Path,
     everything: str,  # noqa: F811
     tmp_path: Path,
@@ -348,6 +348,22 @@ def test_inspector_runs_over_http_end_their_tasks_when_the_inspector_exits(
         assert seen.code == 0, seen
         tasks = _ended(db, number)
         assert len(tasks) == number  # a run of its own, not merged into the one before
+
+    # A tool that must run as a task (SEP-1686): the same report as from the server directly.
+    research = ["--method", "tools/call", "--tool-name", "simulate-research-query"]
+    research += ["--tool-arg", "topic=蜜蜂"]
+    through = _inspect_url(inspector, url, token, research, home)
+    config = tmp_path / "inspector.json"
+    config.write_bytes(
+        orjson.dumps({"mcpServers": {"direct": {"command": everything, "args": ["stdio"]}}})
+    )
+    direct = _inspect(inspector, config, "direct", research, home)
+    assert direct.code == 0 and "Research Report: 蜜蜂" in str(direct.out)
+    related = "io.modelcontextprotocol/related-task"
+    ids = [seen.out["result"]["_meta"].pop(related)["taskId"] for seen in (direct, through)]
+    assert all(ids) and through == direct
+    _ended(db, 4)
+
     proc.terminate()
     assert proc.wait(timeout=30) == 0
     tasks = _tasks(db)
@@ -355,7 +371,9 @@ def test_inspector_runs_over_http_end_their_tasks_when_the_inspector_exits(
         [{"message": "你好"}],
         [{"a": 1, "b": 2}],
         [{"a": 3, "b": 4}],
+        [{"topic": "蜜蜂"}],
     ]
+    assert "Research Report: 蜜蜂" in tasks[-1][1][1].result["output"]  # type: ignore[index]
     for task, events in tasks:
         assert task.task_type == "mcp:inspector_cli" and task.status == "succeeded"
         assert task.outcome["reason"] == "client disconnected"  # type: ignore[index]

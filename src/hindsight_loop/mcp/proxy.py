@@ -216,6 +216,7 @@ class Gateway:
         self.server.middleware.append(_keep_is_error_absent)
         self.server.middleware.append(self.forward.note_requests)
         self.server.middleware.append(self._note_connection)
+        self.server.middleware.append(self.raw.relay_tasks)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -385,6 +386,9 @@ class Gateway:
         ``keep_alive``: the seconds the server keeps an idle connection, told to clients in a
         ``Keep-Alive`` header so they keep theirs as long (see ``presence.py``).
         """
+        if isinstance(self.server, GatewayServer):
+            # Task-augmented calls are relayed as bytes to stdio upstreams (see mcp.fastpath).
+            self.server.tasks_capability = self.raw.tasks_capability()
         app = self.server.streamable_http_app(host=host)
         return _SessionEndWatcher(app, self, keep_alive)
 
