@@ -15,8 +15,12 @@ Paths measured, each against its own direct baseline:
   difference to ``in-process`` is what recording costs a call.
 - ``record``: the cost of one ``Hindsight.record`` call on the caller's thread (the only
   recording work on the call path).
+- ``launch``: from starting the server to the client's handshake done, directly and through
+  ``hindsight mcp proxy`` (which starts the server itself), for a client that declares no
+  capabilities and for one that declares sampling (the gateway tells the upstream what its
+  client declares); interleaved, medians.
 
-    python bench/mcp_latency.py [--calls 1000] [--mode auto|legacy] [--json]
+    python bench/mcp_latency.py [--calls 1000] [--mode auto|legacy] [--launches 7] [--json]
 """
 
 from __future__ import annotations
@@ -95,32 +99,53 @@ def _stats(direct: list[float], gateway: list[float]) -> dict[str, float]:
     }
 
 
-async def _bench(exe: str, calls: int, mode: str, workdir: Path) -> dict[str, Any]:
+def _proxy(config_path: Path, db: Path) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-c", CLI, "mcp", "proxy", "--config", str(config_path), "--db", str(db)],
+        # The SDK passes a child only a few variables: without this the gateway would run
+        # the installed package's code, not the checkout's that the bench is run from.
+        env={"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else None,
+    )
+
+
+async def _sampling(ctx: Any, params: Any) -> Any:
+    raise AssertionError("not asked")
+
+
+async def _launch(
+    exe: str, args: list[str], config_path: Path, workdir: Path, mode: str, launches: int
+) -> dict[str, Any]:
+    """Median ms from start to handshake done, per client kind, launches interleaved."""
+    kinds = {
+        "direct": lambda: Client(StdioServerParameters(command=exe, args=args), mode=mode),
+        "gateway": lambda: Client(_proxy(config_path, workdir / "launch.db"), mode=mode),
+        "gateway, client declares sampling": lambda: Client(
+            _proxy(config_path, workdir / "launch.db"), mode=mode, sampling_callback=_sampling
+        ),
+    }
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    for _ in range(launches):
+        for kind, make in kinds.items():
+            client = make()
+            started = time.perf_counter()
+            async with client:
+                times[kind].append((time.perf_counter() - started) * 1000)
+    return {k: round(statistics.median(v), 1) for k, v in times.items()}
+
+
+async def _bench(
+    exe: str, calls: int, mode: str, workdir: Path, launches: int = 0
+) -> dict[str, Any]:
     args = ["--local-timezone", "UTC"]
     config_path = workdir / "servers.json"
     config_path.write_bytes(orjson.dumps({"mcpServers": {"time": {"command": exe, "args": args}}}))
     results: dict[str, Any] = {}
+    if launches:
+        results["launch_median_ms"] = await _launch(exe, args, config_path, workdir, mode, launches)
 
     direct = Client(StdioServerParameters(command=exe, args=args), mode=mode)
-    proxied = Client(
-        StdioServerParameters(
-            command=sys.executable,
-            args=[
-                "-c",
-                CLI,
-                "mcp",
-                "proxy",
-                "--config",
-                str(config_path),
-                "--db",
-                str(workdir / "stdio.db"),
-            ],
-            # The SDK passes a child only a few variables: without this the gateway would run
-            # the installed package's code, not the checkout's that the bench is run from.
-            env={"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else None,
-        ),
-        mode=mode,
-    )
+    proxied = Client(_proxy(config_path, workdir / "stdio.db"), mode=mode)
     async with direct as d, proxied as g:
         ta, tb = await _interleave(
             [lambda: d.call_tool("convert_time", ARGS), lambda: g.call_tool("convert_time", ARGS)],
@@ -174,11 +199,14 @@ def main() -> None:
         default="auto",
         help="client protocol era: auto (2026-07-28) or legacy (2025 handshake)",
     )
+    parser.add_argument(
+        "--launches", type=int, default=7, help="launches per client kind (0: skip)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     opts = parser.parse_args()
     exe = _time_server()
     with tempfile.TemporaryDirectory() as tmp:
-        results = anyio.run(_bench, exe, opts.calls, opts.mode, Path(tmp))
+        results = anyio.run(_bench, exe, opts.calls, opts.mode, Path(tmp), opts.launches)
     if opts.json:
         print(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())
         return
@@ -196,6 +224,8 @@ def main() -> None:
             f"{r['direct_p90_ms']:>8.2f}/{r['gateway_p90_ms']:.2f}"
         )
     print(f"Hindsight.record on the call path: {results['record_us_per_event']} µs per event")
+    for kind, ms in results.get("launch_median_ms", {}).items():
+        print(f"launch to handshake done, {kind}: {ms} ms (median of {opts.launches})")
 
 
 if __name__ == "__main__":

@@ -51,8 +51,6 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from hindsight_loop.mcp.events import (
     classify_jsonrpc_error,
-    classify_result_error,
-    summarize_content,
 )
 
 if TYPE_CHECKING:
@@ -114,11 +112,10 @@ class RawRelay:
     """Relays hot tool calls between the gateway's stdio client and its stdio upstreams."""
 
     def __init__(self, gateway: Gateway) -> None:
-        from hindsight_loop.mcp.proxy import _arguments_fit, _Call
+        from hindsight_loop.mcp.proxy import _Call
 
         self.gateway = gateway
         self._call_cls = _Call
-        self._arguments_fit = _arguments_fit
         self.out: asyncio.StreamWriter | None = None
         """The client's side (set while the gateway serves stdio on pipes)."""
         self.links: dict[str, UpstreamLink] = {}
@@ -472,27 +469,24 @@ class RawRelay:
         return True
 
     def _record_result(self, pending: _Pending, result: dict[str, Any]) -> None:
-        gw, call = self.gateway, pending.call
+        call = pending.call
         assert call is not None
+        gw = self.gateway
         if result.get("resultType") == "input_required":
             requests = result.get("inputRequests")
-            names = ", ".join(requests) if isinstance(requests, dict) else ""
-            gw._record(call, output=f"[input required: {names}]")
+            gw.record_result(
+                call, pending.route, input_requests=requests if isinstance(requests, dict) else ()
+            )
             return
-        if result.get("isError") is not True:
-            output = _summary(result, gw.max_output)
-            if output is None:
-                output = summarize_content(_model(result), gw.max_output)
-            gw._record(call, output=output)
-            return
-        model = _model(result)
-        output = summarize_content(model, gw.max_output)
-        etype = classify_result_error(
-            model,
-            known_tool=True,
-            arguments_fit=self._arguments_fit(pending.route, call.arguments),
+        is_error = result.get("isError") is True
+        gw.record_result(
+            call,
+            pending.route,
+            is_error=is_error,
+            model=lambda: _model(result),
+            # Text results are summarized from the parsed JSON, as the model would be.
+            summary=None if is_error else _summary(result, gw.max_output),
         )
-        gw._record(call, output=output, is_error=True, error_type=etype, message=output)
 
     def _answer(self, pending: _Pending, line: bytes, raw_id: str, msg: dict[str, Any]) -> None:
         """Write the upstream's answer to the client under the client's own id."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -166,10 +166,12 @@ class Gateway:
         advise: Overrides the config's ``advise``.
         max_output: Bound of the result summary kept in each event.
         session_idle: Seconds without a call after which an HTTP session's task ends.
-        one_client: The gateway serves one client (stdio): its upstreams are told only the
-            client capabilities (sampling, elicitation, roots) that client declares, so they
-            offer it what they would offer it directly. Until it connects, none are declared.
-            Otherwise all three are declared and relayed to whichever client asks.
+        one_client: The gateway serves one client (``serve_stdio``): its upstreams are
+            connected when the client's first message arrives, told only the client
+            capabilities (sampling, elicitation, roots) that client declares, so they offer it
+            what they would offer it directly, and asked its protocol era. Otherwise they are
+            connected on entering, all three capabilities are declared and relayed to
+            whichever client asks.
     """
 
     def __init__(
@@ -204,6 +206,10 @@ class Gateway:
         """The client capabilities declared to the upstreams (``None``: all of them)."""
         self._closing: anyio.Event | None = None
         self._stack: AsyncExitStack | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._connected = False
+        self.upstream_mode = "auto"
+        """The protocol era asked of the upstreams (see ``connect_upstreams``)."""
         self.forward = Forwarder(self)
         self.raw = RawRelay(self)
         self.server: Server[Any] = GatewayServer(
@@ -223,23 +229,39 @@ class Gateway:
     async def __aenter__(self) -> Gateway:
         closing = self._closing = anyio.Event()
         async with AsyncExitStack() as stack:
-            tg = await stack.enter_async_context(anyio.create_task_group())
+            tg = self._tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(closing.set)  # runs before the task group waits for the holders
-            for up in self.upstreams.values():
-                up.ready = anyio.Event()
-                tg.start_soon(self._hold, up, closing, up.ready)
-            for up in self.upstreams.values():
-                assert up.ready is not None
-                await up.ready.wait()
-            self._rebuild_routes()
-            self.forward.register(self.server)
-            self.server.instructions = _join_instructions(self.upstreams.values())
+            if self.declared is None:  # one_client waits for its client (``serve_stdio``)
+                await self.connect_upstreams()
             tg.start_soon(self._sweep_idle, closing)
             self._stack = stack.pop_all()
+        return self
+
+    async def connect_upstreams(self, mode: str = "auto") -> None:
+        """Connect every upstream (once; later calls return at once).
+
+        ``mode`` is the protocol era asked of them: ``auto`` (2026-07-28, falling back to the
+        2025 handshake) or ``legacy`` (the 2025 handshake; a server that refuses it is asked
+        ``auto`` next). A one-client gateway asks its client's era, so the two sides speak the
+        same one and tool calls take the raw relay (``mcp.fastpath``) rather than the SDK's
+        translation between the eras.
+        """
+        if self._connected or self._tg is None or self._closing is None:
+            return
+        self._connected = True
+        self.upstream_mode = mode
+        for up in self.upstreams.values():
+            up.ready = anyio.Event()
+            self._tg.start_soon(self._hold, up, self._closing, up.ready)
+        for up in self.upstreams.values():
+            assert up.ready is not None
+            await up.ready.wait()
+        self._rebuild_routes()
+        self.forward.register(self.server)
+        self.server.instructions = _join_instructions(self.upstreams.values())
         for up in self.upstreams.values():
             if up.error:
                 logger.warning("upstream %r is unavailable: %s", up.name, up.error)
-        return self
 
     async def __aexit__(
         self,
@@ -262,15 +284,18 @@ class Gateway:
         one (``Upstream.wake``, see ``_revive``), so a server that keeps crashing is not
         restarted in a loop.
         """
+        mode = self.upstream_mode
         while True:
             up.lost = anyio.Event()
+            opened = retry = False
             try:
                 async with AsyncExitStack() as stack:
                     callbacks = self.forward.client_callbacks(up.name)
                     link = self.raw.link(up.name)
                     client = await stack.enter_async_context(
-                        await _open_client(up.config, stack, callbacks, link)
+                        await _open_client(up.config, stack, callbacks, link, mode)
                     )
+                    opened = True
                     up.tools = await _list_all_tools(client)
                     up.instructions = client.instructions
                     up.client, up.error = client, None
@@ -285,8 +310,14 @@ class Gateway:
             except Exception as exc:  # a server that fails to start must not take the others down
                 up.client = None
                 up.error = _describe(exc)
+                # Refused the client's era: ask as a client would by default.
+                retry = not opened and mode != "auto" and not closing.is_set()
+                mode = "auto" if retry else mode
             finally:
-                ready.set()
+                if not retry:
+                    ready.set()
+            if retry:
+                continue
             if closing.is_set():
                 return
             if up.wake is None:
@@ -370,6 +401,7 @@ class Gateway:
         from hindsight_loop.mcp.stdio import stdio_streams
 
         async with stdio_streams(self.raw, self) as (read_stream, write_stream):
+            await self.connect_upstreams()  # done by then, unless the SDK's transport serves
             if self.raw.out is not None and isinstance(self.server, GatewayServer):
                 # Task-augmented calls are relayed by the raw relay alone (pipes, same era).
                 self.server.tasks_capability = self.raw.tasks_capability()
@@ -602,26 +634,64 @@ class Gateway:
         call.done()
         up.restarts = 0
         if isinstance(result, types.InputRequiredResult):
-            # A 2026-era multi-round-trip call: the client answers and calls again with the
-            # request_state, which is forwarded like any call. This round is recorded as such.
-            self._record(call, output=f"[input required: {', '.join(result.input_requests or {})}]")
+            self.record_result(call, route, input_requests=result.input_requests or {})
             return result
         result = _for_client_era(result, ctx.protocol_version)
-        output = summarize_content(result, self.max_output)
+        typed = result
+        output = self.record_result(call, route, is_error=result.is_error, model=lambda: typed)
         if not result.is_error:
-            self._record(call, output=output)
             return _mark_is_error_absent(result)
-
-        etype = classify_result_error(
-            result, known_tool=call.known, arguments_fit=_arguments_fit(route, call.arguments)
-        )
-        self._record(call, output=output, is_error=True, error_type=etype, message=output)
         if self.advise:
             lessons = await self._recall(session, name, output)
             if lessons:
                 block = types.TextContent(type="text", text=advice_text(lessons))
                 result = result.model_copy(update={"content": [*result.content, block]})
         return result
+
+    def record_result(
+        self,
+        call: _Call,
+        route: Route | None,
+        *,
+        is_error: bool = False,
+        model: Callable[[], types.CallToolResult] | None = None,
+        summary: str | None = None,
+        input_requests: Iterable[str] | None = None,
+    ) -> str:
+        """Record a call the upstream answered with a result; returns the output summary.
+
+        The one place a tool result becomes an event, for the SDK path (a typed result) and
+        the raw relay (a parsed dict, see ``mcp.fastpath``): ``model`` builds the typed result
+        only when it is needed (a failure to classify, or no ``summary`` given), so the relay's
+        successes never build one.
+
+        Args:
+            call: The call.
+            route: Where the tool name led (its input schema tells invalid arguments apart).
+            is_error: The result's ``isError``.
+            model: The result as the SDK's model (called at most once).
+            summary: The output summary when the caller already has it.
+            input_requests: A 2026-era ``input_required`` result's request names: the client
+                answers and calls again with the request state (forwarded like any call);
+                this round is recorded as such.
+        """
+        if input_requests is not None:
+            output = f"[input required: {', '.join(input_requests)}]"
+            self._record(call, output=output)
+            return output
+        result = model() if model is not None and (is_error or summary is None) else None
+        if summary is None:
+            summary = summarize_content(result, self.max_output) if result is not None else ""
+        if not is_error:
+            self._record(call, output=summary)
+            return summary
+        etype = classify_result_error(
+            result or types.CallToolResult(content=[], is_error=True),
+            known_tool=call.known,
+            arguments_fit=_arguments_fit(route, call.arguments),
+        )
+        self._record(call, output=summary, is_error=True, error_type=etype, message=summary)
+        return summary
 
     def _record(
         self,
@@ -795,13 +865,15 @@ async def _open_client(
     stack: AsyncExitStack,
     callbacks: dict[str, Any],
     link: UpstreamLink | None = None,
+    mode: str = "auto",
 ) -> Client:
     """A client for one upstream; ``callbacks`` relay its server-to-client traffic to clients.
 
     ``link`` carries the hot tool calls past the SDK (see ``mcp.fastpath``) on the gateway's
-    own stdio transport.
+    own stdio transport; ``mode`` is the protocol era asked (``Client``'s ``mode``).
     """
     info = types.Implementation(name=GATEWAY_NAME, version=_version())
+    callbacks = {**callbacks, "mode": mode}
     if config.transport == "stdio":
         assert config.command is not None
         params = StdioServerParameters(
