@@ -204,6 +204,59 @@ async def test_gateway_over_stdio_is_transparent_and_records_every_call(
     assert _actions(events)[-1].result["error_code"] == INVALID_PARAMS  # type: ignore[index]
 
 
+#: Sits between the gateway and a server, keeping every line the gateway sends it.
+TEE = textwrap.dedent(
+    """
+    import subprocess, sys
+    log = open(sys.argv[1], "ab", buffering=0)
+    server = subprocess.Popen(sys.argv[2:], stdin=subprocess.PIPE)  # answers to our stdout
+    for line in sys.stdin.buffer:
+        log.write(line)
+        server.stdin.write(line)
+        server.stdin.flush()
+    server.stdin.close()
+    sys.exit(server.wait())
+    """
+)
+
+
+async def _never(ctx: Any, params: Any) -> Any:
+    raise AssertionError("the server asked for nothing here")
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_over_stdio_the_server_is_started_once_in_the_clients_era(
+    time_server: str, tmp_path: Path, mode: str
+) -> None:
+    # The gateway reads its client's first message before starting the servers: each starts
+    # once, told what the client declares (sampling here) and asked the client's era, so a
+    # 2025-era client in front of a server that speaks both eras talks 2025 end to end.
+    tee, log = tmp_path / "tee.py", tmp_path / "upstream.jsonl"
+    tee.write_text(TEE)
+    servers = {
+        "time": {"command": sys.executable, "args": [str(tee), str(log), time_server, *TIME_ARGS]}
+    }
+    config = _write_config(tmp_path / "servers.json", servers)
+    command, args = _gateway_cmd(config, tmp_path / "gateway.db")
+    params = StdioServerParameters(command=command, args=args)
+    async with Client(params, mode=mode, sampling_callback=_never) as client:
+        result = await client.call_tool(*CALLS[0])
+        assert result.structured_content["time_difference"] == "+9.0h"  # type: ignore[index]
+    sent = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    handshakes = [m for m in sent if m.get("method") in ("initialize", "server/discover")]
+    if mode == "legacy":
+        [hello] = handshakes  # one start, no second one for the declared capability
+        assert hello["method"] == "initialize"
+        assert "sampling" in hello["params"]["capabilities"]
+    else:
+        assert handshakes[0]["method"] == "server/discover"
+        assert len([m for m in sent if m.get("method") == "initialize"]) == 0
+    [call] = [m for m in sent if m.get("method") == "tools/call"]
+    assert call["params"]["name"] == CALLS[0][0]
+    [(task, events)] = _events(tmp_path / "gateway.db")
+    assert len(_actions(events)) == 1 and task.status == "succeeded"
+
+
 # -- in process: both client eras, a 2025-era upstream ---------------------------------------------
 
 

@@ -401,7 +401,8 @@ class Gateway:
         from hindsight_loop.mcp.stdio import stdio_streams
 
         async with stdio_streams(self.raw, self) as (read_stream, write_stream):
-            await self.connect_upstreams()  # done by then, unless the SDK's transport serves
+            if self.raw.out is None:  # the SDK's transport serves: nothing was read yet
+                await self.connect_upstreams()
             if self.raw.out is not None and isinstance(self.server, GatewayServer):
                 # Task-augmented calls are relayed by the raw relay alone (pipes, same era).
                 self.server.tasks_capability = self.raw.tasks_capability()
