@@ -23,8 +23,8 @@ declares them too (to 2025-era clients over stdio pipes and streamable HTTP), a 
 ``tools/call`` is relayed and answered with the upstream's task, and ``tasks/get``,
 ``tasks/result``, ``tasks/list`` and ``tasks/cancel`` go to the upstream that runs the task.
 Over HTTP the client's side is the SDK's server (``relay_tasks``, a middleware): the request is
-written to the upstream's pipe as here and the parsed answer returned as the result. The call is recorded
-once: at its ``tasks/result``, or as cancelled when ``tasks/cancel`` succeeds. Status
+written to the upstream's pipe as here and the parsed answer returned as the result. The call is
+recorded once: at its ``tasks/result``, or as cancelled when ``tasks/cancel`` succeeds. Status
 notifications come through the upstream's SDK session and are relayed with the other
 notifications (``forward.py``).
 """
@@ -49,9 +49,7 @@ from mcp_types import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from hindsight_loop.mcp.events import (
-    classify_jsonrpc_error,
-)
+from hindsight_loop.mcp.events import classify_jsonrpc_error
 
 if TYPE_CHECKING:
     from hindsight_loop.mcp.proxy import Gateway, Route, SessionTask, Upstream, _Call
