@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp_types as types
 import orjson
 from mcp import Client, StdioServerParameters
 
@@ -60,12 +61,18 @@ def _time_server() -> str:
 
 
 async def _interleave(
-    fns: list[Callable[[], Awaitable[Any]]], calls: int, warmup: int = 30
+    fns: list[Callable[[], Awaitable[Any]]],
+    calls: int,
+    warmup: int = 30,
+    mark: Callable[[], None] = lambda: None,
 ) -> list[list[float]]:
-    """Call each of ``fns`` in turn, rotating which goes first; per-call ms of each."""
+    """Call each of ``fns`` in turn, rotating which goes first; per-call ms of each.
+
+    ``mark`` is called after the warm-up and after the last call."""
     for _ in range(warmup):
         for fn in fns:
             await fn()
+    mark()
     times: list[list[float]] = [[] for _ in fns]
     for i in range(calls):
         k = i % len(fns)
@@ -73,6 +80,7 @@ async def _interleave(
             started = time.perf_counter()
             await fns[j]()
             times[j].append((time.perf_counter() - started) * 1000)
+    mark()
     return times
 
 
@@ -109,8 +117,8 @@ def _proxy(config_path: Path, db: Path) -> StdioServerParameters:
     )
 
 
-async def _sampling(ctx: Any, params: Any) -> Any:
-    raise AssertionError("not asked")
+async def _sampling(context: Any, params: types.CreateMessageRequestParams) -> types.ErrorData:
+    return types.ErrorData(code=types.INVALID_REQUEST, message="not asked")
 
 
 async def _launch(
@@ -134,6 +142,21 @@ async def _launch(
     return {k: round(statistics.median(v), 1) for k, v in times.items()}
 
 
+def _cpu_ms(marker: str) -> float | None:
+    """CPU ms (user + system) used so far by the process whose command line names ``marker``
+    (Linux ``/proc``; ``None`` elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if marker.encode() not in (stat.parent / "cmdline").read_bytes():
+                continue
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        return (int(fields[11]) + int(fields[12])) / tick * 1000  # utime, stime
+    return None
+
+
 async def _bench(
     exe: str, calls: int, mode: str, workdir: Path, launches: int = 0
 ) -> dict[str, Any]:
@@ -145,13 +168,20 @@ async def _bench(
         results["launch_median_ms"] = await _launch(exe, args, config_path, workdir, mode, launches)
 
     direct = Client(StdioServerParameters(command=exe, args=args), mode=mode)
+    marker = str(workdir / "stdio.db")
     proxied = Client(_proxy(config_path, workdir / "stdio.db"), mode=mode)
     async with direct as d, proxied as g:
+        cpu: list[float | None] = []
         ta, tb = await _interleave(
             [lambda: d.call_tool("convert_time", ARGS), lambda: g.call_tool("convert_time", ARGS)],
             calls,
+            mark=lambda: cpu.append(_cpu_ms(marker)),
         )
         results["stdio"] = _stats(ta, tb)
+        # The gateway process's own CPU per call: steadier than wall time on a busy machine,
+        # where the processes on the call path wait for a core.
+        if cpu[0] is not None and cpu[1] is not None:
+            results["stdio"]["gateway_cpu_ms_per_call"] = round((cpu[1] - cpu[0]) / calls, 3)
 
     with Hindsight(workdir / "inproc.db") as hs:
         config = parse_config({"mcpServers": {"time": {"command": exe, "args": args}}})
@@ -224,8 +254,11 @@ def main() -> None:
             f"{r['direct_p90_ms']:>8.2f}/{r['gateway_p90_ms']:.2f}"
         )
     print(f"Hindsight.record on the call path: {results['record_us_per_event']} µs per event")
+    if "gateway_cpu_ms_per_call" in results["stdio"]:
+        print(f"stdio gateway CPU per call: {results['stdio']['gateway_cpu_ms_per_call']} ms")
     for kind, ms in results.get("launch_median_ms", {}).items():
-        print(f"launch to handshake done, {kind}: {ms} ms (median of {opts.launches})")
+        if kind != "gateway_process_cpu_ms":
+            print(f"launch to handshake done, {kind}: {ms} ms (median of {opts.launches})")
 
 
 if __name__ == "__main__":
