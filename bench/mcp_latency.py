@@ -15,8 +15,12 @@ Paths measured, each against its own direct baseline:
   difference to ``in-process`` is what recording costs a call.
 - ``record``: the cost of one ``Hindsight.record`` call on the caller's thread (the only
   recording work on the call path).
+- ``launch``: from starting the server to the client's handshake done, directly and through
+  ``hindsight mcp proxy`` (which starts the server itself), for a client that declares no
+  capabilities and for one that declares sampling (the gateway tells the upstream what its
+  client declares); interleaved, medians.
 
-    python bench/mcp_latency.py [--calls 1000] [--mode auto|legacy] [--json]
+    python bench/mcp_latency.py [--calls 1000] [--mode auto|legacy] [--launches 7] [--json]
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp_types as types
 import orjson
 from mcp import Client, StdioServerParameters
 
@@ -56,12 +61,18 @@ def _time_server() -> str:
 
 
 async def _interleave(
-    fns: list[Callable[[], Awaitable[Any]]], calls: int, warmup: int = 30
+    fns: list[Callable[[], Awaitable[Any]]],
+    calls: int,
+    warmup: int = 30,
+    mark: Callable[[], None] = lambda: None,
 ) -> list[list[float]]:
-    """Call each of ``fns`` in turn, rotating which goes first; per-call ms of each."""
+    """Call each of ``fns`` in turn, rotating which goes first; per-call ms of each.
+
+    ``mark`` is called after the warm-up and after the last call."""
     for _ in range(warmup):
         for fn in fns:
             await fn()
+    mark()
     times: list[list[float]] = [[] for _ in fns]
     for i in range(calls):
         k = i % len(fns)
@@ -69,6 +80,7 @@ async def _interleave(
             started = time.perf_counter()
             await fns[j]()
             times[j].append((time.perf_counter() - started) * 1000)
+    mark()
     return times
 
 
@@ -95,38 +107,81 @@ def _stats(direct: list[float], gateway: list[float]) -> dict[str, float]:
     }
 
 
-async def _bench(exe: str, calls: int, mode: str, workdir: Path) -> dict[str, Any]:
+def _proxy(config_path: Path, db: Path) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-c", CLI, "mcp", "proxy", "--config", str(config_path), "--db", str(db)],
+        # The SDK passes a child only a few variables: without this the gateway would run
+        # the installed package's code, not the checkout's that the bench is run from.
+        env={"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else None,
+    )
+
+
+async def _sampling(context: Any, params: types.CreateMessageRequestParams) -> types.ErrorData:
+    return types.ErrorData(code=types.INVALID_REQUEST, message="not asked")
+
+
+async def _launch(
+    exe: str, args: list[str], config_path: Path, workdir: Path, mode: str, launches: int
+) -> dict[str, Any]:
+    """Median ms from start to handshake done, per client kind, launches interleaved."""
+    kinds = {
+        "direct": lambda: Client(StdioServerParameters(command=exe, args=args), mode=mode),
+        "gateway": lambda: Client(_proxy(config_path, workdir / "launch.db"), mode=mode),
+        "gateway, client declares sampling": lambda: Client(
+            _proxy(config_path, workdir / "launch.db"), mode=mode, sampling_callback=_sampling
+        ),
+    }
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    for _ in range(launches):
+        for kind, make in kinds.items():
+            client = make()
+            started = time.perf_counter()
+            async with client:
+                times[kind].append((time.perf_counter() - started) * 1000)
+    return {k: round(statistics.median(v), 1) for k, v in times.items()}
+
+
+def _cpu_ms(marker: str) -> float | None:
+    """CPU ms (user + system) used so far by the process whose command line names ``marker``
+    (Linux ``/proc``; ``None`` elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if marker.encode() not in (stat.parent / "cmdline").read_bytes():
+                continue
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        return (int(fields[11]) + int(fields[12])) / tick * 1000  # utime, stime
+    return None
+
+
+async def _bench(
+    exe: str, calls: int, mode: str, workdir: Path, launches: int = 0
+) -> dict[str, Any]:
     args = ["--local-timezone", "UTC"]
     config_path = workdir / "servers.json"
     config_path.write_bytes(orjson.dumps({"mcpServers": {"time": {"command": exe, "args": args}}}))
     results: dict[str, Any] = {}
+    if launches:
+        results["launch_median_ms"] = await _launch(exe, args, config_path, workdir, mode, launches)
 
     direct = Client(StdioServerParameters(command=exe, args=args), mode=mode)
-    proxied = Client(
-        StdioServerParameters(
-            command=sys.executable,
-            args=[
-                "-c",
-                CLI,
-                "mcp",
-                "proxy",
-                "--config",
-                str(config_path),
-                "--db",
-                str(workdir / "stdio.db"),
-            ],
-            # The SDK passes a child only a few variables: without this the gateway would run
-            # the installed package's code, not the checkout's that the bench is run from.
-            env={"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else None,
-        ),
-        mode=mode,
-    )
+    marker = str(workdir / "stdio.db")
+    proxied = Client(_proxy(config_path, workdir / "stdio.db"), mode=mode)
     async with direct as d, proxied as g:
+        cpu: list[float | None] = []
         ta, tb = await _interleave(
             [lambda: d.call_tool("convert_time", ARGS), lambda: g.call_tool("convert_time", ARGS)],
             calls,
+            mark=lambda: cpu.append(_cpu_ms(marker)),
         )
         results["stdio"] = _stats(ta, tb)
+        # The gateway process's own CPU per call: steadier than wall time on a busy machine,
+        # where the processes on the call path wait for a core.
+        if cpu[0] is not None and cpu[1] is not None:
+            results["stdio"]["gateway_cpu_ms_per_call"] = round((cpu[1] - cpu[0]) / calls, 3)
 
     with Hindsight(workdir / "inproc.db") as hs:
         config = parse_config({"mcpServers": {"time": {"command": exe, "args": args}}})
@@ -174,11 +229,14 @@ def main() -> None:
         default="auto",
         help="client protocol era: auto (2026-07-28) or legacy (2025 handshake)",
     )
+    parser.add_argument(
+        "--launches", type=int, default=7, help="launches per client kind (0: skip)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     opts = parser.parse_args()
     exe = _time_server()
     with tempfile.TemporaryDirectory() as tmp:
-        results = anyio.run(_bench, exe, opts.calls, opts.mode, Path(tmp))
+        results = anyio.run(_bench, exe, opts.calls, opts.mode, Path(tmp), opts.launches)
     if opts.json:
         print(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())
         return
@@ -196,6 +254,11 @@ def main() -> None:
             f"{r['direct_p90_ms']:>8.2f}/{r['gateway_p90_ms']:.2f}"
         )
     print(f"Hindsight.record on the call path: {results['record_us_per_event']} µs per event")
+    if "gateway_cpu_ms_per_call" in results["stdio"]:
+        print(f"stdio gateway CPU per call: {results['stdio']['gateway_cpu_ms_per_call']} ms")
+    for kind, ms in results.get("launch_median_ms", {}).items():
+        if kind != "gateway_process_cpu_ms":
+            print(f"launch to handshake done, {kind}: {ms} ms (median of {opts.launches})")
 
 
 if __name__ == "__main__":

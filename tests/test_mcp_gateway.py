@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import mcp_types as types
 import orjson
 import pytest
@@ -203,6 +204,59 @@ async def test_gateway_over_stdio_is_transparent_and_records_every_call(
     assert _actions(events)[-1].result["error_code"] == INVALID_PARAMS  # type: ignore[index]
 
 
+#: Sits between the gateway and a server, keeping every line the gateway sends it.
+TEE = textwrap.dedent(
+    """
+    import subprocess, sys
+    log = open(sys.argv[1], "ab", buffering=0)
+    server = subprocess.Popen(sys.argv[2:], stdin=subprocess.PIPE)  # answers to our stdout
+    for line in sys.stdin.buffer:
+        log.write(line)
+        server.stdin.write(line)
+        server.stdin.flush()
+    server.stdin.close()
+    sys.exit(server.wait())
+    """
+)
+
+
+async def _never(ctx: Any, params: Any) -> Any:
+    raise AssertionError("the server asked for nothing here")
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_over_stdio_the_server_is_started_once_in_the_clients_era(
+    time_server: str, tmp_path: Path, mode: str
+) -> None:
+    # The gateway reads its client's first message before starting the servers: each starts
+    # once, told what the client declares (sampling here) and asked the client's era, so a
+    # 2025-era client in front of a server that speaks both eras talks 2025 end to end.
+    tee, log = tmp_path / "tee.py", tmp_path / "upstream.jsonl"
+    tee.write_text(TEE)
+    servers = {
+        "time": {"command": sys.executable, "args": [str(tee), str(log), time_server, *TIME_ARGS]}
+    }
+    config = _write_config(tmp_path / "servers.json", servers)
+    command, args = _gateway_cmd(config, tmp_path / "gateway.db")
+    params = StdioServerParameters(command=command, args=args)
+    async with Client(params, mode=mode, sampling_callback=_never) as client:
+        result = await client.call_tool(*CALLS[0])
+        assert result.structured_content["time_difference"] == "+9.0h"  # type: ignore[index]
+    sent = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    handshakes = [m for m in sent if m.get("method") in ("initialize", "server/discover")]
+    if mode == "legacy":
+        [hello] = handshakes  # one start, no second one for the declared capability
+        assert hello["method"] == "initialize"
+        assert "sampling" in hello["params"]["capabilities"]
+    else:
+        assert handshakes[0]["method"] == "server/discover"
+        assert len([m for m in sent if m.get("method") == "initialize"]) == 0
+    [call] = [m for m in sent if m.get("method") == "tools/call"]
+    assert call["params"]["name"] == CALLS[0][0]
+    [(task, events)] = _events(tmp_path / "gateway.db")
+    assert len(_actions(events)) == 1 and task.status == "succeeded"
+
+
 # -- in process: both client eras, a 2025-era upstream ---------------------------------------------
 
 
@@ -295,19 +349,17 @@ async def test_gateway_over_http_one_task_per_client_session(
             assert result.structured_content["time_difference"] == "+9.0h"
             with pytest.raises(MCPError, match="Unknown tool"):
                 await c.call_tool(*CALLS[-1])
-        if mode == "legacy":
-            # Leaving a 2025-era session sends DELETE: its task ends now, not at shutdown.
-            with anyio.fail_after(20):
-                while not any(t.status != "running" for t, _ in _events(db)):
-                    await anyio.sleep(0.05)
+        # Leaving a 2025-era session sends DELETE, a 2026-era client closes its connections:
+        # either way its task ends now, not at shutdown.
+        await _ended(db, 1 if mode == "legacy" else 2, timeout=20)
     proc.terminate()
     assert proc.wait(timeout=30) == 0
 
     recorded = {t.task_type: (t, events) for t, events in _events(db)}
     assert sorted(recorded) == ["mcp:agent_auto", "mcp:agent_legacy"]
     assert recorded["mcp:agent_legacy"][0].outcome["reason"] == "session closed"  # type: ignore[index]
-    # A 2026-era client has no session to close: its task ends when the gateway stops.
-    assert recorded["mcp:agent_auto"][0].outcome["reason"] == "gateway stopped"  # type: ignore[index]
+    # A 2026-era client has no session to close: its task ends when its connections are gone.
+    assert recorded["mcp:agent_auto"][0].outcome["reason"] == "client disconnected"  # type: ignore[index]
     for task, events in recorded.values():
         assert [e.type for e in events] == [
             "task_start",
@@ -316,6 +368,108 @@ async def test_gateway_over_http_one_task_per_client_session(
             "task_end",
         ]
         assert task.status == "failed"  # the session ended on the failed call
+
+
+async def _ended(db: Path, count: int, timeout: float = 15.0) -> list[tuple[Any, list[Event]]]:
+    """The recorded tasks once ``count`` of them have ended (a few seconds at most)."""
+    with anyio.fail_after(timeout):
+        while True:
+            tasks = _events(db)
+            if sum(t.status != "running" for t, _ in tasks) >= count:
+                return tasks
+            await anyio.sleep(0.1)
+
+
+async def _post(http: httpx.AsyncClient, url: str, message: dict[str, Any], sid: str | None) -> Any:
+    """One JSON-RPC message to a 2025-era streamable HTTP endpoint; the answer, if any."""
+    headers = {"accept": "application/json, text/event-stream"}
+    if sid is not None:
+        headers |= {"mcp-session-id": sid, "mcp-protocol-version": "2025-11-25"}
+    response = await http.post(url, json=message, headers=headers)
+    assert response.status_code in (200, 202), response.text
+    data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
+    return (orjson.loads(data[0]), response.headers.get("mcp-session-id")) if data else None
+
+
+async def test_http_clients_that_leave_without_delete_end_their_tasks(
+    time_server: str, tmp_path: Path, http_process: Any
+) -> None:
+    # Many clients (the MCP Inspector CLI among them) just close their connections when done.
+    config = _write_config(
+        tmp_path / "servers.json", {"time": {"command": time_server, "args": TIME_ARGS}}
+    )
+    db, port = tmp_path / "gateway.db", _free_port()
+    command, args = _gateway_cmd(
+        config, db, "--transport", "http", "--port", str(port), "--token", TOKEN
+    )
+    proc = http_process(command, args, port)
+    url = f"http://127.0.0.1:{port}/mcp"
+    info = types.Implementation(name="漫游 agent", version="1")
+
+    # A 2025-era session left without DELETE.
+    async with authorized(
+        url, TOKEN, mode="legacy", client_info=info, terminate_on_close=False
+    ) as c:
+        await c.call_tool(*CALLS[0])
+    [(first, _)] = await _ended(db, 1)
+    assert first.outcome["reason"] == "client disconnected"  # type: ignore[index]
+
+    # Two runs of one 2026-era client (no session id) are two tasks; within a run, a pause
+    # longer than the HTTP client's idle-connection expiry (httpx: 5 s) is not an end.
+    for run in range(2):
+        async with authorized(url, TOKEN, mode="auto", client_info=info) as c:
+            await c.call_tool(*CALLS[0])
+            if run == 1:
+                await anyio.sleep(6)
+                with pytest.raises(MCPError, match="Unknown tool"):
+                    await c.call_tool(*CALLS[-1])
+        await _ended(db, 2 + run)
+
+    # A 2025-era client whose connections all closed, coming back with its session id later,
+    # continues its task.
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"},
+        },
+    }
+    call = {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": CALLS[0][0]}}
+    call["params"]["arguments"] = CALLS[0][1]  # type: ignore[index]
+    async with httpx.AsyncClient(headers=auth, timeout=30) as http:
+        _, sid = await _post(http, url, init, None)
+        await _post(http, url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
+        answer, _ = await _post(http, url, {**call, "id": 2}, sid)
+        assert "+9.0h" in str(answer["result"])
+    await _ended(db, 4)
+    async with httpx.AsyncClient(headers=auth, timeout=30) as http:
+        answer, _ = await _post(http, url, {**call, "id": 3}, sid)
+        assert "+9.0h" in str(answer["result"])
+    with anyio.fail_after(15):  # its end is recorded again (its status never went back)
+        while [e.type for e in _events(db)[-1][1]].count("task_end") < 2:
+            await anyio.sleep(0.1)
+
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+    tasks = _events(db)
+    assert [len(_actions(events)) for _, events in tasks] == [1, 1, 2, 2]
+    assert [e.type for e in tasks[-1][1]] == [
+        "task_start",
+        "action_executed",
+        "task_end",
+        "action_executed",
+        "task_end",
+    ]
+    assert {t.task_type for t, _ in tasks[:3]} == {"mcp:漫游_agent"}
+    assert [t.status for t, _ in tasks] == ["succeeded", "succeeded", "failed", "succeeded"]
+    for task, events in tasks:
+        assert task.outcome["reason"] == "client disconnected"  # type: ignore[index]
+        assert [e.type for e in events].count("task_start") == 1
+        assert events[-1].type == "task_end"
 
 
 # -- several upstreams, timeouts, outages ------------------------------------------------------

@@ -71,13 +71,21 @@ def started(http_process: Any) -> Any:
 
 
 @asynccontextmanager
-async def authorized(url: str, token: str, **kwargs: Any) -> AsyncIterator[Client]:
-    """An SDK client that sends the bearer token (the SDK leaves a given HTTP client open)."""
+async def authorized(
+    url: str, token: str, *, terminate_on_close: bool = True, **kwargs: Any
+) -> AsyncIterator[Client]:
+    """An SDK client that sends the bearer token (the SDK leaves a given HTTP client open).
+
+    ``terminate_on_close=False``: leaving sends no ``DELETE`` (as many clients do not).
+    """
     async with (
         httpx2.AsyncClient(
             headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30.0, read=300.0)
         ) as http,
-        Client(streamable_http_client(url, http_client=http), **kwargs) as client,
+        Client(
+            streamable_http_client(url, http_client=http, terminate_on_close=terminate_on_close),
+            **kwargs,
+        ) as client,
     ):
         yield client
 

@@ -16,8 +16,10 @@ Skipped only where no Node >= 22 can be had.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -291,3 +293,112 @@ def test_a_tool_that_must_run_as_a_task_runs_as_one_through_the_gateway(
     related = "io.modelcontextprotocol/related-task"
     ids = [seen.out["result"]["_meta"].pop(related)["taskId"] for seen in (direct, through)]
     assert all(ids) and through.out == direct.out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ended(db: Path, count: int, timeout: float = 15.0) -> list[tuple[Any, list[Any]]]:
+    """The recorded tasks once ``count`` of them ended; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tasks = _tasks(db)
+        if sum(t.status != "running" for t, _ in tasks) >= count:
+            return tasks
+        assert time.monotonic() < deadline, [(t.task_id, t.status) for t, _ in tasks]
+        time.sleep(0.1)
+
+
+def test_the_inspector_over_http_ends_its_tasks_on_exit_and_runs_tasks(
+    inspector: Path,
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+    http_process: Any,
+) -> None:
+    # Over streamable HTTP the Inspector sends no DELETE: it opens a GET stream and its POST
+    # connections and closes them all when done. Its task must end then, not when the gateway
+    # stops (or after the idle timeout), and each run is a task of its own, in both protocol
+    # eras (the 2026 era has no session id to tell runs apart).
+    upstreams = tmp_path / "servers.json"
+    upstreams.write_bytes(
+        orjson.dumps({"mcpServers": {"everything": {"command": everything, "args": ["stdio"]}}})
+    )
+    db, port, token = tmp_path / "gateway.db", _free_port(), "inspector-token"
+    proc = http_process(
+        sys.executable,
+        ["-c", CLI, "mcp", "proxy", "--config", str(upstreams), "--db", str(db)]
+        + ["--transport", "http", "--port", str(port), "--token", token],
+        port,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    home = tmp_path / "home"
+    home.mkdir()
+    runs = [
+        ["--method", "tools/call", "--tool-name", "echo", "--tool-arg", "message=你好"],
+        ["--protocol-era", "auto", "--method", "tools/call", "--tool-name", "get-sum"]
+        + ["--tool-arg", "a=1", "b=2"],
+        ["--protocol-era", "auto", "--method", "tools/call", "--tool-name", "get-sum"]
+        + ["--tool-arg", "a=3", "b=4"],
+    ]
+    for number, args in enumerate(runs, 1):
+        seen = _inspect_url(inspector, url, token, args, home)
+        assert seen.code == 0, seen
+        tasks = _ended(db, number)
+        assert len(tasks) == number  # a run of its own, not merged into the one before
+
+    # A tool that must run as a task (SEP-1686): the same report as from the server directly.
+    research = ["--method", "tools/call", "--tool-name", "simulate-research-query"]
+    research += ["--tool-arg", "topic=蜜蜂"]
+    through = _inspect_url(inspector, url, token, research, home)
+    config = tmp_path / "inspector.json"
+    config.write_bytes(
+        orjson.dumps({"mcpServers": {"direct": {"command": everything, "args": ["stdio"]}}})
+    )
+    direct = _inspect(inspector, config, "direct", research, home)
+    assert direct.code == 0 and "Research Report: 蜜蜂" in str(direct.out)
+    related = "io.modelcontextprotocol/related-task"
+    ids = [seen.out["result"]["_meta"].pop(related)["taskId"] for seen in (direct, through)]
+    assert all(ids) and through == direct
+    _ended(db, 4)
+
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+    tasks = _tasks(db)
+    assert [[a.input["args"] for a in _actions(events)] for _, events in tasks] == [  # type: ignore[index]
+        [{"message": "你好"}],
+        [{"a": 1, "b": 2}],
+        [{"a": 3, "b": 4}],
+        [{"topic": "蜜蜂"}],
+    ]
+    assert "Research Report: 蜜蜂" in tasks[-1][1][1].result["output"]  # type: ignore[index]
+    for task, events in tasks:
+        assert task.task_type == "mcp:inspector_cli" and task.status == "succeeded"
+        assert task.outcome["reason"] == "client disconnected"  # type: ignore[index]
+        assert [e.type for e in events] == ["task_start", "action_executed", "task_end"]
+
+
+def _inspect_url(folder: Path, url: str, token: str, args: list[str], home: Path) -> Seen:
+    """One Inspector CLI run against the streamable HTTP endpoint ``url``."""
+    env = {
+        **os.environ,
+        "PATH": f"{folder / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        "HOME": str(home),
+        "MCP_CLIENT_CONFIG_PATH": str(home / "client.json"),
+        "MCP_INSPECTOR_SECRET_STORE": "memory",
+        "npm_config_update_notifier": "false",
+    }
+    proc = subprocess.run(
+        [str(folder / "bin" / "npx"), "--no-install", "@modelcontextprotocol/inspector", "--cli"]
+        + ["--format", "json", "-q", url, "--transport", "http"]
+        + ["--header", f"Authorization: Bearer {token}", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=folder,
+        timeout=180,
+        check=False,
+    )
+    return Seen(proc.returncode, _decode(proc.stdout), _decode(proc.stderr))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import re
+import socket
 import sys
 import textwrap
 import warnings
@@ -40,6 +41,7 @@ from test_mcp_everything import (  # noqa: E402  (the shared helpers live beside
     anyio_backend,  # noqa: F401  (fixture)
     everything,  # noqa: F401  (fixture)
 )
+from test_mcp_http import authorized  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -390,6 +392,12 @@ async def test_calls_progress_cancellation_and_unknown_tools_record_once(
     assert errors == [None, "cancelled", None, None, None, None, "unknown_tool"]
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _unstamped(value: Any) -> Any:
     """``value`` without what differs between two runs of one task (its id and clock times)."""
     if isinstance(value, dict):
@@ -400,15 +408,19 @@ def _unstamped(value: Any) -> Any:
     return value
 
 
+@pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_task_augmented_calls_run_as_tasks_through_the_gateway(
     everything: str,  # noqa: F811
     tmp_path: Path,
+    http_process: Any,
+    transport: str,
 ) -> None:
     """SEP-1686 (2025-11-25): tools/call with params.task, tasks/get, list, result and cancel.
 
     The SDK's client has no task helpers, so the requests go out as raw JSON-RPC through its
     session; the gateway's answers must be the server's own, and each task-augmented call is
-    recorded once (at its result, or when it is cancelled).
+    recorded once (at its result, or when it is cancelled). Through the gateway over stdio (as
+    a client launches it) and over streamable HTTP (``--transport http``).
     """
     call = {
         "name": "simulate-research-query",
@@ -439,9 +451,23 @@ async def test_task_augmented_calls_run_as_tasks_through_the_gateway(
 
     db = tmp_path / "g.db"
     config = _config(tmp_path / "s.json", _servers(everything))
-    async with Client(_gateway(config, db), mode="legacy") as client:
-        mirrored = client.server_capabilities
-        through = await drive(client)
+    if transport == "stdio":
+        async with Client(_gateway(config, db), mode="legacy") as client:
+            mirrored = client.server_capabilities
+            through = await drive(client)
+    else:
+        port, token = _free_port(), "tasks-token"
+        stdio = _gateway(config, db)
+        proc = http_process(
+            stdio.command,
+            [*stdio.args, "--transport", "http", "--port", str(port), "--token", token],
+            port,
+        )
+        async with authorized(f"http://127.0.0.1:{port}/mcp", token, mode="legacy") as client:
+            mirrored = client.server_capabilities
+            through = await drive(client)
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
     assert mirrored is not None and mirrored.tasks == caps.tasks
     assert through == expected
     [(_, events)] = _tasks(db)

@@ -214,8 +214,11 @@ def _gateway_main(
 
                 await _until_signal(run, on_signal)
             else:
+                from hindsight_loop.mcp.presence import KEEP_ALIVE_S
+
                 async with Gateway(hs, cfg, task_type=task_type, advise=advise) as gateway:
-                    await _serve_http(gateway.http_app(host=http.host), http)
+                    app = gateway.http_app(host=http.host, keep_alive=KEEP_ALIVE_S)
+                    await _serve_http(app, http, presence=gateway.presence)
         finally:
             hs.close()  # the sessions' task_end events are flushed before the process exits
 
@@ -270,7 +273,8 @@ async def _until_signal(
         tg.cancel_scope.cancel()
 
 
-async def _serve_http(app: Any, http: _HttpSurface) -> None:
+async def _serve_http(app: Any, http: _HttpSurface, presence: Any = None) -> None:
+    """Serve ``app`` with uvicorn; ``presence`` (a gateway's) is told of every connection."""
     import uvicorn
 
     from hindsight_loop.mcp.http import BearerGuard, is_loopback
@@ -283,7 +287,13 @@ async def _serve_http(app: Any, http: _HttpSurface) -> None:
             yield
 
     guarded = BearerGuard(app, token=http.token, loopback_only=is_loopback(http.host))
-    config = uvicorn.Config(guarded, log_level="warning", lifespan="on")
+    options: dict[str, Any] = {}
+    if presence is not None:
+        from hindsight_loop.mcp.presence import KEEP_ALIVE_S, protocol_class
+
+        # A closed connection must mean a client that is done, not a timer: see mcp.presence.
+        options = {"http": protocol_class(presence), "timeout_keep_alive": KEEP_ALIVE_S}
+    config = uvicorn.Config(guarded, log_level="warning", lifespan="on", **options)
     server = Server(config)
     typer.echo(f"Hindsight MCP {http.what} on {http.url}", err=True)
     await _until_signal(

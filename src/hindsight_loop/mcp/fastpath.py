@@ -19,10 +19,12 @@ as cancelled; an upstream that dies with relayed calls in flight answers each wi
 SDK path gives (``Connection closed``).
 
 Tasks (SEP-1686, 2025-11-25) are served here alone: when an upstream declares them the gateway
-declares them too (to 2025-era clients over stdio pipes), a task-augmented ``tools/call`` is
-relayed and answered with the upstream's task, and ``tasks/get``, ``tasks/result``,
-``tasks/list`` and ``tasks/cancel`` go to the upstream that runs the task. The call is recorded
-once: at its ``tasks/result``, or as cancelled when ``tasks/cancel`` succeeds. Status
+declares them too (to 2025-era clients over stdio pipes and streamable HTTP), a task-augmented
+``tools/call`` is relayed and answered with the upstream's task, and ``tasks/get``,
+``tasks/result``, ``tasks/list`` and ``tasks/cancel`` go to the upstream that runs the task.
+Over HTTP the client's side is the SDK's server (``relay_tasks``, a middleware): the request is
+written to the upstream's pipe as here and the parsed answer returned as the result. The call is
+recorded once: at its ``tasks/result``, or as cancelled when ``tasks/cancel`` succeeds. Status
 notifications come through the upstream's SDK session and are relayed with the other
 notifications (``forward.py``).
 """
@@ -38,14 +40,16 @@ from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
 import orjson
-from mcp_types import CLIENT_INFO_META_KEY, CONNECTION_CLOSED, PROTOCOL_VERSION_META_KEY
+from mcp import MCPError
+from mcp_types import (
+    CLIENT_INFO_META_KEY,
+    CONNECTION_CLOSED,
+    INTERNAL_ERROR,
+    PROTOCOL_VERSION_META_KEY,
+)
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from hindsight_loop.mcp.events import (
-    classify_jsonrpc_error,
-    classify_result_error,
-    summarize_content,
-)
+from hindsight_loop.mcp.events import classify_jsonrpc_error
 
 if TYPE_CHECKING:
     from hindsight_loop.mcp.proxy import Gateway, Route, SessionTask, Upstream, _Call
@@ -55,6 +59,7 @@ logger = logging.getLogger("hindsight_loop.mcp.fastpath")
 _RESERVED_META_PREFIX = "io.modelcontextprotocol/"
 _PROGRESS_KEYS = ("progressToken", "progress_token")
 _ID_PREFIX = "hs-raw-"
+_TASK_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/list", "tasks/cancel"})
 #: Ids of relayed calls the client cancelled, kept so the upstream's late answers are dropped.
 _DROPPED_MAX = 1024
 
@@ -97,17 +102,18 @@ class _Pending:
     """``call``; ``task`` (a task-augmented call: answered with the task, recorded at its
     result); ``result`` (tasks/result: the task's call is recorded); ``cancel``; ``plain``."""
     task_id: str | None = None
+    waiter: asyncio.Future[dict[str, Any]] | None = None
+    """Over HTTP: gets the upstream's answer (parsed) instead of the stdio client."""
 
 
 class RawRelay:
     """Relays hot tool calls between the gateway's stdio client and its stdio upstreams."""
 
     def __init__(self, gateway: Gateway) -> None:
-        from hindsight_loop.mcp.proxy import _arguments_fit, _Call
+        from hindsight_loop.mcp.proxy import _Call
 
         self.gateway = gateway
         self._call_cls = _Call
-        self._arguments_fit = _arguments_fit
         self.out: asyncio.StreamWriter | None = None
         """The client's side (set while the gateway serves stdio on pipes)."""
         self.links: dict[str, UpstreamLink] = {}
@@ -144,15 +150,66 @@ class RawRelay:
             self.protocol_version = version
 
     def tasks_capability(self) -> types.ServerTasksCapability | None:
-        """The first upstream's tasks capability, if any upstream declares one."""
+        """The tasks capability of the first upstream that declares one and can be relayed."""
         for up in self.gateway.upstreams.values():
             caps = up.client.session.server_capabilities if up.client is not None else None
-            if caps is not None and caps.tasks is not None:
+            if caps is not None and caps.tasks is not None and up.name in self.links:
                 return caps.tasks
         return None
 
     def _session(self) -> SessionTask:
         return self.gateway.session("local", self.client_name, self.protocol_version, http=False)
+
+    # -- tasks over HTTP -------------------------------------------------------------------
+
+    async def relay_tasks(self, ctx: Any, call_next: Any) -> Any:
+        """Server middleware (HTTP): task-augmented calls and ``tasks/*`` relayed as over stdio.
+
+        The SDK's client session refuses a task as the answer to ``tools/call`` (its 2025
+        surface has no tasks), so these requests go to the upstream's stdio pipe as bytes, the
+        answer comes back parsed and is returned as the upstream sent it (a middleware that
+        does not call on owns its result). Anything the relay cannot serve goes on to the SDK.
+        """
+        method = ctx.method
+        params = ctx.params
+        if (
+            method not in _TASK_METHODS
+            and not (method == "tools/call" and isinstance(params, dict) and "task" in params)
+        ) or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return await call_next(ctx)
+        try:
+            waiter = asyncio.get_running_loop().create_future()
+        except RuntimeError:  # not on asyncio: nothing to relay with
+            return await call_next(ctx)
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "id": None, "method": method}
+        if params is not None:
+            msg["params"] = dict(params)
+        gateway = self.gateway
+        raw_id = (
+            self._call(msg, lambda: gateway.session_for(ctx), waiter)
+            if method == "tools/call"
+            else self._task_request(msg, waiter)
+        )
+        if raw_id is None:
+            return await call_next(ctx)
+        try:
+            answer = await waiter
+        except asyncio.CancelledError:
+            pending = self.pending.get(raw_id)
+            if pending is not None:
+                self._cancel_pending(raw_id, pending, {"requestId": raw_id})
+            raise
+        error = answer.get("error")
+        if isinstance(error, dict):
+            code = error.get("code")
+            message = error.get("message")
+            raise MCPError(
+                code if isinstance(code, int) else INTERNAL_ERROR,
+                message if isinstance(message, str) else "",
+                error.get("data"),
+            )
+        result = answer.get("result")
+        return result if isinstance(result, dict) else {}
 
     # -- client -> upstream ----------------------------------------------------------------
 
@@ -161,54 +218,59 @@ class RawRelay:
         if self.out is None:
             return False
         if b'"tools/call"' in line:
-            return self._call(line)
+            gw = self.gateway
+            if gw.advise or gw.config.call_timeout is not None:
+                return False
+            msg = _parse(line)
+            return msg is not None and self._call(msg, self._session) is not None
         if b'"tasks/' in line:
-            return self._task_request(line)
+            msg = _parse(line)
+            return msg is not None and self._task_request(msg) is not None
         if b'"notifications/cancelled"' in line and self.pending:
             return self._cancel(line)
         return False
 
-    def _call(self, line: bytes) -> bool:
+    def _call(
+        self,
+        msg: Any,
+        session: Callable[[], SessionTask],
+        waiter: asyncio.Future[dict[str, Any]] | None = None,
+    ) -> str | None:
+        """Relay one tools/call; its relay id, or ``None`` when the SDK path must serve it."""
         gw = self.gateway
-        if gw.advise or gw.config.call_timeout is not None:
-            return False
-        try:
-            msg = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            return False
         if not isinstance(msg, dict) or msg.get("method") != "tools/call" or "id" not in msg:
-            return False
+            return None
         params = msg.get("params")
         if not isinstance(params, dict):
-            return False
+            return None
         name = params.get("name")
         if not isinstance(name, str):
-            return False
+            return None
         route = gw.routes.get(name)
         if route is None:
-            return False
+            return None
         up = gw.upstreams[route.upstream]
         client = up.client
         link = self.links.get(up.name)
         if client is None or link is None or link.send is None:
-            return False
+            return None
         if "task" in params and not _serves_tasks(up):
-            return False  # the SDK path answers as a server without tasks does
+            return None  # the SDK path answers as a server without tasks does
         meta = params.get("_meta")
         if meta is not None and not isinstance(meta, dict):
-            return False
+            return None
         if meta and any(meta.get(k) is not None for k in _PROGRESS_KEYS):
-            return False
+            return None
         arguments = params.get("arguments")
         if arguments is not None and not isinstance(arguments, dict):
-            return False
+            return None
         client_modern = meta is not None and PROTOCOL_VERSION_META_KEY in meta
         upstream_modern = client.session.protocol_version in MODERN_PROTOCOL_VERSIONS
         if client_modern != upstream_modern:
-            return False  # the SDK path translates between the eras
+            return None  # the SDK path translates between the eras
         stamp = getattr(client.session, "_stamp", None)
         if upstream_modern and stamp is None:
-            return False
+            return None
 
         out = dict(params)
         kept = {k: v for k, v in (meta or {}).items() if not k.startswith(_RESERVED_META_PREFIX)}
@@ -228,10 +290,11 @@ class RawRelay:
             stamp(request, {})
         body = orjson.dumps(request) + b"\n"
         call = self._call_cls(
-            session=self._session(), tool=name, arguments=arguments, known=True, server=up.name
+            session=session(), tool=name, arguments=arguments, known=True, server=up.name
         )
         call.upstream_tool = route.tool.name
-        client_key = orjson.dumps(msg["id"])
+        # Over HTTP the client's id is the SDK's business: the relay's own id stands in.
+        client_key = orjson.dumps(msg["id"] if waiter is None else raw_id)
         self.pending[raw_id] = _Pending(
             call=call,
             route=route,
@@ -242,12 +305,11 @@ class RawRelay:
             line=body,
             stamp=stamp if upstream_modern else None,
             kind="task" if "task" in params else "call",
+            waiter=waiter,
         )
-        return self._send(raw_id, msg["id"], client_key, link, body)
+        return self._send(raw_id, client_key, link, body)
 
-    def _send(
-        self, raw_id: str, client_id: Any, client_key: bytes, link: UpstreamLink, body: bytes
-    ) -> bool:
+    def _send(self, raw_id: str, client_key: bytes, link: UpstreamLink, body: bytes) -> str | None:
         self.by_client[client_key] = raw_id
         try:
             assert link.send is not None
@@ -255,23 +317,21 @@ class RawRelay:
         except (AssertionError, ConnectionError, OSError, RuntimeError):
             self.pending.pop(raw_id, None)
             self.by_client.pop(client_key, None)
-            return False  # the SDK path reports the broken upstream as it always has
-        return True
+            return None  # the SDK path reports the broken upstream as it always has
+        return raw_id
 
-    def _task_request(self, line: bytes) -> bool:
+    def _task_request(
+        self, msg: Any, waiter: asyncio.Future[dict[str, Any]] | None = None
+    ) -> str | None:
         """tasks/get, tasks/result, tasks/list, tasks/cancel: to the upstream that runs the task."""
-        try:
-            msg = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            return False
         if not isinstance(msg, dict) or "id" not in msg:
-            return False
+            return None
         method = msg.get("method")
-        if method not in ("tasks/get", "tasks/result", "tasks/list", "tasks/cancel"):
-            return False
+        if method not in _TASK_METHODS:
+            return None
         params = msg.get("params")
         if params is not None and not isinstance(params, dict):
-            return False
+            return None
         task_id = (params or {}).get("taskId")
         origin = self.tasks.get(task_id) if isinstance(task_id, str) else None
         if origin is not None:
@@ -283,14 +343,14 @@ class RawRelay:
                 if u.name in self.links and _serves_tasks(u)
             ]
             if not serving:
-                return False
+                return None
             up, link = serving[0]
         if up.client is None or link.send is None:
-            return False
+            return None
         self._next += 1
         raw_id = f"{_ID_PREFIX}{self._next}"
         body = orjson.dumps({**msg, "id": raw_id}) + b"\n"
-        client_key = orjson.dumps(msg["id"])
+        client_key = orjson.dumps(msg["id"] if waiter is None else raw_id)
         kind = {"tasks/result": "result", "tasks/cancel": "cancel"}.get(method, "plain")
         self.pending[raw_id] = _Pending(
             call=origin.call if origin is not None and kind != "plain" else None,
@@ -302,21 +362,24 @@ class RawRelay:
             line=body,
             kind=kind,
             task_id=task_id if isinstance(task_id, str) else None,
+            waiter=waiter,
         )
-        return self._send(raw_id, msg["id"], client_key, link, body)
+        return self._send(raw_id, client_key, link, body)
 
     def _cancel(self, line: bytes) -> bool:
-        try:
-            msg = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            return False
+        msg = _parse(line)
         params = msg.get("params") if isinstance(msg, dict) else None
-        if msg.get("method") != "notifications/cancelled" or not isinstance(params, dict):
+        if not isinstance(params, dict) or msg.get("method") != "notifications/cancelled":
             return False
         raw_id = self.by_client.get(orjson.dumps(params.get("requestId")))
         pending = self.pending.get(raw_id) if raw_id is not None else None
         if raw_id is None or pending is None:
             return False
+        self._cancel_pending(raw_id, pending, params)
+        return True
+
+    def _cancel_pending(self, raw_id: str, pending: _Pending, params: dict[str, Any]) -> None:
+        """The client cancelled a relayed request: tell the upstream, record a cancelled call."""
         self._forget(raw_id, pending)
         self._drop_later(raw_id)
         notice: dict[str, Any] = {
@@ -336,7 +399,6 @@ class RawRelay:
             self.gateway._record(
                 call, error_type="cancelled", message="cancelled before it answered"
             )
-        return True
 
     # -- upstream -> client ----------------------------------------------------------------
 
@@ -405,30 +467,32 @@ class RawRelay:
         return True
 
     def _record_result(self, pending: _Pending, result: dict[str, Any]) -> None:
-        gw, call = self.gateway, pending.call
+        call = pending.call
         assert call is not None
+        gw = self.gateway
         if result.get("resultType") == "input_required":
             requests = result.get("inputRequests")
-            names = ", ".join(requests) if isinstance(requests, dict) else ""
-            gw._record(call, output=f"[input required: {names}]")
+            gw.record_result(
+                call, pending.route, input_requests=requests if isinstance(requests, dict) else ()
+            )
             return
-        if result.get("isError") is not True:
-            output = _summary(result, gw.max_output)
-            if output is None:
-                output = summarize_content(_model(result), gw.max_output)
-            gw._record(call, output=output)
-            return
-        model = _model(result)
-        output = summarize_content(model, gw.max_output)
-        etype = classify_result_error(
-            model,
-            known_tool=True,
-            arguments_fit=self._arguments_fit(pending.route, call.arguments),
+        is_error = result.get("isError") is True
+        gw.record_result(
+            call,
+            pending.route,
+            is_error=is_error,
+            model=lambda: _model(result),
+            # Text results are summarized from the parsed JSON, as the model would be.
+            summary=None if is_error else _summary(result, gw.max_output),
         )
-        gw._record(call, output=output, is_error=True, error_type=etype, message=output)
 
     def _answer(self, pending: _Pending, line: bytes, raw_id: str, msg: dict[str, Any]) -> None:
         """Write the upstream's answer to the client under the client's own id."""
+        waiter = pending.waiter
+        if waiter is not None:
+            if not waiter.done():
+                waiter.set_result(msg)
+            return
         token = orjson.dumps(raw_id)
         if line.count(token) == 1:
             body = line.replace(token, pending.client_key)
@@ -485,7 +549,11 @@ class RawRelay:
         message = "Connection closed"
         error = {"jsonrpc": "2.0", "id": pending.client_id}
         error["error"] = {"code": CONNECTION_CLOSED, "message": message}
-        self._write(orjson.dumps(error) + b"\n")
+        if pending.waiter is not None:
+            if not pending.waiter.done():
+                pending.waiter.set_result(error)
+        else:
+            self._write(orjson.dumps(error) + b"\n")
         call = pending.call
         if call is None or pending.kind == "plain":
             return
@@ -504,6 +572,8 @@ class RawRelay:
         """The client is gone: calls still in flight are recorded as the SDK path records them."""
         self.out = None
         for raw_id, pending in list(self.pending.items()):
+            if pending.waiter is not None:
+                continue  # an HTTP client's: not this client's to end
             self._forget(raw_id, pending)
             call = pending.call
             if call is None or pending.kind not in ("call", "task"):
@@ -512,6 +582,13 @@ class RawRelay:
             self.gateway._record(
                 call, error_type="cancelled", message="cancelled before it answered"
             )
+
+
+def _parse(line: bytes) -> Any:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
 
 
 def _serves_tasks(up: Upstream) -> bool:

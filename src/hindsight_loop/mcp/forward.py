@@ -77,7 +77,7 @@ class GatewayServer(Server[Any]):
 
     notification_options: NotificationOptions | None = None
     tasks_capability: types.ServerTasksCapability | None = None
-    """Declared to 2025-era clients when set: the upstream's, served by the raw relay (stdio)."""
+    """Declared to 2025-era clients when set: the upstream's, served by the raw relay."""
 
     def get_capabilities(
         self,

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -68,6 +68,7 @@ from hindsight_loop.mcp.events import (
 )
 from hindsight_loop.mcp.fastpath import RawRelay, UpstreamLink
 from hindsight_loop.mcp.forward import Forwarder, GatewayServer
+from hindsight_loop.mcp.presence import SESSIONLESS_LINGER_S, Presence
 from hindsight_loop.models import MAX_LESSONS, new_id
 
 if TYPE_CHECKING:
@@ -79,9 +80,12 @@ logger = logging.getLogger("hindsight_loop.mcp.proxy")
 _R = TypeVar("_R")
 
 GATEWAY_NAME = "hindsight-gateway"
-#: Sessions without a transport session id (2026-era HTTP clients are sessionless) end after
-#: this long without a call; so do abandoned 2025-era HTTP sessions.
+#: HTTP sessions end when their client's connections are gone (``presence.py``), at the latest
+#: after this long without a call (where the HTTP server does not report connections).
 DEFAULT_SESSION_IDLE = 600.0
+#: Sessions ended because their client went away, kept so a client that comes back with the
+#: same session id continues its task (at most this many).
+_ENDED_KEPT = 1024
 _RECALL_BUDGET_S = 2.0
 _RESERVED_META_PREFIX = "io.modelcontextprotocol/"
 _PROGRESS_KEYS = ("progress_token", "progressToken")
@@ -162,10 +166,12 @@ class Gateway:
         advise: Overrides the config's ``advise``.
         max_output: Bound of the result summary kept in each event.
         session_idle: Seconds without a call after which an HTTP session's task ends.
-        one_client: The gateway serves one client (stdio): its upstreams are told only the
-            client capabilities (sampling, elicitation, roots) that client declares, so they
-            offer it what they would offer it directly. Until it connects, none are declared.
-            Otherwise all three are declared and relayed to whichever client asks.
+        one_client: The gateway serves one client (``serve_stdio``): its upstreams are
+            connected when the client's first message arrives, told only the client
+            capabilities (sampling, elicitation, roots) that client declares, so they offer it
+            what they would offer it directly, and asked its protocol era. Otherwise they are
+            connected on entering, all three capabilities are declared and relayed to
+            whichever client asks.
     """
 
     def __init__(
@@ -190,12 +196,20 @@ class Gateway:
         }
         self.routes: dict[str, Route] = {}
         self.sessions: dict[str, SessionTask] = {}
+        self.ended: dict[str, SessionTask] = {}
+        """2025-era HTTP sessions whose client went away (see ``_client_gone``)."""
+        self.presence = Presence(self._client_gone)
+        """Which HTTP connections each session uses (reported by the CLI's HTTP server)."""
         self.declared: types.ClientCapabilities | None = (
             types.ClientCapabilities() if one_client else None
         )
         """The client capabilities declared to the upstreams (``None``: all of them)."""
         self._closing: anyio.Event | None = None
         self._stack: AsyncExitStack | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._connected = False
+        self.upstream_mode = "auto"
+        """The protocol era asked of the upstreams (see ``connect_upstreams``)."""
         self.forward = Forwarder(self)
         self.raw = RawRelay(self)
         self.server: Server[Any] = GatewayServer(
@@ -207,29 +221,47 @@ class Gateway:
         )
         self.server.middleware.append(_keep_is_error_absent)
         self.server.middleware.append(self.forward.note_requests)
+        self.server.middleware.append(self._note_connection)
+        self.server.middleware.append(self.raw.relay_tasks)
 
     # -- lifecycle -----------------------------------------------------------------------
 
     async def __aenter__(self) -> Gateway:
         closing = self._closing = anyio.Event()
         async with AsyncExitStack() as stack:
-            tg = await stack.enter_async_context(anyio.create_task_group())
+            tg = self._tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(closing.set)  # runs before the task group waits for the holders
-            for up in self.upstreams.values():
-                up.ready = anyio.Event()
-                tg.start_soon(self._hold, up, closing, up.ready)
-            for up in self.upstreams.values():
-                assert up.ready is not None
-                await up.ready.wait()
-            self._rebuild_routes()
-            self.forward.register(self.server)
-            self.server.instructions = _join_instructions(self.upstreams.values())
+            if self.declared is None:  # one_client waits for its client (``serve_stdio``)
+                await self.connect_upstreams()
             tg.start_soon(self._sweep_idle, closing)
             self._stack = stack.pop_all()
+        return self
+
+    async def connect_upstreams(self, mode: str = "auto") -> None:
+        """Connect every upstream (once; later calls return at once).
+
+        ``mode`` is the protocol era asked of them: ``auto`` (2026-07-28, falling back to the
+        2025 handshake) or ``legacy`` (the 2025 handshake; a server that refuses it is asked
+        ``auto`` next). A one-client gateway asks its client's era, so the two sides speak the
+        same one and tool calls take the raw relay (``mcp.fastpath``) rather than the SDK's
+        translation between the eras.
+        """
+        if self._connected or self._tg is None or self._closing is None:
+            return
+        self._connected = True
+        self.upstream_mode = mode
+        for up in self.upstreams.values():
+            up.ready = anyio.Event()
+            self._tg.start_soon(self._hold, up, self._closing, up.ready)
+        for up in self.upstreams.values():
+            assert up.ready is not None
+            await up.ready.wait()
+        self._rebuild_routes()
+        self.forward.register(self.server)
+        self.server.instructions = _join_instructions(self.upstreams.values())
         for up in self.upstreams.values():
             if up.error:
                 logger.warning("upstream %r is unavailable: %s", up.name, up.error)
-        return self
 
     async def __aexit__(
         self,
@@ -237,6 +269,7 @@ class Gateway:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.presence.close()
         self.end_sessions("gateway stopped")
         if self._stack is not None:
             stack, self._stack = self._stack, None
@@ -251,15 +284,18 @@ class Gateway:
         one (``Upstream.wake``, see ``_revive``), so a server that keeps crashing is not
         restarted in a loop.
         """
+        mode = self.upstream_mode
         while True:
             up.lost = anyio.Event()
+            opened = retry = False
             try:
                 async with AsyncExitStack() as stack:
                     callbacks = self.forward.client_callbacks(up.name)
                     link = self.raw.link(up.name)
                     client = await stack.enter_async_context(
-                        await _open_client(up.config, stack, callbacks, link)
+                        await _open_client(up.config, stack, callbacks, link, mode)
                     )
+                    opened = True
                     up.tools = await _list_all_tools(client)
                     up.instructions = client.instructions
                     up.client, up.error = client, None
@@ -274,8 +310,14 @@ class Gateway:
             except Exception as exc:  # a server that fails to start must not take the others down
                 up.client = None
                 up.error = _describe(exc)
+                # Refused the client's era: ask as a client would by default.
+                retry = not opened and mode != "auto" and not closing.is_set()
+                mode = "auto" if retry else mode
             finally:
-                ready.set()
+                if not retry:
+                    ready.set()
+            if retry:
+                continue
             if closing.is_set():
                 return
             if up.wake is None:
@@ -359,6 +401,8 @@ class Gateway:
         from hindsight_loop.mcp.stdio import stdio_streams
 
         async with stdio_streams(self.raw, self) as (read_stream, write_stream):
+            if self.raw.out is None:  # the SDK's transport serves: nothing was read yet
+                await self.connect_upstreams()
             if self.raw.out is not None and isinstance(self.server, GatewayServer):
                 # Task-augmented calls are relayed by the raw relay alone (pipes, same era).
                 self.server.tasks_capability = self.raw.tasks_capability()
@@ -366,30 +410,49 @@ class Gateway:
                 read_stream, write_stream, self.server.create_initialization_options()
             )
 
-    def http_app(self, *, host: str = "127.0.0.1") -> ASGIApp:
+    def http_app(self, *, host: str = "127.0.0.1", keep_alive: int | None = None) -> ASGIApp:
         """A Starlette app serving streamable HTTP at ``/mcp`` (both protocol eras).
 
         Binds the SDK's DNS-rebinding protection to ``host``; a 2025-era client's ``DELETE``
-        of its session ends that session's task.
+        of its session ends that session's task, and so does a client whose connections are
+        gone, where the HTTP server reports them to ``presence`` (``presence.protocol_class``).
+        ``keep_alive``: the seconds the server keeps an idle connection, told to clients in a
+        ``Keep-Alive`` header so they keep theirs as long (see ``presence.py``).
         """
+        if isinstance(self.server, GatewayServer):
+            # Task-augmented calls are relayed as bytes to stdio upstreams (see mcp.fastpath).
+            self.server.tasks_capability = self.raw.tasks_capability()
         app = self.server.streamable_http_app(host=host)
-        return _SessionEndWatcher(app, self)
+        return _SessionEndWatcher(app, self, keep_alive)
 
     # -- sessions --------------------------------------------------------------------------
 
     def session_for(self, ctx: ServerRequestContext[Any, Any]) -> SessionTask:
         """The task of the client session this request belongs to (started on first use)."""
-        request = ctx.request
-        headers = getattr(request, "headers", None)
         client_name = _client_name(ctx)
-        if headers is not None:
-            sid = headers.get("mcp-session-id")
-            peer = getattr(getattr(request, "client", None), "host", None) or "?"
-            key = f"http:{sid}" if sid else f"http-client:{client_name}@{peer}"
-        else:
-            # stdio (and in-process): one gateway process serves exactly one client.
-            key = "local"
-        return self.session(key, client_name, ctx.protocol_version, http=headers is not None)
+        key = _session_key(ctx, client_name)
+        return self.session(key, client_name, ctx.protocol_version, http=key != "local")
+
+    async def _note_connection(self, ctx: ServerRequestContext[Any, Any], call_next: Any) -> Any:
+        """Server middleware: the HTTP connection of each request belongs to its session."""
+        request = ctx.request
+        if ctx.method != "initialize" and getattr(request, "headers", None) is not None:
+            assert request is not None
+            key = _session_key(ctx, _client_name(ctx))
+            if not key.startswith("http:"):  # a named session's connections are bound below
+                self.presence.bind(key, request.scope.get("client"), SESSIONLESS_LINGER_S)
+        return await call_next(ctx)
+
+    def _client_gone(self, key: str) -> None:
+        """No connection of an HTTP session's client is open any more: its task ends."""
+        session = self.sessions.get(key)
+        if session is None:
+            return
+        self.end_session(key, "client disconnected")
+        if key.startswith("http:"):
+            self.ended[key] = session
+            while len(self.ended) > _ENDED_KEPT:
+                del self.ended[next(iter(self.ended))]
 
     def session(
         self, key: str, client_name: str, protocol_version: str, *, http: bool
@@ -397,6 +460,10 @@ class Gateway:
         """The task of the client session ``key`` (started on first use)."""
         session = self.sessions.get(key)
         now = time.monotonic()
+        if session is None and (session := self.ended.pop(key, None)) is not None:
+            # The client came back with its session id after its connections were gone: the
+            # same run goes on in the same task (whose next end is recorded again).
+            self.sessions[key] = session
         if session is None:
             session = SessionTask(
                 key=key,
@@ -568,26 +635,64 @@ class Gateway:
         call.done()
         up.restarts = 0
         if isinstance(result, types.InputRequiredResult):
-            # A 2026-era multi-round-trip call: the client answers and calls again with the
-            # request_state, which is forwarded like any call. This round is recorded as such.
-            self._record(call, output=f"[input required: {', '.join(result.input_requests or {})}]")
+            self.record_result(call, route, input_requests=result.input_requests or {})
             return result
         result = _for_client_era(result, ctx.protocol_version)
-        output = summarize_content(result, self.max_output)
+        typed = result
+        output = self.record_result(call, route, is_error=result.is_error, model=lambda: typed)
         if not result.is_error:
-            self._record(call, output=output)
             return _mark_is_error_absent(result)
-
-        etype = classify_result_error(
-            result, known_tool=call.known, arguments_fit=_arguments_fit(route, call.arguments)
-        )
-        self._record(call, output=output, is_error=True, error_type=etype, message=output)
         if self.advise:
             lessons = await self._recall(session, name, output)
             if lessons:
                 block = types.TextContent(type="text", text=advice_text(lessons))
                 result = result.model_copy(update={"content": [*result.content, block]})
         return result
+
+    def record_result(
+        self,
+        call: _Call,
+        route: Route | None,
+        *,
+        is_error: bool = False,
+        model: Callable[[], types.CallToolResult] | None = None,
+        summary: str | None = None,
+        input_requests: Iterable[str] | None = None,
+    ) -> str:
+        """Record a call the upstream answered with a result; returns the output summary.
+
+        The one place a tool result becomes an event, for the SDK path (a typed result) and
+        the raw relay (a parsed dict, see ``mcp.fastpath``): ``model`` builds the typed result
+        only when it is needed (a failure to classify, or no ``summary`` given), so the relay's
+        successes never build one.
+
+        Args:
+            call: The call.
+            route: Where the tool name led (its input schema tells invalid arguments apart).
+            is_error: The result's ``isError``.
+            model: The result as the SDK's model (called at most once).
+            summary: The output summary when the caller already has it.
+            input_requests: A 2026-era ``input_required`` result's request names: the client
+                answers and calls again with the request state (forwarded like any call);
+                this round is recorded as such.
+        """
+        if input_requests is not None:
+            output = f"[input required: {', '.join(input_requests)}]"
+            self._record(call, output=output)
+            return output
+        result = model() if model is not None and (is_error or summary is None) else None
+        if summary is None:
+            summary = summarize_content(result, self.max_output) if result is not None else ""
+        if not is_error:
+            self._record(call, output=summary)
+            return summary
+        etype = classify_result_error(
+            result or types.CallToolResult(content=[], is_error=True),
+            known_tool=call.known,
+            arguments_fit=_arguments_fit(route, call.arguments),
+        )
+        self._record(call, output=summary, is_error=True, error_type=etype, message=summary)
+        return summary
 
     def _record(
         self,
@@ -718,18 +823,39 @@ async def _keep_is_error_absent(ctx: ServerRequestContext[Any, Any], call_next: 
 
 
 class _SessionEndWatcher:
-    """ASGI wrapper: a 2025-era client's ``DELETE /mcp`` ends its session's task."""
+    """ASGI wrapper: a 2025-era client's ``DELETE /mcp`` ends its session's task.
 
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+    Every request naming a session (its GET stream too, which no handler sees) ties its
+    connection to that session (``Gateway.presence``); with ``keep_alive`` each response tells
+    the client how long the server keeps an idle connection.
+    """
+
+    def __init__(self, app: ASGIApp, gateway: Gateway, keep_alive: int | None = None) -> None:
         self.app = app
         self.gateway = gateway
+        self.hint = (b"keep-alive", f"timeout={keep_alive}".encode()) if keep_alive else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sid = None
+        for name, value in scope.get("headers", []):
+            if name == b"mcp-session-id":
+                sid = value.decode("latin-1")
+                self.gateway.presence.bind(f"http:{sid}", scope.get("client"))
+        hint = self.hint
+        if hint is not None:
+            inner = send
+
+            async def send(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    message = {**message, "headers": [*message.get("headers", ()), hint]}
+                await inner(message)
+
         await self.app(scope, receive, send)
-        if scope["type"] == "http" and scope.get("method") == "DELETE":
-            for name, value in scope.get("headers", []):
-                if name == b"mcp-session-id":
-                    self.gateway.end_session(f"http:{value.decode('latin-1')}", "session closed")
+        if sid is not None and scope.get("method") == "DELETE":
+            self.gateway.end_session(f"http:{sid}", "session closed")
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -740,13 +866,15 @@ async def _open_client(
     stack: AsyncExitStack,
     callbacks: dict[str, Any],
     link: UpstreamLink | None = None,
+    mode: str = "auto",
 ) -> Client:
     """A client for one upstream; ``callbacks`` relay its server-to-client traffic to clients.
 
     ``link`` carries the hot tool calls past the SDK (see ``mcp.fastpath``) on the gateway's
-    own stdio transport.
+    own stdio transport; ``mode`` is the protocol era asked (``Client``'s ``mode``).
     """
     info = types.Implementation(name=GATEWAY_NAME, version=_version())
+    callbacks = {**callbacks, "mode": mode}
     if config.transport == "stdio":
         assert config.command is not None
         params = StdioServerParameters(
@@ -886,6 +1014,25 @@ def _client_name(ctx: ServerRequestContext[Any, Any]) -> str:
     if isinstance(info, dict) and isinstance(info.get("name"), str) and info["name"]:
         return info["name"]
     return "mcp-client"
+
+
+def _session_key(ctx: ServerRequestContext[Any, Any], client_name: str) -> str:
+    """Which client session a request belongs to.
+
+    Over HTTP a 2025-era client names its session; a 2026-era client has none, so its runs are
+    told apart by client name and host, one run at a time: a run ends when its connections are
+    gone (``presence.py``), and the next call starts the next run's task.
+    """
+    request = ctx.request
+    headers = getattr(request, "headers", None)
+    if headers is None:
+        # stdio (and in-process): one gateway process serves exactly one client.
+        return "local"
+    sid = headers.get("mcp-session-id")
+    if sid:
+        return f"http:{sid}"
+    peer = getattr(getattr(request, "client", None), "host", None) or "?"
+    return f"http-client:{client_name}@{peer}"
 
 
 def _task_type_from(client_name: str) -> str:

@@ -34,32 +34,43 @@ class _Lines:
     """The read side, as the SDK iterates it: one text line per message.
 
     Lines the relay takes (the hot tool calls, see ``mcp.fastpath``) never reach the SDK.
+    ``first`` is the line already read by ``_pipes`` (served first).
     """
 
     def __init__(
-        self, reader: asyncio.StreamReader, relay: RawRelay | None, gateway: Gateway | None
+        self, reader: asyncio.StreamReader, relay: RawRelay | None, first: bytes | None
     ) -> None:
         self.reader = reader
         self.relay = relay
-        self.gateway = gateway
-        """Told the client's capabilities from its first message, before the SDK reads it."""
+        self.first = first
 
     def __aiter__(self) -> _Lines:
         return self
 
     async def __anext__(self) -> str:
         while True:
-            line = await self.reader.readline()
+            line, self.first = (self.first, None) if self.first is not None else (None, None)
+            if line is None:
+                line = await self.reader.readline()
             if not line:
                 raise StopAsyncIteration
-            if self.gateway is not None:
-                gateway, self.gateway = self.gateway, None
-                first = _message(line)
-                if self.relay is not None:
-                    self.relay.hello(first)
-                await gateway.adopt_client_capabilities(_capabilities(first))
             if self.relay is None or not self.relay.take_client(line):
                 return line.decode("utf-8", "replace")
+
+
+async def _meet(gateway: Gateway, relay: RawRelay | None, line: bytes) -> None:
+    """Set the gateway up for its one client from the client's first message.
+
+    The upstreams are told the client capabilities it declares and asked its protocol era
+    (``Gateway.connect_upstreams``), before the SDK reads the message: they are started once,
+    already as this client needs them.
+    """
+    first = _message(line)
+    if relay is not None:
+        relay.hello(first)
+    await gateway.adopt_client_capabilities(_capabilities(first))
+    legacy = isinstance(first, dict) and first.get("method") == "initialize"
+    await gateway.connect_upstreams("legacy" if legacy else "auto")
 
 
 class _Out:
@@ -102,7 +113,7 @@ async def stdio_streams(
     """``(read_stream, write_stream)`` for ``Server.run`` over this process's stdin/stdout.
 
     ``relay`` serves the hot tool calls past the SDK while pipes are in use; ``gateway`` is
-    told the capabilities the client declares in its first message.
+    set up for the client from its first message (``_meet``) before this yields.
     """
     from mcp.server.stdio import stdio_server
 
@@ -157,7 +168,12 @@ async def _pipes(
     if relay is not None:
         relay.out = writer
     try:
-        yield _Lines(reader, relay, gateway), _Out(writer)
+        first = None
+        if gateway is not None:
+            first = await reader.readline()
+            if first:
+                await _meet(gateway, relay, first)
+        yield _Lines(reader, relay, first), _Out(writer)
     finally:
         if relay is not None:
             relay.close()
