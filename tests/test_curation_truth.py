@@ -13,11 +13,15 @@ from hindsight_loop.embed import HashEmbedder
 from hindsight_loop.lessons import (
     MAX_MERGE_ENTRIES,
     MAX_SOURCE_SAMPLE,
+    agreement_shown,
     confirm,
     curate,
     edit,
+    order_opposition,
     parse_import_line,
     source_count,
+    stance,
+    stance_relation,
     variants,
 )
 from hindsight_loop.models import Features, LessonDraft
@@ -34,6 +38,8 @@ def _pairs(name: str) -> list[dict]:
 PAIRS = _pairs("pairs.jsonl")
 #: Pairs the rules were not shaped on: opposites there must never merge either.
 UNSEEN = _pairs("heldout.jsonl") + _pairs("blind.jsonl")
+#: Written by someone who never saw the code (``bench/curation/run.py``, split ``blind2``).
+BLIND2 = _pairs("blind2.jsonl")
 
 
 def _draft(pair: dict, text: str, task: str = "tsk_1") -> LessonDraft:
@@ -65,6 +71,15 @@ def test_unseen_opposites_never_merge(pair):
     assert change.action != "merge"
 
 
+@pytest.mark.parametrize(
+    "pair", [p for p in BLIND2 if p["kind"] == "opposite"], ids=lambda p: p["id"]
+)
+def test_blind_opposites_never_merge(pair):
+    first = curate(_draft(pair, pair["a"]), [], embedder=EMBEDDER, now=NOW).lesson
+    change = curate(_draft(pair, pair["b"], "tsk_2"), [first], embedder=EMBEDDER, now=NOW)
+    assert change.action != "merge"
+
+
 def test_opposites_never_merge_with_a_model_embedder():
     """A model's cosine weighs more in its similarity (``MODEL_COSINE_WEIGHT``), and a model
     scores opposites high: every labelled opposite is still a conflict, never a merge."""
@@ -73,7 +88,7 @@ def test_opposites_never_merge_with_a_model_embedder():
 
     e5 = E5Embedder()
     actions = {}
-    for pair in [p for p in PAIRS + UNSEEN if p["kind"] == "opposite"]:
+    for pair in [p for p in PAIRS + UNSEEN + BLIND2 if p["kind"] == "opposite"]:
         first = curate(_draft(pair, pair["a"]), [], embedder=e5, now=NOW).lesson
         second = _draft(pair, pair["b"], "tsk_2")
         actions[pair["id"]] = curate(second, [first], embedder=e5, now=NOW).action
@@ -141,3 +156,64 @@ def test_a_lesson_learned_2000_times_keeps_a_small_row():
     assert summary["changes"]["merges"] == 1999 - MAX_MERGE_ENTRIES
     assert len(json.dumps(lesson.to_dict())) < 10_000
     assert set(variants(lesson)) == set(texts)
+
+
+# -- reading stance beyond do / don't (general cues, checked on sentences of no benchmark) -------
+
+
+def test_two_acts_in_opposite_order_are_opposed():
+    first_ask = "先让用户确认收货地址，然后再下单。"
+    first_order = "可以先下单，收货地址之后再让用户确认。"
+    assert order_opposition(first_ask, first_order) > 0
+    assert (
+        order_opposition("Run the linter before you commit.", "Commit first, then run the linter.")
+        > 0
+    )
+    # The same order told from either end is no opposition.
+    assert order_opposition("先备份数据库，再执行迁移。", "执行迁移之前先备份数据库。") == 0
+    assert (
+        order_opposition("Back up the database before migrating.", "Back up first, then migrate.")
+        == 0
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["别用缓存里的旧价格。", "报价时别拿缓存的价格。"],
+)
+def test_bie_is_dont_before_any_act(text):
+    assert stance(text).get("缓存", 0) < 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["区别在于缓存价格", "把缓存价格告诉别人", "用别的缓存", "特别注意缓存价格", "识别缓存价格"],
+)
+def test_bie_inside_a_word_is_no_prohibition(text):
+    assert stance(text).get("缓存", 0) >= 0
+
+
+def test_a_dismissal_or_a_consequence_avoids_what_it_speaks_of():
+    assert (
+        stance("用 VACUUM FULL 清理，vacuum full 太麻烦而且会锁表，不值得。").get("vacuum", 0) < 0
+    )
+    assert stance("Bulk inserts are overkill here.").get("bulk", 0) < 0
+    assert stance("Parallel uploads get the account throttled.").get("parallel", 0) < 0
+    # A consequence of not following the advice says nothing against what it names.
+    assert stance("Set a timeout, otherwise the request causes a hang.").get("request", 0) >= 0
+
+
+def test_a_default_is_the_opposite_of_asking():
+    opposed, _ = stance_relation("没写币种时先问用户。", "没写币种就默认按人民币算。")
+    assert opposed >= 1
+    opposed, _ = stance_relation(
+        "Ask which currency when none is given.", "Default to USD when no currency is given."
+    )
+    assert opposed >= 1
+    # Not guessing is asking.
+    assert stance("Never guess the currency.")["xask"] > 0
+
+
+def test_near_text_with_other_stance_words_and_no_shared_stance_does_not_merge():
+    assert agreement_shown("Confirm the currency with the user.", "Ask the user which currency.")
+    assert not agreement_shown("Refund the order.", "Refunding is too slow.")

@@ -19,12 +19,13 @@ Also ``--book``: the 42 lessons of ``bench/retrieval`` curated one after another
 right answer is almost always "add" (they are distinct lessons), and the review cost of a lesson
 merged into 1 vs 2,000 times (``--review``).
 
-Four splits, each reported on its own (``--split`` picks): ``tuning`` (``pairs.jsonl``, what the
+Five splits, each reported on its own (``--split`` picks): ``tuning`` (``pairs.jsonl``, what the
 rules and thresholds were shaped on), ``heldout`` (``heldout.jsonl``, 32 pairs on other subjects
 written before the 2026-12 changes), ``blind`` (``blind.jsonl``, 24 pairs written before the
-concept lexicon and first run for the final measurement) and ``blind2`` (``blind2.jsonl``,
+concept lexicon and first run for the final measurement), ``blind2`` (``blind2.jsonl``,
 written by another engineer without seeing the code, first run once the fourth session's code was
-final). A gain that shows on ``tuning`` only is not a gain.
+final) and ``blind3`` (``blind3.jsonl``, the same, first run once the stance changes of
+2026-12-01 were final). A gain that shows on ``tuning`` only is not a gain.
 
 Run: ``python bench/curation/run.py`` (``--embedder hash|concept|e5|st:MODEL|openai:MODEL``,
 repeatable; ``--judge`` adds a run with the model of ``HINDSIGHT_LLM_*`` judging the pairs the
@@ -84,11 +85,15 @@ def make_embedder(spec: str) -> Embedder:
 #: lexicon, and run only for the final measurement.
 #: ``blind2`` (``blind2.jsonl``): written by another engineer without seeing the code, before the
 #: 2026-12-01 (fourth session) changes to the merge decision, and run only once that code was final.
+#: ``blind3`` (``blind3.jsonl``): written by another engineer without seeing the code, before the
+#: 2026-12-01 stance changes (``order_opposition``, dismissals, consequences, ``agreement_shown``),
+#: and first run once that code was final and committed.
 SPLITS = {
     "tuning": "pairs.jsonl",
     "heldout": "heldout.jsonl",
     "blind": "blind.jsonl",
     "blind2": "blind2.jsonl",
+    "blind3": "blind3.jsonl",
 }
 
 

@@ -146,12 +146,13 @@ _CONCEPT_GROUPS: tuple[tuple[str, str, str], ...] = (
     ("price", "price|cost|fare|how much|pricing|expensive|cheap|cheapest",
      "价格|多少钱|费用|总价|价钱|票价|房价|便宜"),
     ("amount", "amount|sum|total|subtotal", "金额|总额|合计|总计|总数"),
+    ("idempotency", "idempotency key|idempotency_key|idempotent|idempotency", "幂等键|幂等"),
     ("customer", "customer|client|buyer|account holder", "客户|顾客|买家"),
     # messages and people
     ("recipient", "recipient|addressee|contact", "收件人|联系人|通讯录"),
     ("attachment", "attachment|attach|attached", "附件"),
     ("draft", "draft", "草稿|底稿"),
-    ("notify", "notify|inform|let know|remind", "通知|告知|提醒|知会"),
+    ("notify", "notify|inform|let know|remind|tell", "通知|告知|告诉|提醒|知会"),
     ("message", "message|chat|post|channel|slack", "消息|聊天|频道|群里|群聊"),
     # time and scheduling
     ("meeting", "meeting|appointment|event|sync|1:1|standup|call with|conference",
@@ -217,7 +218,7 @@ _CONCEPT_GROUPS: tuple[tuple[str, str, str], ...] = (
     ("issue", "issue|bug|ticket", "工单|缺陷|bug"),
     ("install", "install|apt|pip|package manager|brew", "安装|装一下|装个"),
     ("shell", "shell|command|terminal|bash", "命令|终端|命令行"),
-    ("upload", "upload|put into|bucket|s3", "上传|存储桶|对象存储"),
+    ("upload", "upload|put into|bucket|s3", "上传|补传|重传|存储桶|对象存储"),
     ("download", "download|download link|share link", "下载|下载链接"),
     ("image", "image|photo|picture|avatar|thumbnail|pixels", "图片|照片|头像|缩略图|像素"),
     ("resize", "resize|scale|shrink|enlarge|wide|width|height|aspect ratio|stretched",
