@@ -19,6 +19,8 @@ from hindsight_loop.lessons import (
     edit,
     order_opposition,
     parse_import_line,
+    poles,
+    poles_flipped,
     source_count,
     stance,
     stance_relation,
@@ -40,6 +42,8 @@ PAIRS = _pairs("pairs.jsonl")
 UNSEEN = _pairs("heldout.jsonl") + _pairs("blind.jsonl")
 #: Written by someone who never saw the code (``bench/curation/run.py``, split ``blind2``).
 BLIND2 = _pairs("blind2.jsonl")
+#: The same, first run once the 2026-12-01 stance code was final (split ``blind3``).
+BLIND3 = _pairs("blind3.jsonl")
 
 
 def _draft(pair: dict, text: str, task: str = "tsk_1") -> LessonDraft:
@@ -72,7 +76,7 @@ def test_unseen_opposites_never_merge(pair):
 
 
 @pytest.mark.parametrize(
-    "pair", [p for p in BLIND2 if p["kind"] == "opposite"], ids=lambda p: p["id"]
+    "pair", [p for p in BLIND2 + BLIND3 if p["kind"] == "opposite"], ids=lambda p: p["id"]
 )
 def test_blind_opposites_never_merge(pair):
     first = curate(_draft(pair, pair["a"]), [], embedder=EMBEDDER, now=NOW).lesson
@@ -88,7 +92,7 @@ def test_opposites_never_merge_with_a_model_embedder():
 
     e5 = E5Embedder()
     actions = {}
-    for pair in [p for p in PAIRS + UNSEEN + BLIND2 if p["kind"] == "opposite"]:
+    for pair in [p for p in PAIRS + UNSEEN + BLIND2 + BLIND3 if p["kind"] == "opposite"]:
         first = curate(_draft(pair, pair["a"]), [], embedder=e5, now=NOW).lesson
         second = _draft(pair, pair["b"], "tsk_2")
         actions[pair["id"]] = curate(second, [first], embedder=e5, now=NOW).action
@@ -217,3 +221,133 @@ def test_a_default_is_the_opposite_of_asking():
 def test_near_text_with_other_stance_words_and_no_shared_stance_does_not_merge():
     assert agreement_shown("Confirm the currency with the user.", "Ask the user which currency.")
     assert not agreement_shown("Refund the order.", "Refunding is too slow.")
+
+
+# -- only / also, one by one, n't, order in one clause, small edits (sentences of no benchmark) --
+
+
+@pytest.mark.parametrize(
+    ("only", "also"),
+    [
+        ("报销时只交发票就够了。", "报销时除了发票，行程单也要交。"),
+        ("盘点时仅统计主仓库。", "盘点时主仓库要统计，分仓库还要统计。"),
+        ("光看错误日志就能定位问题。", "看错误日志，同时也要看访问日志。"),
+        ("Back up only the database.", "Back up the database and also the uploaded files."),
+        ("Translate only the title.", "Translate the title, and the captions as well."),
+        ("Notify only the owner.", "Notify the owner, and the watchers too."),
+    ],
+)
+def test_only_one_thing_and_also_another_are_opposed(only, also):
+    assert stance(only)["xonly"] > 0
+    assert stance(also)["xonly"] < 0
+    opposed, _ = stance_relation(only, also)
+    assert opposed >= 1
+
+
+@pytest.mark.parametrize(
+    "text", ["发票一张一张地核对。", "日志一条条看。", "挨个给客户打电话。", "逐笔对账。"]
+)
+def test_a_measure_word_said_twice_is_one_at_a_time(text):
+    assert stance(text)["xeach"] > 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Re-rendering the thumbnails isn't worth it.",
+        "Re-rendering the thumbnails wasn't worth the time.",
+        "You shouldn't re-render the thumbnails.",
+        "Don’t re-render the thumbnails.",
+    ],
+)
+def test_every_contracted_negation_reads_as_not(text):
+    assert stance(text).get("thumbnail", stance(text).get("thumbnails", 0)) < 0
+
+
+def test_order_inside_one_clause_and_a_step_left_for_later():
+    # "A first and B only after …" is two steps; "B can be done later" names B as the later one.
+    assert (
+        order_opposition(
+            "Create the new index first and drop the old one only after the reindex finished.",
+            "Drop the old index first, then create the new one.",
+        )
+        >= 1
+    )
+    assert (
+        order_opposition(
+            "Get the signed contract before you call open_account.",
+            "Open the account right away; the signed contract can be collected later.",
+        )
+        >= 1
+    )
+    # The same order, told both ways, is none.
+    assert (
+        order_opposition(
+            "Create the new index first and drop the old one only after the reindex finished.",
+            "Create the new index, then drop the old one.",
+        )
+        == 0
+    )
+
+
+def test_steps_swapped_are_a_conflict_even_when_both_name_the_same_value():
+    pair = {"task_type": "db_migration", "tools": ["set_replicas"]}
+    a = "升级时，先把新库的副本数调到 3 并确认同步完成，再把旧库的副本数调到 0。"
+    b = "升级时，先把旧库的副本数调到 0 释放资源，再把新库的副本数调到 3 并确认同步完成。"
+    first = curate(_draft(pair, a), [], embedder=EMBEDDER, now=NOW).lesson
+    change = curate(_draft(pair, b, "tsk_2"), [first], embedder=EMBEDDER, now=NOW)
+    assert change.action == "conflict"
+
+
+def test_never_without_asks_for_what_follows():
+    s = stance("Never call wire_transfer without the manager's approval code.")
+    assert s["xask"] > 0 and s["code"] > 0  # "approval" is asking
+    assert stance("不要未经店长同意就调用 issue_refund。")["xask"] > 0
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Increase the worker count when the queue backs up.", "Reduce the worker count when the queue backs up."),
+        ("队列积压时把并发数调高。", "队列积压时把并发数降低。"),
+        ("Turn on request logging while debugging the webhook.", "Turn off request logging while debugging the webhook."),
+        ("调试支付回调时打开请求日志。", "调试支付回调时关闭请求日志。"),
+        ("Keep the staging bucket after the release.", "Delete the staging bucket after the release."),
+        ("发布后保留预发环境的存储桶。", "发布后删除预发环境的存储桶。"),
+        ("Reconcile the ledger manually at month end.", "Reconcile the ledger automatically at month end."),
+        ("月底手动对账。", "月底自动对账。"),
+        ("Reuse the cached exchange rate for the quote.", "Refresh the exchange rate for every quote."),
+    ],
+)  # fmt: skip
+def test_a_small_edit_turning_a_stance_word_is_a_conflict_not_a_merge(a, b):
+    assert poles_flipped(a, b)
+    pair = {"task_type": "ops", "tools": []}
+    first = curate(_draft(pair, a), [], embedder=EMBEDDER, now=NOW).lesson
+    change = curate(_draft(pair, b, "tsk_2"), [first], embedder=EMBEDDER, now=NOW)
+    assert change.action == "conflict", change.action
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        # Both raise it, once as "don't lower": the same way.
+        ("Don't lower the retry limit for flaky endpoints.", "Raise the retry limit for flaky endpoints."),
+        ("不要关闭审计日志。", "审计日志要一直开着。"),
+        # Both words in one lesson: no single way to turn round.
+        ("Keep the originals and delete the thumbnails.", "Delete the thumbnails but keep the originals."),
+    ],
+)  # fmt: skip
+def test_a_stance_word_read_the_same_way_is_no_flip(a, b):
+    assert not poles_flipped(a, b)
+
+
+def test_a_stance_word_of_the_situation_is_no_flip():
+    assert not poles_flipped(
+        "When more than 500 rows are queued, insert them in batches.",
+        "When fewer than 500 rows are queued, insert them in batches.",
+    )
+
+
+def test_a_negation_turns_the_first_stance_word_after_it():
+    assert poles("never disable the cache") == {"switch": {1}, "fresh": {1}}
+    assert poles("Keep the logs instead of deleting them.") == {"fate": {1}}

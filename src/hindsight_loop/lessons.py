@@ -203,6 +203,7 @@ _IDENTIFIER_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+")
 
 def _polarity(text: str) -> tuple[bool, str]:
     """Whether advice is phrased as a prohibition, and the text with polarity words removed."""
+    text = _expand_not(text)
     negative = bool(_NEG_EN.search(text) or _NEG_ZH.search(text))
     core = _EMPH_ZH.sub("", _NEG_ZH.sub("", _EMPH_EN.sub("", _NEG_EN.sub("", text))))
     return negative, " ".join(core.split())
@@ -343,17 +344,39 @@ _CONCEPTS_EN = (
     # Not "only after / only if": an order or a condition.
     (re.compile(r"\b(?:only|solely)\b(?!\s+(?:after|when|if|then|once|until))", re.I), " xonly "),
     (re.compile(r"\bboth\b", re.I), " xboth "),
+    # "X and also Y", "Y as well", "Y too": more than the one act, the opposite of "only X".
+    (re.compile(r"\b(?:also|as well(?: as)?|in addition(?: to)?|besides|along with)\b|"
+                r"\btoo\b(?=\s*(?:[,.;:!?)]|$))", re.I), " xboth "),
 )  # fmt: skip
+# "isn't", "don't", "can’t": the verb and "not", so every negated form reads as its "not" form.
+_NOT_CONTRACTED_RE = re.compile(
+    r"\b(is|are|was|were|do|does|did|has|have|had|should|must|need|could|would)n[’']t\b"
+    r"|\b(ca|wo)n[’']t\b",
+    re.I,
+)
 _CONCEPTS_ZH = (
     (re.compile(r"问清楚|问清|询问|确认|核实|核对|同意|批准|审批|问(?!题)"), " xask "),
     (re.compile(r"一次性|一口气|全部一起|一起提交"), " xbatch "),
-    (re.compile(r"逐个|逐一|一个一个|一条一条|一个个|分批"), " xeach "),
+    # A measure word said twice is one at a time: 一张一张, 一条条, 逐个, 挨个.
+    (
+        re.compile(
+            r"逐[个一条张项笔份件台页批]|挨[个着]|一([个张条份封笔页项件台行批篇段])一?\1|分批"
+        ),
+        " xeach ",
+    ),
     (re.compile(r"马上|立即|立刻|直接|急着|急于|上来就|第一时间"), " xnow "),
     (re.compile(r"重试|重新请求|再试"), " xretry "),
     (re.compile(r"假设|假定|猜测|猜|默认"), " xguess "),
     (re.compile(r"等待|等到|暂停|(?<![幂平相同对均初中高上次何])等(?![于同级号价效])"), " xwait "),
-    (re.compile(r"只(?!有|能在|要)|仅(?!在)"), " xonly "),
-    (re.compile(r"同时|都要|两个都"), " xboth "),
+    (re.compile(r"只(?!有|能在|要)|仅(?!在)|光(?=[用靠看查填报传做写发])|单单"), " xonly "),
+    # 除了 A (…) 也/还 B: A and B both (not 除了 A 都不: "all but A"); 也要 / 还要 / 一并: one
+    # more act.
+    (
+        re.compile(
+            r"同时|都要|两个都|除了(?=[^。；;！？]*?[也还])|也要|还要|也得|还得|也一起|一并|连同"
+        ),
+        " xboth ",
+    ),
 )
 _CLAUSE_SPLIT_RE = re.compile(
     r"[;；。!?！？,，:：\n]+|\.(?=\s|$)|\s+(?:but|then|and then)\s+", re.I
@@ -405,7 +428,15 @@ _GENERIC_ACTS = frozenset(
 _NOW_RE = re.compile(r"\bxnow\b")
 
 
+def _expand_not(text: str) -> str:
+    """ "isn't" as "is not", "can't" as "can not": one form of each negation to match."""
+    return _NOT_CONTRACTED_RE.sub(
+        lambda m: (m[1] or {"ca": "can", "wo": "will"}[m[2].lower()]) + " not", text
+    )
+
+
 def _fold_concepts(text: str) -> str:
+    text = _expand_not(text)
     for pattern, token in (*_CONCEPTS_EN, *_CONCEPTS_ZH):
         text = pattern.sub(token, text)
     return text
@@ -473,6 +504,12 @@ def stance(text: str) -> dict[str, float]:
             continue
         if cut is exclude:
             _signed_terms(clause[: cut.start()], 1.0, out)
+        elif without := _WITHOUT_RE.search(clause, cut.end()):
+            # "never call unlock_door without the PIN", "不要未经确认就删除": two negations ask
+            # for what follows "without"; the act itself is allowed once that is done.
+            stop = _WITHOUT_END_RE.search(clause, without.end())
+            _signed_terms(clause[without.end() : stop.start() if stop else None], 1.0, out)
+            continue
         _avoid(clause[cut.end() :], out)
     signs = {t: math.copysign(1.0, v) for t, v in out.items() if v}
     for a, b in (*_ANTONYMS, *((b, a) for a, b in _ANTONYMS)):
@@ -489,6 +526,9 @@ def _avoid(text: str, out: dict[str, float]) -> None:
         return
     _signed_terms(text, -1.0, out)
 
+
+_WITHOUT_RE = re.compile(r"\bwithout\b|未经|没有经过|没经过", re.I)
+_WITHOUT_END_RE = re.compile(r"就|的情况下|之前")
 
 #: Acts where taking one is declining the other.
 _ANTONYMS = (("xask", "xguess"), ("xnow", "xwait"), ("xbatch", "xeach"))
@@ -527,10 +567,7 @@ def _order(text: str) -> tuple[set[str], set[str]]:
     first: set[str] = set()
     later: set[str] = set()
     pending: set[str] | None = None  # where the clause after a "before …" / "… 之后" clause goes
-    for clause in re.split(r"[;；。!?！？,，:：\n]+|\.(?=\s|$)", _fold_concepts(text)):
-        clause = clause.strip()
-        if not clause:
-            continue
+    for clause in _order_clauses(text):
         target, pending = pending, None
         if m := _BEFORE_ZH_MID.search(clause):
             # "执行 rm 之前先用 ls 看一下": the head comes later.
@@ -539,6 +576,10 @@ def _order(text: str) -> tuple[set[str], set[str]]:
             continue
         if m := _LATER_ZH.search(clause) or _LATER_EN.search(clause):
             head, tail = clause[: m.start()], clause[m.end() :]
+            if not _content(tail) and m.group().lower() in ("later", "afterwards"):
+                # "photos can be attached later": the clause ending so is the later step.
+                later |= _content(head)
+                continue
             first |= _content(_FIRST_RE.sub(" ", head))
             later |= _content(tail)
             continue
@@ -566,16 +607,39 @@ def _order(text: str) -> tuple[set[str], set[str]]:
             continue
         if m := _FIRST_RE.search(clause):
             first |= _content(clause[: m.start()] + " " + clause[m.end() :])
+        elif _NOW_RE.search(clause):
+            # "submit the claim right away", "直接提交": done before anything else.
+            first |= _content(clause)
         elif target is not None:
             target |= _content(clause)
     return first - later, later - first
+
+
+_ORDER_WORD_EN = re.compile(r"\b(?:first|then|later|afterwards|after|before|once)\b", re.I)
+
+
+def _order_clauses(text: str) -> list[str]:
+    """Clauses of advice, for ``_order``; an English clause with two order words is two steps
+    ("add the new record first and remove the old one only after traffic moved")."""
+    out: list[str] = []
+    for clause in re.split(r"[;；。!?！？,，:：\n]+|\.(?=\s|$)", _fold_concepts(text)):
+        clause = clause.strip()
+        if not clause:
+            continue
+        if len(_ORDER_WORD_EN.findall(clause)) >= 2:
+            out.extend(c.strip() for c in re.split(r"\s+and\s+", clause, flags=re.I) if c.strip())
+        else:
+            out.append(clause)
+    return out
 
 
 def _content(text: str) -> set[str]:
     terms = {t for t in _terms(text) if t not in _GENERIC_ACTS and not (len(t) == 1 and is_cjk(t))}
     # "Retry-After" is a value, not the act of retrying: drop the parts of a hyphenated term.
     parts = {part for t in terms if "-" in t for part in t.split("-")}
-    return terms - parts
+    # "call submit_claim" and "submit the claim" name one act: a tool's words count too.
+    words = {w for t in terms if _SNAKE_RE.match(t) for w in tokenize(t.replace("_", " "))}
+    return (terms - parts) | {w for w in words if len(w) > 3 and w not in _GENERIC_ACTS}
 
 
 def order_opposition(a: str, b: str) -> float:
@@ -648,6 +712,78 @@ def agreement_shown(a: str, b: str) -> bool:
         if sa[t] == sb[t] and not _SNAKE_RE.match(t)
     )
     return shared >= MIN_AGREEMENT
+
+
+# Stance-bearing words that come in opposite pairs (a direction, a switch, a fate), EN and ZH:
+# (name, the words one way, the words the other way).
+_POLES = (
+    ("amount",
+     re.compile(r"\b(?:more|higher|increas(?:e|es|ed|ing)|rais(?:e|es|ed|ing)|larger|bigger|longer|"
+                r"extend(?:s|ed|ing)?)\b|增加|提高|加大|调高|调大|扩大|增大|延长|更多|更长|更高", re.I),
+     re.compile(r"\b(?:less|fewer|lower(?:s|ed|ing)?|decreas(?:e|es|ed|ing)|reduc(?:e|es|ed|ing)|smaller|"
+                r"shorter|shorten(?:s|ed|ing)?)\b|减少|降低|减小|调低|调小|缩小|缩短|更少|更短|更低", re.I)),
+    ("switch",
+     re.compile(r"\b(?:enabl(?:e|es|ed|ing)|(?:turn|switch)(?:s|ed|ing)?\s+on)\b|开启|打开|启用|开着", re.I),
+     re.compile(r"\b(?:disabl(?:e|es|ed|ing)|(?:turn|switch)(?:s|ed|ing)?\s+off)\b|关闭|关掉|禁用|关上|关着", re.I)),
+    ("fate",
+     re.compile(r"\b(?:keep(?:s|ing)?|kept|retain(?:s|ed|ing)?|preserv(?:e|es|ed|ing))\b|保留|留着|留下", re.I),
+     re.compile(r"\b(?:delet(?:e|es|ed|ing)|remov(?:e|es|ed|ing)|discard(?:s|ed|ing)?|purg(?:e|es|ed|ing)|"
+                r"wip(?:e|es|ed|ing))\b|删除|删掉|清除|移除|清空|丢弃|去掉", re.I)),
+    ("include",
+     re.compile(r"\b(?:includ(?:e|es|ed|ing)|inclusive)\b|包含|包括|带上|加上", re.I),
+     re.compile(r"\b(?:exclud(?:e|es|ed|ing)|exclusive|leav(?:e|es|ing) out|left out)\b|排除|不含|不包括|不带", re.I)),
+    ("hand",
+     re.compile(r"\b(?:manual(?:ly)?|by hand)\b|手动|手工|人工", re.I),
+     re.compile(r"\b(?:automatic(?:ally)?|auto|automated)\b|自动", re.I)),
+    ("fresh",
+     re.compile(r"\b(?:cach(?:e|es|ed|ing)|reus(?:e|es|ed|ing)|memoi[sz](?:e|es|ed|ing))\b|缓存|复用|重用", re.I),
+     re.compile(r"\b(?:fresh|refresh(?:es|ed|ing)?|re-?fetch(?:es|ed|ing)?|each time|every time)\b"
+                r"|实时|刷新|重新获取|重新查|每次都", re.I)),
+    ("sync",
+     re.compile(r"\bsynchronous(?:ly)?\b|同步", re.I),
+     re.compile(r"\basynchronous(?:ly)?\b|\basync\b|异步", re.I)),
+)  # fmt: skip
+
+
+def poles(text: str) -> dict[str, frozenset[int]]:
+    """Which way advice turns each pair of opposite words (``_POLES``): +1, -1 or both. A word
+    after a prohibition or an exclusion in its clause turns the other way ("don't lower the
+    timeout" raises it, "keep it instead of deleting it" keeps it)."""
+    found: dict[str, set[int]] = {}
+    last_end = 0
+    for clause in _CLAUSE_SPLIT_RE.split(_expand_not(text)):
+        clause = clause.strip()
+        if not clause or _CONDITION_EN.match(clause) or _CONDITION_ZH.search(clause):
+            continue  # "when more than 100 rows are queued", "并发数调高时": the situation
+        spans = sorted(
+            m.span() for p in (_FORBID_RE, _EXCLUDE_RE, _NEG_ZH) for m in p.finditer(clause)
+        )
+        negations: list[int] = []  # one per negation ("do not" is not two)
+        for start, end in spans:
+            if not negations or start >= last_end:
+                negations.append(start)
+                last_end = end
+            last_end = max(last_end, end)
+        words = sorted(
+            (m.start(), name, sign)
+            for name, one, other in _POLES
+            for sign, pattern in ((1, one), (-1, other))
+            for m in pattern.finditer(clause)
+        )
+        for at, name, sign in words:
+            # A negation turns the first such word after it ("never disable the cache": the
+            # switch, not the cache).
+            flips = sum(1 for n in negations if n < at and not any(n < w < at for w, _, _ in words))
+            found.setdefault(name, set()).add(sign * (-1) ** flips)
+    return {name: frozenset(signs) for name, signs in found.items()}
+
+
+def poles_flipped(a: str, b: str) -> bool:
+    """Whether two pieces of advice turn a pair of opposite words (``_POLES``) opposite ways:
+    one says only "more" (开, keep, manual, cached) where the other says only "less" (关, delete,
+    automatic, fresh)."""
+    pa, pb = poles(a), poles(b)
+    return any(len(pa[k]) == len(pb[k]) == 1 and pa[k] != pb[k] for k in pa.keys() & pb.keys())
 
 
 def _same_values(a: str, b: str) -> bool:
@@ -855,7 +991,15 @@ def _relations(
         opposed, agreed = stance_relation(draft.advice, lesson.advice)
         if opposed >= MIN_OPPOSITION and (
             opposed >= agreed
-            or (sim >= threshold - JUDGE_MARGIN and not _same_values(draft.advice, lesson.advice))
+            or (
+                sim >= threshold - JUDGE_MARGIN
+                and (
+                    # The same steps in the other order share every value by construction
+                    # ("先扩新版本再把旧版本缩到 0" / "先把旧版本缩到 0 再扩"): no excuse.
+                    order_opposition(draft.advice, lesson.advice) >= MIN_OPPOSITION
+                    or not _same_values(draft.advice, lesson.advice)
+                )
+            )
         ):
             # One prefers what the other avoids: never one lesson, whatever the similarity. When
             # they also agree on more than they oppose, near text is still a conflict for a
@@ -863,6 +1007,15 @@ def _relations(
             # unless both ask for the same concrete value ("don't read it as plain utf-8; pick
             # utf-8-sig" and "read it with utf-8-sig" prescribe one thing).
             conflicts.append(lesson)
+            continue
+        if sim >= threshold - JUDGE_MARGIN and poles_flipped(draft.advice, lesson.advice):
+            # A small edit of the other lesson that turns one stance-bearing word round (more /
+            # less, 开 / 关, keep / delete, manual / automatic, cached / fresh) with no word of
+            # the same sense to explain it: opposite advice until a person (or the judge) says.
+            if judge is None:
+                conflicts.append(lesson)
+            else:
+                open_pairs.append((sim, lesson))
             continue
         if sim < threshold + JUDGE_MARGIN:
             # Close to the threshold on either side: the words alone do not settle it.
