@@ -351,3 +351,10 @@ def test_a_stance_word_of_the_situation_is_no_flip():
 def test_a_negation_turns_the_first_stance_word_after_it():
     assert poles("never disable the cache") == {"switch": {1}, "fresh": {1}}
     assert poles("Keep the logs instead of deleting them.") == {"fate": {1}}
+
+
+def test_a_clause_of_purpose_or_of_otherwise_reads_neither_way():
+    # Why the advice is given names no act to take or avoid.
+    assert "duplicate" not in stance("Look the vendor up first, so you don't create a duplicate.")
+    assert "漏掉" not in stance("按结束日期的下一天筛选，不然最后一天的订单会漏掉。")
+    assert stance("Uploading the whole folder isn't enough.").get("folder", 0) < 0

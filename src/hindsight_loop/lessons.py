@@ -408,7 +408,7 @@ _DISMISS_RE = re.compile(
     r"\b(?:is|are|was)\s+(?:a\s+|just\s+a\s+)?(?:waste\s+of\s+time|unnecessary|pointless|"
     r"overkill|useless|not\s+needed|not\s+necessary)\b"
     r"|\b(?:(?:is|are|was|'s)\s+)?(?:an?\s+)?(?:overkill|not\s+worth\s+(?:it|the)|too\s+slow|"
-    r"too\s+expensive|too\s+risky|more\s+trouble\s+than)\b"
+    r"too\s+expensive|too\s+risky|more\s+trouble\s+than|not\s+enough|proves?\s+nothing)\b"
     r"|是多余的|纯属多余|没必要|没有必要|不必要|浪费时间|多此一举|不值得|不划算|得不偿失|太慢|"
     r"太麻烦|太贵|太冒险|白费",
     re.IGNORECASE,
@@ -483,6 +483,10 @@ def stance(text: str) -> dict[str, float]:
             clause[: mid.start()]
         ):
             clause = clause[mid.end() :]
+        if _PURPOSE_RE.match(clause):
+            # "so you don't create a duplicate", "以免重复扣款", "不然最后一天会漏掉": why, not
+            # which act (one lesson's purpose is another's "otherwise"): read neither way.
+            continue
         if dismissed := _DISMISS_RE.search(clause):
             if _terms(clause[: dismissed.start()]) or not said:
                 _avoid(clause[: dismissed.start()], out)
@@ -527,6 +531,12 @@ def _avoid(text: str, out: dict[str, float]) -> None:
     _signed_terms(text, -1.0, out)
 
 
+# A clause of purpose or of what happens otherwise: what the advice is for, not an act.
+_PURPOSE_RE = re.compile(
+    r"^\s*(?:so(?:\s+that)?\s+(?:you|we|it|they|the)\b|in\s+order\s+(?:to|not\s+to)\b|to\s+avoid\b"
+    r"|otherwise\b|or\s+else\b|否则|不然|要不然|以免|免得|以防|防止)",
+    re.IGNORECASE,
+)
 _WITHOUT_RE = re.compile(r"\bwithout\b|未经|没有经过|没经过", re.I)
 _WITHOUT_END_RE = re.compile(r"就|的情况下|之前")
 
