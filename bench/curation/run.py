@@ -19,13 +19,14 @@ Also ``--book``: the 42 lessons of ``bench/retrieval`` curated one after another
 right answer is almost always "add" (they are distinct lessons), and the review cost of a lesson
 merged into 1 vs 2,000 times (``--review``).
 
-Five splits, each reported on its own (``--split`` picks): ``tuning`` (``pairs.jsonl``, what the
+Six splits, each reported on its own (``--split`` picks): ``tuning`` (``pairs.jsonl``, what the
 rules and thresholds were shaped on), ``heldout`` (``heldout.jsonl``, 32 pairs on other subjects
 written before the 2026-12 changes), ``blind`` (``blind.jsonl``, 24 pairs written before the
 concept lexicon and first run for the final measurement), ``blind2`` (``blind2.jsonl``,
 written by another engineer without seeing the code, first run once the fourth session's code was
-final) and ``blind3`` (``blind3.jsonl``, the same, first run once the stance changes of
-2026-12-01 were final). A gain that shows on ``tuning`` only is not a gain.
+final), ``blind3`` (``blind3.jsonl``, the same, first run once the stance changes of
+2026-12-01 were final) and ``blind4`` (``blind4.jsonl``, the same, first run once the second
+stance round of 2026-12-01 was final). A gain that shows on ``tuning`` only is not a gain.
 
 Run: ``python bench/curation/run.py`` (``--embedder hash|concept|e5|st:MODEL|openai:MODEL``,
 repeatable; ``--judge`` adds a run with the model of ``HINDSIGHT_LLM_*`` judging the pairs the
@@ -88,12 +89,16 @@ def make_embedder(spec: str) -> Embedder:
 #: ``blind3`` (``blind3.jsonl``): written by another engineer without seeing the code, before the
 #: 2026-12-01 stance changes (``order_opposition``, dismissals, consequences, ``agreement_shown``),
 #: and first run once that code was final and committed.
+#: ``blind4`` (``blind4.jsonl``): the same, written before the second stance round of 2026-12-01
+#: (only / also, one by one, n't, order inside a clause, ``poles_flipped``), first run once it was
+#: final and committed.
 SPLITS = {
     "tuning": "pairs.jsonl",
     "heldout": "heldout.jsonl",
     "blind": "blind.jsonl",
     "blind2": "blind2.jsonl",
     "blind3": "blind3.jsonl",
+    "blind4": "blind4.jsonl",
 }
 
 
@@ -216,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         "--split",
         action="append",
         choices=tuple(SPLITS),
-        help="tuning, heldout, blind and/or blind2 (default: all four, each reported on its own)",
+        help="tuning, heldout, blind, blind2, blind3 and/or blind4 (default: all, each reported on "
+        "its own)",
     )
     parser.add_argument("--verbose", action="store_true", help="list every wrong decision")
     parser.add_argument("--book", action="store_true", help="also curate the retrieval book")
