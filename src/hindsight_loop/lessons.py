@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -274,13 +275,16 @@ _ADVICE_WORDS = frozenset(
 )
 
 
-def _terms(text: str) -> set[str]:
+# Curation reads each book lesson's text again for every draft it meets (term overlap, stance):
+# cached, a review no longer tokenizes the same advice dozens of times.
+@functools.lru_cache(maxsize=8192)
+def _terms(text: str) -> frozenset[str]:
     # A snake_case name is one term: its parts ("get", "weather" of get_weather) would make every
     # lesson about one tool share three terms instead of one.
     names = {m.lower() for m in _IDENTIFIER_RE.findall(text)}
     # Concept tags: "backup" and "备份", "删除" and "删掉" meet on one term.
     words = tokenize(_IDENTIFIER_RE.sub(" ", text), with_concepts=True)
-    return names | {t for t in words if t not in _ADVICE_WORDS and not _straddles(t)}
+    return frozenset(names | {t for t in words if t not in _ADVICE_WORDS and not _straddles(t)})
 
 
 def _straddles(term: str) -> bool:
@@ -435,6 +439,7 @@ def _expand_not(text: str) -> str:
     )
 
 
+@functools.lru_cache(maxsize=8192)
 def _fold_concepts(text: str) -> str:
     text = _expand_not(text)
     for pattern, token in (*_CONCEPTS_EN, *_CONCEPTS_ZH):
