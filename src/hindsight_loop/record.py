@@ -436,7 +436,7 @@ def _scanner() -> redact_scan.Scanner | None:
 
 def guards_in_use() -> str:
     """How redaction's guards run in this process: ``hyperscan`` (one pass) or ``python``."""
-    return "python" if (_SCANNER if _SCANNER is not False else _scanner()) is None else "hyperscan"
+    return "python" if _scanner() is None else "hyperscan"
 
 
 def _redact_scanned(blob: bytes, secret_key: bool | None, hits: list[int]) -> bytes:

@@ -716,6 +716,12 @@ class StoredRun(Sequence[Event]):
         self._ordered = True
 
     @classmethod
+    def from_rows(cls, rows: list[Any], load: Callable[[list[Any]], dict[Any, Event]]) -> StoredRun:
+        """A run from a store's ``(key, type, projection)`` rows, in (timestamp, seq) order."""
+        keys, types, projections = zip(*rows, strict=True) if rows else ((), (), ())
+        return cls(list(keys), list(types), list(projections), load)
+
+    @classmethod
     def of(cls, events: list[Event]) -> StoredRun:
         """A run of events already in memory, in the order given."""
         run = cls(

@@ -361,8 +361,7 @@ class PostgresStore:
                 "SELECT id, type, projection FROM events WHERE task_id=%s ORDER BY ts, seq, id",
                 (task_id,),
             ).fetchall()
-            keys, types, projections = zip(*rows, strict=True) if rows else ((), (), ())
-            return StoredRun(list(keys), list(types), list(projections), self._events_by_key)
+            return StoredRun.from_rows(rows, self._events_by_key)
 
     def _events_by_key(self, keys: list[int]) -> dict[int, Event]:
         """The events of these row ids (the bodies a replay shows)."""

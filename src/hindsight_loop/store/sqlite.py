@@ -380,8 +380,7 @@ class SQLiteStore:
     def stored_run(self, task_id: str) -> StoredRun:
         with no_gc():
             rows = self._db.execute(_PROJECTIONS, (task_id,)).fetchall()
-            keys, types, projections = zip(*rows, strict=True) if rows else ((), (), ())
-            return StoredRun(list(keys), list(types), list(projections), self._events_by_key)
+            return StoredRun.from_rows(rows, self._events_by_key)
 
     def _events_by_key(self, keys: list[int]) -> dict[int, Event]:
         """The events of these row ids (the bodies a replay shows)."""
