@@ -59,7 +59,7 @@ def seeded(db_path: Path, tmp_path: Path) -> dict[str, str]:
 
 def test_every_lessons_command_has_help() -> None:
     assert "Review and curate the lesson book" in run("lessons", "--help")
-    for command in ("list", "show", "review", "confirm", "reject", "pin", "unpin", "expire", "edit",
+    for command in ("list", "show", "review", "confirm", "merge", "reject", "pin", "unpin", "expire", "edit",
                     "export", "import"):  # fmt: skip
         out = run("lessons", command, "--help")
         assert "Usage:" in out and "--db" in out
@@ -235,6 +235,44 @@ def test_review_lists_conflicts_and_suspect_and_harmful(db_path: Path, tmp_path:
         hs.save_lesson(lesson)
     [harmful] = run_json("lessons", "review", "--db", db)
     assert harmful["reasons"] == ["harmful: hurt 3 times, helped 0"]
+
+
+def test_a_near_pair_the_rules_cannot_read_waits_and_a_person_merges_it(
+    db_path: Path, tmp_path: Path
+) -> None:
+    db = str(db_path)
+    rows = [
+        {"task_type": "sql", "advice": "Add a LIMIT clause to exploratory SELECT queries in run_sql.",
+         "tools": ["run_sql"]},
+        # The same advice; the rules read no value or act both take the same way: it waits.
+        {"task_type": "sql", "advice": "Always put a LIMIT on exploratory SELECTs you send to "
+         "run_sql so they do not scan the whole table.", "tools": ["run_sql"]},
+    ]  # fmt: skip
+    out = run_json("lessons", "import", str(write_lines(tmp_path / "r.jsonl", rows)), "--db", db)
+    [old_id], [new_id] = out["added"], out["conflicts"]
+    assert "hindsight lessons merge ID --into OTHER" in run("lessons", "review", "--db", db)
+    run("lessons", "merge", new_id, "--into", new_id, "--db", db, code=1)
+    run("lessons", "merge", new_id, "--into", "les_nope", "--db", db, code=1)
+    said = run("lessons", "merge", new_id, "--into", old_id, "--db", db, "--by", "alice")
+    assert f"{old_id} now holds {new_id} (support 2)" in said
+    assert "Nothing needs review." in run("lessons", "review", "--db", db)
+    kept = run_json("lessons", "show", old_id, "--db", db)
+    assert kept["advice"] == rows[0]["advice"] and kept["status"] == "active"
+    assert kept["conflicts"] == [] and kept["history"][-1]["by"] == "alice"
+    gone = run_json("lessons", "show", new_id, "--db", db)
+    assert gone["status"] == "rejected" and gone["history"][-1]["reason"] == f"same as {old_id}"
+    # The merged wording is now a variant of the kept lesson: the same text again lands there.
+    again = write_lines(tmp_path / "again.jsonl", [rows[1]])
+    out = run_json("lessons", "import", str(again), "--db", db)
+    assert out["merged"] == [old_id]
+    assert run_json("lessons", "show", old_id, "--db", db)["support"] == 3
+    # Lessons of other task types are not one lesson.
+    other = write_lines(
+        tmp_path / "o.jsonl", [{"task_type": "email", "advice": "Check the To line."}]
+    )
+    [email_id] = run_json("lessons", "import", str(other), "--db", db)["added"]
+    said = run("lessons", "merge", email_id, "--into", old_id, "--db", db, code=1)
+    assert "other task types" in said
 
 
 def test_a_lesson_that_hurts_five_tasks_leaves_recall_and_shows_in_review(

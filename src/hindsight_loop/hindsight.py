@@ -353,6 +353,17 @@ class Hindsight:
         """Apply ``edit`` to a stored lesson in one transaction; None if there is no such one."""
         return self.curator.change(lesson_id, edit)
 
+    def merge_lessons(self, lesson_id: str, into: str, *, by: str) -> Lesson | None:
+        """A person says ``lesson_id`` says what ``into`` says (``lessons.same_as``): ``into``
+        takes its support and wording, it is rejected with a note. Returns ``into`` as changed,
+        None if either lesson is missing; ``ValueError`` for lessons of other task types."""
+        from hindsight_loop.lessons import same_as
+
+        changed = self.curator.change_pair(
+            into, lesson_id, lambda kept, absorbed: same_as(absorbed, kept, by=by)
+        )
+        return None if changed is None else changed[0]
+
     def expire_due(self) -> list[Lesson]:
         """Expire the lessons past their ``valid_until`` (an explicit step: recall never writes)."""
         return self.curator.expire_due()

@@ -945,7 +945,9 @@ def curate(
     if candidates:
         same, conflicts = _relations(draft, candidates, embedder=embedder, judge=judge)
         if same:
-            best_same = max(same, key=lambda pair: pair[0])
+            # Among equal repeats one that is not dead wins: one a person merged away (rejected, "same
+            # as" another) still matches its own text, and the one it went into holds it too.
+            best_same = max(same, key=lambda pair: (pair[0], not _is_dead(pair[1], now)))
         live = [c for c in conflicts if c.is_live(now)]
         if live:
             conflict_with = live[0]
@@ -993,6 +995,7 @@ def _relations(
     floor = cosine_floor(embedder)
     weight = MODEL_COSINE_WEIGHT if is_model_floor(floor) else 0.5
 
+    draft_text = draft.advice.strip()
     draft_negative, draft_core = _polarity(draft.advice)
     draft_scenario = _scenario(draft)
     same: list[tuple[float, Lesson]] = []
@@ -1010,6 +1013,12 @@ def _relations(
             settled = True
             continue
         if relation == "different":
+            continue
+        if any(text.strip() == draft_text for text in texts[start:stop]):
+            # Word for word a wording it holds (its text, a merged rewording, one a person said
+            # was the same): a repeat, whatever the rules can read of it.
+            same.append((1.0, lesson))
+            settled = True
             continue
         agreement = _scenario_agreement(draft_scenario, _scenario(lesson))
         if agreement == -2:
@@ -1175,6 +1184,7 @@ def _merge(
     now: datetime,
     validity: timedelta,
     merge_text: Callable[[str, str], str] | None,
+    by: str = "curator",
 ) -> Lesson:
     lesson = copy.deepcopy(kept)
     old_advice = lesson.advice
@@ -1184,7 +1194,8 @@ def _merge(
     # the two would let the text and the structured form disagree; sources and support add up.
     pattern = _is_pattern(kept.structured) and _is_pattern(draft.structured)
     fix_new, fix_old = _has_fix(draft), _has_fix(kept)
-    vouched = _vouched(kept)
+    # A person who says two lessons are one has chosen which text stays.
+    vouched = _vouched(kept) or by not in MACHINE_ACTORS
     if vouched:
         # A person's words stand: the repeat adds support and sources, never its text.
         advice = old_advice
@@ -1239,9 +1250,38 @@ def _merge(
             lesson.status = "active"
             changes["status"] = {"from": "expired", "to": "active"}
     lesson.value_score = value_score(lesson, now)
-    lesson.history.append(_history(now, "curator", "merge", changes))
+    lesson.history.append(_history(now, by, "merge", changes))
     _compact_history(lesson, dropped_sources)
     return lesson
+
+
+def same_as(
+    absorbed: Lesson,
+    kept: Lesson,
+    *,
+    by: str,
+    now: datetime | None = None,
+    validity: timedelta = DEFAULT_VALIDITY,
+) -> tuple[Lesson, Lesson]:
+    """A person says two lessons are one (a near pair the rules could not read held for review).
+
+    ``kept`` keeps its text and takes ``absorbed``'s support, sources and wording (a variant, so
+    later repeats of either text find it); ``absorbed`` is rejected with a note naming ``kept``,
+    kept for the record. The conflict mark between them is lifted. Returns ``(kept, absorbed)``.
+    """
+    if absorbed.lesson_id == kept.lesson_id:
+        raise ValueError("a lesson cannot be merged into itself")
+    if absorbed.task_type != kept.task_type or absorbed.scope != kept.scope:
+        raise ValueError(
+            f"{absorbed.lesson_id} ({absorbed.task_type}, {absorbed.scope}) and {kept.lesson_id} "
+            f"({kept.task_type}, {kept.scope}) are of other task types or scopes"
+        )
+    now = now or utcnow()
+    merged = _merge(kept, absorbed, now=now, validity=validity, merge_text=None, by=by)
+    merged.conflicts = [c for c in merged.conflicts if c != absorbed.lesson_id]
+    gone = reject(absorbed, by=by, now=now, reason=f"same as {kept.lesson_id}")
+    gone.conflicts = [c for c in gone.conflicts if c != kept.lesson_id]
+    return merged, gone
 
 
 def _bound_sources(lesson: Lesson) -> int:

@@ -115,6 +115,20 @@ class Curator:
             self.save(changed)
         return changed
 
+    def change_pair(
+        self, first_id: str, second_id: str, edit: Callable[[Lesson, Lesson], tuple[Lesson, Lesson]]
+    ) -> tuple[Lesson, Lesson] | None:
+        """``change`` for two lessons at once (a person merging one into another): both read and
+        written in one transaction. None if either is missing."""
+        with self._lock, self.store.transaction():
+            first, second = self.store.get_lesson(first_id), self.store.get_lesson(second_id)
+            if first is None or second is None:
+                return None
+            changed = edit(first, second)
+            for lesson in changed:
+                self.save(lesson)
+        return changed
+
     def save(self, lesson: Lesson) -> None:
         """Store a lesson with its embedding (re-embedded on every save: the text may change)."""
         embedder = self._embedder()

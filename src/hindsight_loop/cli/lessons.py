@@ -217,7 +217,8 @@ def review(db: DbOption = "hindsight.db", json: JsonOption = False) -> None:
                 say(f"  vs {other_id} [{other.status}]: {other.advice}")
     say(
         f"{len(queue)} to review. Settle each with 'hindsight lessons confirm ID', "
-        "'hindsight lessons edit ID --advice …' or 'hindsight lessons reject ID'."
+        "'hindsight lessons edit ID --advice …', 'hindsight lessons reject ID', or, when it says "
+        "what the other says, 'hindsight lessons merge ID --into OTHER'."
     )
 
 
@@ -248,6 +249,27 @@ def confirm(
             f"note: it conflicts with {', '.join(live)} (active); recall never injects both. "
             "Reject the wrong one with 'hindsight lessons reject ID'."
         )
+
+
+@lessons_app.command("merge")
+def merge(
+    lesson_id: IdArgument,
+    into: Annotated[str, typer.Option("--into", help="The lesson that stays (its text is kept).")],
+    db: DbOption = "hindsight.db",
+    by: ByOption = None,
+    json: JsonOption = False,
+) -> None:
+    """Say a lesson repeats another: --into takes its support and wording; it is rejected."""
+    who = _who(by)
+    with open_hs(db) as hs:
+        _find(hs, lesson_id, db)
+        _find(hs, into, db)
+        try:
+            kept = hs.merge_lessons(lesson_id, into, by=who)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+    assert kept is not None
+    _done(kept, json, f"now holds {lesson_id} (support {kept.support})")
 
 
 @lessons_app.command("reject")
