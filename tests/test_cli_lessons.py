@@ -250,6 +250,10 @@ def test_a_near_pair_the_rules_cannot_read_waits_and_a_person_merges_it(
     ]  # fmt: skip
     out = run_json("lessons", "import", str(write_lines(tmp_path / "r.jsonl", rows)), "--db", db)
     [old_id], [new_id] = out["added"], out["conflicts"]
+    queue = {x["lesson_id"]: x for x in run_json("lessons", "review", "--db", db)}
+    assert queue[new_id]["reasons"] == [
+        f"repeats or contradicts {old_id} (near text the rules cannot read)"
+    ]
     assert "hindsight lessons merge ID --into OTHER" in run("lessons", "review", "--db", db)
     run("lessons", "merge", new_id, "--into", new_id, "--db", db, code=1)
     run("lessons", "merge", new_id, "--into", "les_nope", "--db", db, code=1)

@@ -942,8 +942,9 @@ def curate(
     ]
     best_same: tuple[float, Lesson] | None = None
     conflict_with: Lesson | None = None
+    unsure: set[str] = set()
     if candidates:
-        same, conflicts = _relations(draft, candidates, embedder=embedder, judge=judge)
+        same, conflicts, unsure = _relations(draft, candidates, embedder=embedder, judge=judge)
         if same:
             # Among equal repeats one that is not dead wins: one a person merged away (rejected, "same
             # as" another) still matches its own text, and the one it went into holds it too.
@@ -967,12 +968,17 @@ def curate(
 
     lesson.status = "needs_review"
     lesson.conflicts = _merge_list(lesson.conflicts, [conflict_with.lesson_id])
+    # "unsure": near text the rules could not read either way (a rewording or an opposite),
+    # told apart in review from a contradiction they read.
+    flag = {"unsure": True} if conflict_with.lesson_id in unsure else {}
     lesson.history.append(
-        _history(now, "curator", "conflict", {"conflicts": [conflict_with.lesson_id]})
+        _history(now, "curator", "conflict", {"conflicts": [conflict_with.lesson_id], **flag})
     )
     other = copy.deepcopy(conflict_with)
     other.conflicts = _merge_list(other.conflicts, [lesson.lesson_id])
-    other.history.append(_history(now, "curator", "conflict", {"conflicts": [lesson.lesson_id]}))
+    other.history.append(
+        _history(now, "curator", "conflict", {"conflicts": [lesson.lesson_id], **flag})
+    )
     return Change(action="conflict", lesson=lesson, other=other)
 
 
@@ -982,8 +988,9 @@ def _relations(
     *,
     embedder: Any,
     judge: Callable[[str, str], str | None] | None = None,
-) -> tuple[list[tuple[float, Lesson]], list[Lesson]]:
-    """Split candidates into those the draft repeats (with similarity) and those it contradicts."""
+) -> tuple[list[tuple[float, Lesson]], list[Lesson], set[str]]:
+    """Split candidates into those the draft repeats (with similarity) and those it contradicts,
+    and name the conflicts that are only near text the rules could not read (``agreement_shown``)."""
     texts = [draft.advice]
     spans: list[tuple[int, int]] = []  # which rows of ``texts`` hold each candidate's wordings
     for lesson in candidates:
@@ -1000,6 +1007,7 @@ def _relations(
     draft_scenario = _scenario(draft)
     same: list[tuple[float, Lesson]] = []
     conflicts: list[Lesson] = []
+    unsure: set[str] = set()
     polar: list[tuple[Lesson, str, float]] = []
     open_pairs: list[tuple[float, Lesson]] = []  # close, but below the merge threshold
     settled = False  # the rules found a repeat beyond doubt: nothing is left to ask about
@@ -1073,6 +1081,7 @@ def _relations(
             # duplicate; a wrong one loses a lesson: a person (or the judge) decides.
             if judge is None:
                 conflicts.append(lesson)
+                unsure.add(lesson.lesson_id)
             elif not any(other is lesson for _, other in open_pairs):
                 open_pairs.append((sim, lesson))
             continue
@@ -1098,7 +1107,7 @@ def _relations(
                 same.append((sim, lesson))
     if judge is not None and open_pairs and not settled:
         same, conflicts = _judged(draft, same, conflicts, open_pairs, judge)
-    return same, conflicts
+    return same, conflicts, unsure
 
 
 def _judged(
@@ -1572,8 +1581,20 @@ def review_reasons(lesson: Lesson, book: Mapping[str, Lesson] | None = None) -> 
         for cid in lesson.conflicts
         if book is None or (cid in book and book[cid].status in {"active", "needs_review"})
     ]
-    if open_conflicts:
-        reasons.append("conflicts with " + ", ".join(open_conflicts))
+    unsure = {
+        cid
+        for entry in lesson.history
+        if entry.get("action") == "conflict" and (entry.get("changes") or {}).get("unsure")
+        for cid in entry["changes"].get("conflicts", [])
+    }
+    read = [cid for cid in open_conflicts if cid not in unsure]
+    unread = [cid for cid in open_conflicts if cid in unsure]
+    if read:
+        reasons.append("conflicts with " + ", ".join(read))
+    if unread:
+        reasons.append(
+            "repeats or contradicts " + ", ".join(unread) + " (near text the rules cannot read)"
+        )
     if lesson.quality == "suspect":
         reasons.append("suspect quality")
     if keeps_hurting(lesson):
