@@ -273,6 +273,33 @@ def test_review_actions_change_what_recall_returns(server: Any) -> None:
     assert settled["rejected"]["status"] == "rejected"
     queue = agent.get("/api/review").json()["queue"]
     assert not {"les_keep", "les_drop"} & {i["lesson"]["lesson_id"] for i in queue}
+    # A near pair that says one thing: settled as the same, the kept one takes the other's
+    # support and wording, the other is rejected with a note.
+    with Hindsight(server["db"], background=False) as hs:
+        for mine, theirs, advice in (
+            ("les_one", "les_two", "Add a LIMIT clause to exploratory SELECT queries."),
+            ("les_two", "les_one", "Always put a LIMIT on exploratory SELECTs you send."),
+        ):
+            hs.save_lesson(
+                Lesson(
+                    lesson_id=mine,
+                    task_type="sql",
+                    advice=advice,
+                    status="needs_review" if mine == "les_two" else "active",
+                    conflicts=[theirs],
+                    created_at="2026-01-03T00:00:00.000Z",
+                    valid_until="2099-01-01T00:00:00.000Z",
+                )
+            )
+    bad = {"keep": "les_one", "reject": "les_two", "by": "ana", "same": "yes"}
+    assert agent.post("/api/conflicts/resolve", json=bad).status_code == 400
+    same = agent.post("/api/conflicts/resolve", json={**bad, "same": True}).json()
+    assert same["kept"]["support"] == 2 and same["kept"]["conflicts"] == []
+    assert same["kept"]["advice"].startswith("Add a LIMIT")
+    assert same["rejected"]["status"] == "rejected"
+    assert same["rejected"]["history"][-1]["reason"] == "same as les_one"
+    listed = agent.get("/api/lessons", params={"status": "rejected", "limit": 500}).json()
+    assert "les_two" in [x["lesson_id"] for x in listed["lessons"]]
 
 
 def test_lists_paginate_and_filter(server: Any) -> None:

@@ -22,6 +22,7 @@ if not Path(CHROMIUM).exists():
 sync_api = pytest.importorskip("playwright.sync_api")
 
 from hindsight_loop import Hindsight  # noqa: E402
+from hindsight_loop.models import Lesson  # noqa: E402
 from tests.test_serve_api import HINDSIGHT, conflict_pair, free_port  # noqa: E402
 
 TOKEN = "browser-test-token"
@@ -149,6 +150,31 @@ def test_reject_from_the_queue_and_settle_a_conflict(site: Any, tmp_path: Path) 
     page.reload()
     assert page.locator(f"#card-{doubtful}").count() == 0
     assert page.locator("#card-les_keep, #card-les_drop").count() == 0
+    # A near pair held for review that says one thing: "same advice" merges it into the one kept.
+    with Hindsight(site["db"], background=False) as hs:
+        for mine, theirs, advice in (
+            ("les_one", "les_two", "Add a LIMIT clause to exploratory SELECT queries."),
+            ("les_two", "les_one", "探索性的 SELECT 查询一律加上 LIMIT。"),
+        ):
+            hs.save_lesson(
+                Lesson(
+                    lesson_id=mine,
+                    task_type="sql",
+                    advice=advice,
+                    status="needs_review",
+                    conflicts=[theirs],
+                    created_at="2026-01-03T00:00:00.000Z",
+                    valid_until="2099-01-01T00:00:00.000Z",
+                )
+            )
+    page.reload()
+    page.locator("button.same[data-same=les_one]").first.click()
+    page.wait_for_selector(".card.done")
+    with Hindsight(site["db"], background=False) as hs:
+        one, two = hs.lesson("les_one"), hs.lesson("les_two")
+        assert one is not None and one.status == "active" and one.support == 2
+        assert two is not None and two.status == "rejected"
+        assert two.history[-1]["reason"] == "same as les_one"
     page.goto(f"{base}/trends?lang=en")
     assert page.locator("figure.chart svg").count() == 3
     page.screenshot(path=str(tmp_path / "trends.png"), full_page=True)

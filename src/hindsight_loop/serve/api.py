@@ -415,8 +415,11 @@ class Api:
         by = _text(data, "by", required=True)
         keep = _text(data, "keep", required=True)
         drop = _text(data, "reject", required=True)
+        same = data.get("same", False)
+        if not isinstance(same, bool):
+            raise BadInput("'same' must be true or false")
         kept, dropped = await _blocking(
-            lambda: book.resolve_conflict(self.hs, keep, drop, by=by, cache=self.cache)
+            lambda: book.resolve_conflict(self.hs, keep, drop, by=by, cache=self.cache, same=same)
         )
         return JSONResponse({"kept": lesson_view(kept), "rejected": lesson_view(dropped)})
 

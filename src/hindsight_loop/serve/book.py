@@ -350,9 +350,17 @@ def _edit_fields(changes: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def resolve_conflict(
-    hs: Hindsight, keep: str, drop: str, *, by: str, cache: BookCache | None = None
+    hs: Hindsight,
+    keep: str,
+    drop: str,
+    *,
+    by: str,
+    cache: BookCache | None = None,
+    same: bool = False,
 ) -> tuple[Lesson, Lesson]:
     """Settle a conflict: confirm the lesson to keep, reject the other (both checked first).
+    With ``same`` the two say one thing (a near pair the rules could not read): the kept one
+    also takes the other's support and wording (``lessons.same_as``).
 
     Raises:
         BadInput: the two are the same, or do not conflict.
@@ -367,6 +375,19 @@ def resolve_conflict(
     assert kept is not None and dropped is not None
     if drop not in kept.conflicts and keep not in dropped.conflicts:
         raise BadInput(f"{keep!r} and {drop!r} do not conflict; reject or confirm each instead")
+    if same:
+        if not by.strip():
+            raise BadInput("say who makes the change ('by')")
+        before = cache.version() if cache is not None else None
+        try:
+            merged = hs.merge_lessons(drop, keep, by=by)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+        rejected = hs.lesson(drop)
+        assert merged is not None and rejected is not None
+        if cache is not None:
+            cache.changed(hs, before, [merged, rejected])
+        return act(hs, keep, "confirm", by=by, cache=cache), rejected
     rejected = act(
         hs, drop, "reject", by=by, reason=f"conflict settled in favour of {keep}", cache=cache
     )

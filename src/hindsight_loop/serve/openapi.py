@@ -313,11 +313,17 @@ OPENAPI: dict[str, Any] = {
         "/api/review": {"get": _op("What needs a person: conflicts, suspect quality, harm.")},
         "/api/conflicts/resolve": {
             "post": _op(
-                "Settle a conflict: confirm one lesson, reject the other.",
+                "Settle a conflict: confirm one lesson, reject the other; with same=true the "
+                "two say one thing and the kept one takes the other's support and wording.",
                 body={
                     "type": "object",
                     "required": ["keep", "reject", "by"],
-                    "properties": {"keep": {"type": "string"}, "reject": {"type": "string"}, **_BY},
+                    "properties": {
+                        "keep": {"type": "string"},
+                        "reject": {"type": "string"},
+                        "same": {"type": "boolean"},
+                        **_BY,
+                    },
                 },
                 missing=True,
             )

@@ -95,6 +95,7 @@ TEXT: dict[str, dict[str, str]] = {
         "save": "Save",
         "conflict": "Conflict: which one is right?",
         "keep_this": "Keep this one",
+        "same_keep_this": "Same advice: merge into this one",
         "done_confirm": "confirmed",
         "done_reject": "rejected",
         "done_pin": "pinned",
@@ -186,6 +187,7 @@ TEXT: dict[str, dict[str, str]] = {
         "save": "保存",
         "conflict": "冲突：哪一条是对的？",
         "keep_this": "保留这一条",
+        "same_keep_this": "说的是一回事：合并到这一条",
         "done_confirm": "已确认",
         "done_reject": "已拒绝",
         "done_pin": "已置顶",
@@ -374,11 +376,12 @@ class Pages:
     async def resolve(self, request: Request) -> Response:
         form = await request.form()
         keep, drop = str(form.get("keep") or ""), str(form.get("reject") or "")
+        same = form.get("same") == "1"
         by = self._who(request)
         from starlette.concurrency import run_in_threadpool
 
         kept, _ = await run_in_threadpool(
-            lambda: book.resolve_conflict(self.hs, keep, drop, by=by, cache=self.cache)
+            lambda: book.resolve_conflict(self.hs, keep, drop, by=by, cache=self.cache, same=same)
         )
         if request.headers.get("hx-request") != "true":
             return RedirectResponse("/review", status_code=303)
