@@ -404,3 +404,35 @@ def test_a_clause_of_purpose_or_of_otherwise_reads_neither_way():
     assert "duplicate" not in stance("Look the vendor up first, so you don't create a duplicate.")
     assert "漏掉" not in stance("按结束日期的下一天筛选，不然最后一天的订单会漏掉。")
     assert stance("Uploading the whole folder isn't enough.").get("folder", 0) < 0
+
+
+def test_the_head_of_jiu_is_the_situation_not_the_act():
+    """ "超过 30 秒就中止": the threshold is when, the act is what follows 就; "就行" is no act."""
+    assert "30" not in stance("响应超过 30 秒就中止请求，别一直等。")
+    assert stance("直接重启服务就行。").get("重启", 0) > 0
+    first = curate(
+        LessonDraft(task_type="t", advice="响应超过 30 秒就中止请求，别一直等。"),
+        [],
+        embedder=EMBEDDER,
+        now=NOW,
+    ).lesson
+    change = curate(
+        LessonDraft(task_type="t", advice="响应到了 30 秒也照样继续等，犯不着中止请求。"),
+        [first],
+        embedder=EMBEDDER,
+        now=NOW,
+    )
+    assert change.action != "merge"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Polling the export again just burns API quota.",
+        "Re-running the full suite wastes the CI budget.",
+        "Reindexing every night only wastes time.",
+    ],
+)
+def test_burning_or_wasting_a_resource_dismisses_the_act(text):
+    signs = stance(text)
+    assert signs and all(v < 0 for v in signs.values()), signs

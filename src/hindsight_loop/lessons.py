@@ -397,6 +397,8 @@ _CONDITION_ZH = re.compile(
 )
 _CONDITION_MID_ZH = re.compile(
     r"(?:时(?![区间候刻长效段差])|之前|以前|之后|以后)(?=\s*\S)|[前后](?=\s*(?:先|再|要|请|务必|应|xnow|就))"
+    # "超过 8 米就取消": the head of "…就 <act>" is when ("就行", "就是", "就够" are no act).
+    r"|(?<=\S)就(?!行|好|可以|是|够|算|对|会|能|要|得)(?=\s*\S)"
 )
 # Prohibitions: what follows is avoided; what precedes is the subject (neutral) ...
 _FORBID_RE = re.compile(
@@ -413,6 +415,9 @@ _DISMISS_RE = re.compile(
     r"overkill|useless|not\s+needed|not\s+necessary)\b"
     r"|\b(?:(?:is|are|was|'s)\s+)?(?:an?\s+)?(?:overkill|not\s+worth\s+(?:it|the)|too\s+slow|"
     r"too\s+expensive|too\s+risky|more\s+trouble\s+than|not\s+enough|proves?\s+nothing)\b"
+    # "calling it again just burns quota", "re-reviewing them wastes the reviewer's time".
+    r"|\b(?:just\s+|only\s+)?(?:wastes?|wasting|burns?|burning|eats?\s+up)\s+(?:[\w'-]+\s+){0,3}?"
+    r"(?:time|quota|money|tokens?|credits?|budget|calls?|requests?)\b"
     r"|是多余的|纯属多余|没必要|没有必要|不必要|浪费时间|多此一举|不值得|不划算|得不偿失|太慢|"
     r"太麻烦|太贵|太冒险|白费",
     re.IGNORECASE,
