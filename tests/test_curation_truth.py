@@ -436,3 +436,17 @@ def test_the_head_of_jiu_is_the_situation_not_the_act():
 def test_burning_or_wasting_a_resource_dismisses_the_act(text):
     signs = stance(text)
     assert signs and all(v < 0 for v in signs.values()), signs
+
+
+@pytest.mark.parametrize(
+    ("do", "dismiss"),
+    [
+        ("发布前把每个配置项都和线上逐个比对。", "配置项一个个去比对？犯不着，直接发布就行。"),
+        ("导出之前先手动备份数据库。", "导出前用不着手动备份数据库，平台每小时自动备份。"),
+        ("上线前先跑一遍全量回归测试。", "上线前再跑全量回归测试大可不必。"),
+    ],
+)
+def test_colloquial_chinese_dismissals_are_no_agreement(do, dismiss):
+    first = curate(LessonDraft(task_type="t", advice=do), [], embedder=EMBEDDER, now=NOW).lesson
+    change = curate(LessonDraft(task_type="t", advice=dismiss), [first], embedder=EMBEDDER, now=NOW)
+    assert change.action != "merge"

@@ -419,7 +419,7 @@ _DISMISS_RE = re.compile(
     r"|\b(?:just\s+|only\s+)?(?:wastes?|wasting|burns?|burning|eats?\s+up)\s+(?:[\w'-]+\s+){0,3}?"
     r"(?:time|quota|money|tokens?|credits?|budget|calls?|requests?)\b"
     r"|是多余的|纯属多余|没必要|没有必要|不必要|浪费时间|多此一举|不值得|不划算|得不偿失|太慢|"
-    r"太麻烦|太贵|太冒险|白费",
+    r"太麻烦|太贵|太冒险|白费|犯不着|用不着|大可不必|没那个必要|省了吧",
     re.IGNORECASE,
 )
 # ... exclusions: what precedes is what to do ("X instead of Y", "X without Y", "X, not Y").
