@@ -450,3 +450,17 @@ def test_colloquial_chinese_dismissals_are_no_agreement(do, dismiss):
     first = curate(LessonDraft(task_type="t", advice=do), [], embedder=EMBEDDER, now=NOW).lesson
     change = curate(LessonDraft(task_type="t", advice=dismiss), [first], embedder=EMBEDDER, now=NOW)
     assert change.action != "merge"
+
+
+@pytest.mark.parametrize(
+    ("text", "avoided"),
+    [
+        ("没必要先备份数据库。", "备份"),
+        ("直接部署就行，用不着先在预发布环境跑一遍。", "预发"),
+        ("先跑全量测试？犯不着。", "测试"),
+    ],
+)
+def test_a_dismissal_before_its_act_avoids_the_act(text, avoided):
+    signs = stance(text)
+    assert any(avoided in term and sign < 0 for term, sign in signs.items()), signs
+    assert not any(sign < 0 for term, sign in signs.items() if "部署" in term), signs

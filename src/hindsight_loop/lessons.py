@@ -504,8 +504,12 @@ def stance(text: str) -> dict[str, float]:
             # which act (one lesson's purpose is another's "otherwise"): read neither way.
             continue
         if dismissed := _DISMISS_RE.search(clause):
-            if _terms(clause[: dismissed.start()]) or not said:
-                _avoid(clause[: dismissed.start()], out)
+            head, tail = clause[: dismissed.start()], clause[dismissed.end() :]
+            if _terms(head) or not (said or _terms(tail)):
+                _avoid(head, out)
+            elif _terms(tail):
+                # "用不着先在预发布环境跑一遍", "没必要先备份": the dismissal comes before its act.
+                _avoid(tail, out)
             else:
                 # "…, CONCURRENTLY 太慢而且容易失败, 不值得": a dismissal on its own speaks of the
                 # clause before it, which was read as asked for: turn it round.
