@@ -53,6 +53,26 @@ def conflict_pair(hs: Hindsight) -> tuple[str, str]:
     return a.lesson_id, b.lesson_id
 
 
+def near_pair(hs: Hindsight, second: str) -> None:
+    """``les_one`` (active) and ``les_two`` (``second``, waiting): near text the rules could not
+    read either way, marked as a pair for a person to settle."""
+    for mine, theirs, advice, status in (
+        ("les_one", "les_two", "Add a LIMIT clause to exploratory SELECT queries.", "active"),
+        ("les_two", "les_one", second, "needs_review"),
+    ):
+        hs.save_lesson(
+            Lesson(
+                lesson_id=mine,
+                task_type="sql",
+                advice=advice,
+                status=status,
+                conflicts=[theirs],
+                created_at="2026-01-03T00:00:00.000Z",
+                valid_until="2099-01-01T00:00:00.000Z",
+            )
+        )
+
+
 @pytest.fixture
 def server(tmp_path: Path, http_process: Any) -> Any:
     from hindsight_loop.demo.run import run_demo
@@ -276,21 +296,7 @@ def test_review_actions_change_what_recall_returns(server: Any) -> None:
     # A near pair that says one thing: settled as the same, the kept one takes the other's
     # support and wording, the other is rejected with a note.
     with Hindsight(server["db"], background=False) as hs:
-        for mine, theirs, advice in (
-            ("les_one", "les_two", "Add a LIMIT clause to exploratory SELECT queries."),
-            ("les_two", "les_one", "Always put a LIMIT on exploratory SELECTs you send."),
-        ):
-            hs.save_lesson(
-                Lesson(
-                    lesson_id=mine,
-                    task_type="sql",
-                    advice=advice,
-                    status="needs_review" if mine == "les_two" else "active",
-                    conflicts=[theirs],
-                    created_at="2026-01-03T00:00:00.000Z",
-                    valid_until="2099-01-01T00:00:00.000Z",
-                )
-            )
+        near_pair(hs, "Always put a LIMIT on exploratory SELECTs you send.")
     bad = {"keep": "les_one", "reject": "les_two", "by": "ana", "same": "yes"}
     assert agent.post("/api/conflicts/resolve", json=bad).status_code == 400
     same = agent.post("/api/conflicts/resolve", json={**bad, "same": True}).json()

@@ -22,8 +22,7 @@ if not Path(CHROMIUM).exists():
 sync_api = pytest.importorskip("playwright.sync_api")
 
 from hindsight_loop import Hindsight  # noqa: E402
-from hindsight_loop.models import Lesson  # noqa: E402
-from tests.test_serve_api import HINDSIGHT, conflict_pair, free_port  # noqa: E402
+from tests.test_serve_api import HINDSIGHT, conflict_pair, free_port, near_pair  # noqa: E402
 
 TOKEN = "browser-test-token"
 ARGS = [
@@ -152,21 +151,7 @@ def test_reject_from_the_queue_and_settle_a_conflict(site: Any, tmp_path: Path) 
     assert page.locator("#card-les_keep, #card-les_drop").count() == 0
     # A near pair held for review that says one thing: "same advice" merges it into the one kept.
     with Hindsight(site["db"], background=False) as hs:
-        for mine, theirs, advice in (
-            ("les_one", "les_two", "Add a LIMIT clause to exploratory SELECT queries."),
-            ("les_two", "les_one", "探索性的 SELECT 查询一律加上 LIMIT。"),
-        ):
-            hs.save_lesson(
-                Lesson(
-                    lesson_id=mine,
-                    task_type="sql",
-                    advice=advice,
-                    status="needs_review",
-                    conflicts=[theirs],
-                    created_at="2026-01-03T00:00:00.000Z",
-                    valid_until="2099-01-01T00:00:00.000Z",
-                )
-            )
+        near_pair(hs, "探索性的 SELECT 查询一律加上 LIMIT。")
     page.reload()
     page.locator("button.same[data-same=les_one]").first.click()
     page.wait_for_selector(".card.done")
