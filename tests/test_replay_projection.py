@@ -286,6 +286,31 @@ def test_the_projection_reads_only_the_bodies_it_shows(db_path: Any) -> None:
         store.close()
 
 
+def test_events_and_steps_built_field_by_field_have_every_field(db_path: Any) -> None:
+    """The store's events and replay's steps of tool calls are built by setting their fields
+    one by one (cheaper than the dataclasses' keyword ``__init__``): none is left unset, and
+    each equals what ``__init__`` makes of the same fields."""
+    from dataclasses import fields
+
+    from hindsight_loop.models import Event, Step
+
+    hs = Hindsight(db_path, background=False, triggers=False)
+    try:
+        rng = random.Random(5)
+        for event in varied_run(rng, "tsk_fields", 200, agents=False):
+            assert hs.record(event)
+        hs.flush()
+        events = hs.store.events("tsk_fields")
+        steps = hs.replay("tsk_fields", max_steps=1 << 30).steps
+        assert len(steps) == len(events) > 200
+        assert any(step.type == "action_executed" for step in steps)
+        for value, cls in [*((e, Event) for e in events), *((s, Step) for s in steps)]:
+            given = {f.name: getattr(value, f.name) for f in fields(cls)}  # raises if unset
+            assert value == cls(**given)
+    finally:
+        hs.close()
+
+
 def test_a_store_from_before_the_projection_migrates_and_replays_the_same(db_path: Any) -> None:
     import sqlite3
 

@@ -936,7 +936,8 @@ class Detector(Protocol):
     """Finds the key nodes of one kind in one run, fed its events in order."""
 
     kind: KeyNodeKind
-    #: The event types it reads (None: all); it is fed only those, in order.
+    #: The event types it reads (None: all); it is fed only those, in order (``observe`` does
+    #: not check them again: thousands of calls per run).
     types: frozenset[str] | None
     #: When not 0, it is fed only events whose projection has this flag.
     flag: int
@@ -999,8 +1000,6 @@ class ConsecutiveFailures:
         self._reported = False
 
     def observe(self, seen: Seen) -> Sequence[KeyNode]:
-        if seen.type != "action_executed":
-            return _NONE
         found = _NONE
         name, i = seen.name, seen.index
         if not seen.failed:
@@ -1045,8 +1044,6 @@ class Recovery:
         self._unresolved: dict[Any, _Unresolved] = {}
 
     def observe(self, seen: Seen) -> Sequence[KeyNode]:
-        if seen.type != "action_executed":
-            return _NONE
         unresolved = self._unresolved
         if seen.failed:
             pending = unresolved.get(seen.label)
@@ -1113,8 +1110,6 @@ class Loop:
         self._run_len = 0
 
     def observe(self, seen: Seen) -> Sequence[KeyNode]:
-        if seen.type != "action_executed":
-            return _NONE
         sig = seen.sig
         if sig is None:
             self._run_sig = None
@@ -1199,7 +1194,7 @@ class Hesitation:
                 self._weighing[seen.label] = seen.weigh
             return _NONE
         name = seen.name
-        if etype != "action_executed" or name is None:
+        if name is None:  # (an action: the only other type it is fed)
             return _NONE
         label, i, sig = seen.label, seen.index, seen.sig
         weighed = self._weighing.pop(label, None) if self._weighing else None
@@ -1317,9 +1312,6 @@ class Handoff:
         self._index = -1
 
     def observe(self, seen: Seen) -> Sequence[KeyNode]:
-        etype = seen.type
-        if etype != "llm_decision" and etype != "user_input":
-            return _NONE
         agent = seen.agent
         if agent is None:
             return _NONE
@@ -1702,6 +1694,8 @@ def _compress(n: int, nodes: list[KeyNode], max_steps: int) -> list[int]:
 
 
 def _step(index: int, ev: Event) -> Step:
+    if ev.type == "action_executed":
+        return _call_step(index, ev)
     result = ev.result
     label = ev.agent_state.get("current_step") if ev.agent_state else None
     etype = ev.type
@@ -1721,6 +1715,68 @@ def _step(index: int, ev: Event) -> Step:
         context=_bound(ev.context) if ev.context is not None else None,
         output=_output(ev),
     )
+
+
+def _call_step(index: int, ev: Event) -> Step:
+    """``_step`` of a tool call, with ``_summarize`` and ``_output`` inlined: most steps a
+    chronicle keeps are calls, and these are per-call function overheads on its hot path."""
+    result = ev.result
+    state = ev.agent_state
+    label = state.get("current_step") if state else None
+    inp = ev.input
+    action = ev.action
+    res = result or {}
+    status = res.get("status")
+    error_type = res.get("error_type")
+    if error_type is not None:
+        error_type = str(error_type)
+    # The summary: name(args) -> status why
+    tail = ""
+    if status is not None:
+        said = str(status)
+        if said:
+            why = error_type
+            if not why and is_failure(said):
+                message = res.get("error_message")
+                why = "" if message is None else str(message)
+            tail = " " + _clip(f"-> {said} {why}" if why else f"-> {said}", 39)
+    name = _clip(action or "action", 30)
+    budget = STEP_SUMMARY_MAX - len(tail) - len(name) - 2
+    head = f"{name}({_args_text(_args(inp or {}), budget)})"
+    # The output
+    output = None
+    if result:
+        out = res.get("output")
+        message = res.get("error_message")
+        if isinstance(message, str) and message and not is_success(status):
+            error = _cut(message, DETAIL_TEXT_MAX)
+            output = (
+                {"error_message": error}
+                if out is None
+                else {"output": _bound(out), "error_message": error}
+            )
+        elif out is not None:
+            output = _bound(out)
+    context = ev.context
+    # Step(...) with its fields set one by one: see _new_step.
+    step = _new_step(Step)
+    step.index = index
+    step.event_id = ev.event_id
+    step.type = "action_executed"
+    step.action = action
+    step.status = normal_status(status) if result else None
+    step.step = None if label is None else str(label)
+    step.summary = _clip(head, STEP_SUMMARY_MAX - len(tail)) + tail
+    step.error_type = error_type if result else None
+    step.input = None if inp is None else _bound(inp)
+    step.context = None if context is None else _bound(context)
+    step.output = output
+    return step
+
+
+# Thousands of steps per replay: a dataclass's keyword __init__ costs ~4x setting its fields one
+# by one (tests/test_replay_projection.py checks every field of a step is set).
+_new_step = object.__new__
 
 
 def _said(inp: dict[str, Any]) -> dict[str, Any]:
@@ -1923,27 +1979,32 @@ def _args_text(args: Any, budget: int = 72) -> str:
         keys: list[str] = []
         values: list[str] = []
         for k, v in items:
-            keys.append(str(k))
-            values.append(v if isinstance(v, str) else _short(v, 40))
+            keys.append(k if type(k) is str else str(k))
+            values.append(v if type(v) is str or isinstance(v, str) else _short(v, 40))
         shown = len(keys)
         if not shown:
             return ""
         # Cutting the longest values beats cutting the line's end: the last argument
         # (encoding=gbk) is often the one that matters.
         left = budget - 2 * (shown - 1) - (3 if size > 3 else 0)
+        lengths = [len(v) for v in values]
         limits = [0] * shown
-        order = (
-            (0,) if shown == 1 else sorted(range(shown), key=[len(v) for v in values].__getitem__)
-        )
-        for count, n in enumerate(order):
+        remaining = shown
+        for n in (0,) if shown == 1 else sorted(range(shown), key=lengths.__getitem__):
             key_size = len(keys[n]) + 1
-            limit = min(len(values[n]), max(4, left // (shown - count) - key_size))
+            # min(length, max(4, share - key_size)), spelled out: three calls per value
+            limit = left // remaining - key_size
+            if limit < 4:
+                limit = 4
+            if lengths[n] < limit:
+                limit = lengths[n]
             limits[n] = limit
             left -= key_size + limit
+            remaining -= 1
         parts = []
         for n in range(shown):
             value, limit = values[n], limits[n]
-            if len(value) > limit:  # _short(value, limit), inlined
+            if lengths[n] > limit:  # _short(value, limit), inlined
                 value = "…" + value[-(limit - 1) :] if "/" in value else _clip(value, limit)
             parts.append(f"{keys[n]}={value}")
         if size > 3:
@@ -2021,6 +2082,14 @@ def _bound(value: Any, depth: int = 0) -> Any:
                 out[k] = v if len(v) <= _TEXT_MAX else v[: _TEXT_MAX - 1] + "…"
             elif isinstance(v, int | float):
                 out[k] = v
+            elif kind is list and len(v) <= _ITEMS_MAX and depth + 1 < _DEPTH_MAX:
+                # _bound(v, depth + 1) of a short list (column names …), inlined
+                out[k] = [
+                    x
+                    if (type(x) is str and len(x) <= _TEXT_MAX) or type(x) is int or x is None
+                    else _bound(x, depth + 2)
+                    for x in v
+                ]
             else:
                 out[k] = _bound(v, depth + 1)
         return out
@@ -2048,11 +2117,20 @@ def _bound(value: Any, depth: int = 0) -> Any:
 
 def _long_text(value: dict[str, Any]) -> bool:
     """Whether a dict holds text too long for its JSON to be small (a tool's output with its
-    text, the usual case): the round trip of ``_bound`` would be wasted on it."""
-    for v in value.values():  # noqa: SIM110 - any(generator) costs more on this hot path
-        if type(v) is str and len(v) > _SMALL_JSON:
-            return True
-    return False
+    text, a call's input with a long argument: the usual cases): the round trip of ``_bound``
+    would be wasted on it."""
+    # Characters are a floor on JSON's bytes: text adding up past the limit, at the top or one
+    # level down (a call's arguments under "args"), proves the JSON is not small.
+    size = 0
+    for v in value.values():
+        kind = type(v)
+        if kind is str:
+            size += len(v)
+        elif kind is dict:
+            for w in v.values():
+                if type(w) is str:
+                    size += len(w)
+    return size > _SMALL_JSON
 
 
 def _status(result: dict[str, Any] | None) -> str | None:

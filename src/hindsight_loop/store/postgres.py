@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -361,17 +362,16 @@ class PostgresStore:
                 "SELECT id, type, projection FROM events WHERE task_id=%s ORDER BY ts, seq, id",
                 (task_id,),
             ).fetchall()
-            return StoredRun.from_rows(rows, self._events_by_key)
+            return StoredRun.from_rows(rows, partial(self._events_by_key, task_id))
 
-    def _events_by_key(self, keys: list[int]) -> dict[int, Event]:
-        """The events of these row ids (the bodies a replay shows)."""
-        return {
-            key: _event_of(event_id, task_id, seq, ts, etype, body)
-            for key, event_id, task_id, seq, ts, etype, body in self._db.execute(
-                "SELECT id, event_id, task_id, seq, ts, type, body FROM events WHERE id = ANY(%s)",
-                (keys,),
-            )
-        }
+    def _events_by_key(self, task_id: str, keys: list[int]) -> dict[int, Event]:
+        """The events of these row ids of one task (the bodies a replay shows)."""
+        out = {}
+        for key, event_id, seq, ts, etype, body in self._db.execute(
+            "SELECT id, event_id, seq, ts, type, body FROM events WHERE id = ANY(%s)", (keys,)
+        ):
+            out[key] = _event_of(event_id, task_id, seq, ts, etype, body)
+        return out
 
     def event_count(self, task_id: str | None = None) -> int:
         if task_id is None:
