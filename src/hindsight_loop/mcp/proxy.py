@@ -26,7 +26,9 @@ name; then each clashing tool is offered as ``<server>__<tool>``. ``prefixed`` n
 
 Both protocol eras are handled on both sides: upstreams are reached with the SDK's ``auto`` mode
 (``server/discover`` at 2026-07-28, falling back to the 2025 ``initialize`` handshake), and the
-gateway serves 2025-era and 2026-era clients from the same server.
+gateway serves 2025-era and 2026-era clients from the same server, except that in front of a
+server that speaks only the 2025 era it speaks only that era too (``era.py``), as the server
+would directly.
 """
 
 from __future__ import annotations
