@@ -391,7 +391,7 @@ class Gateway:
             now = time.monotonic()
             for key, session in list(self.sessions.items()):
                 if session.http and now - session.last_seen > self.session_idle:
-                    self.end_session(key, "idle")
+                    self._client_gone(key, "idle")
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -446,12 +446,13 @@ class Gateway:
                 self.presence.bind(key, request.scope.get("client"), SESSIONLESS_LINGER_S)
         return await call_next(ctx)
 
-    def _client_gone(self, key: str) -> None:
-        """No connection of an HTTP session's client is open any more: its task ends."""
+    def _client_gone(self, key: str, reason: str = "client disconnected") -> None:
+        """No connection of an HTTP session's client is open any more (or it was idle too long):
+        its task ends; a 2025-era session is kept so a return names the task it continues."""
         session = self.sessions.get(key)
         if session is None:
             return
-        self.end_session(key, "client disconnected")
+        self.end_session(key, reason)
         if key.startswith("http:"):
             self.ended[key] = session
             while len(self.ended) > _ENDED_KEPT:
