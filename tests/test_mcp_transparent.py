@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.streams.text
 import httpx2
 import mcp_types as types
+import orjson
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -383,6 +385,96 @@ async def test_over_http_each_client_is_served_for_what_it_declared(
         ["trigger-sampling-request", "trigger-elicitation-request", "get-roots-list"],
         ["trigger-sampling-request", "trigger-sampling-request"],
     ]
+
+
+FORM_ONLY = {"elicitation": {"form": {}}}
+
+
+def _init(capabilities: dict[str, Any]) -> dict[str, Any]:
+    info = {"name": "raw", "version": "1"}
+    params = {"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": info}
+    return {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params}
+
+
+_INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+_LIST = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+
+
+async def _raw_stdio_tools(command: list[str], capabilities: dict[str, Any]) -> list[str]:
+    """The tool names a 2025-era client declaring exactly ``capabilities`` is offered (stdio)."""
+    async with await anyio.open_process(command, stderr=None) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        lines = anyio.streams.text.TextReceiveStream(proc.stdout)
+        buffer = ""
+
+        async def answer(want: int) -> dict[str, Any]:
+            nonlocal buffer
+            while True:
+                while "\n" not in buffer:
+                    buffer += await lines.receive()
+                line, buffer = buffer.split("\n", 1)
+                msg = orjson.loads(line)
+                if msg.get("id") == want and "method" not in msg:
+                    return msg  # type: ignore[no-any-return]
+
+        for message in (_init(capabilities), _INITIALIZED, _LIST):
+            await proc.stdin.send(orjson.dumps(message) + b"\n")
+            if "id" in message:
+                result = await answer(message["id"])  # type: ignore[arg-type]
+        await proc.stdin.aclose()
+        with anyio.fail_after(30):
+            await proc.wait()
+    return [t["name"] for t in result["result"]["tools"]]
+
+
+async def _raw_http_tools(url: str, token: str, capabilities: dict[str, Any]) -> list[str]:
+    """The same over streamable HTTP (a 2025-era session)."""
+    headers = {"authorization": f"Bearer {token}", "accept": "application/json, text/event-stream"}
+    async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+
+        async def post(message: dict[str, Any], sid: str | None) -> Any:
+            extra = {"mcp-session-id": sid, "mcp-protocol-version": "2025-11-25"} if sid else {}
+            response = await http.post(url, json=message, headers=extra)
+            assert response.status_code in (200, 202), response.text
+            data = [x[5:] for x in response.text.splitlines() if x.startswith("data:")]
+            return (orjson.loads(data[-1]) if data else None), response.headers.get(
+                "mcp-session-id"
+            )
+
+        _, sid = await post(_init(capabilities), None)
+        await post(_INITIALIZED, sid)
+        listed, _ = await post(_LIST, sid)
+        await http.delete(url, headers={"mcp-session-id": sid})
+    return [t["name"] for t in listed["result"]["tools"]]
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_server_is_told_the_parts_of_a_capability_the_client_declared(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+    http_process: Any,
+    transport: str,
+) -> None:
+    """A client declaring form elicitation only is not offered the URL-elicitation tool,
+    through the gateway as directly (the SDK's own client would declare both parts)."""
+    expected = await _raw_stdio_tools([everything, "stdio"], FORM_ONLY)
+    assert "trigger-elicitation-request" in expected
+    assert "trigger-url-elicitation" not in expected
+    db = tmp_path / "g.db"
+    stdio = _gateway(_config(tmp_path / "s.json", _servers(everything)), db)
+    if transport == "stdio":
+        through = await _raw_stdio_tools([stdio.command, *stdio.args], FORM_ONLY)
+    else:
+        port, token = _free_port(), "parts-token"
+        proc = http_process(
+            stdio.command,
+            [*stdio.args, "--transport", "http", "--port", str(port), "--token", token],
+            port,
+        )
+        through = await _raw_http_tools(f"http://127.0.0.1:{port}/mcp", token, FORM_ONLY)
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    assert through == expected
 
 
 DECLARED_SERVER = textwrap.dedent(

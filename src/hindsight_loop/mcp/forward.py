@@ -274,13 +274,15 @@ class Forwarder:
             if isinstance(message, _RELAYED_NOTIFICATIONS):
                 await self._notify(upstream, message)
 
-        # A callback given is a capability declared (the SDK builds the declaration from them).
+        # A callback given is a capability declared; its parts exactly as the client declared
+        # them (``proxy._UpstreamClient``).
         declared = self.gateway.declared
         return {
             "sampling_callback": sampling if declared.sampling else None,
             "sampling_capabilities": declared.sampling,
             "elicitation_callback": elicitation if declared.elicitation else None,
             "list_roots_callback": list_roots if declared.roots else None,
+            "declared": declared,
             "logging_callback": on_log,
             "message_handler": on_message,
         }

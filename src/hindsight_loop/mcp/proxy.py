@@ -879,6 +879,33 @@ class _SessionEndWatcher:
 # -- helpers -------------------------------------------------------------------------------
 
 
+@dataclass
+class _UpstreamClient(Client):
+    """The SDK's client, declaring exactly the client capabilities it is given.
+
+    The SDK declares a capability from the callback given for it, in a fixed form (elicitation
+    as form and URL, roots with list changes), and servers act on the parts: server-everything
+    offers its URL-elicitation tool only to a client that declares ``elicitation.url``.
+    """
+
+    declared: types.ClientCapabilities | None = field(default=None, kw_only=True)
+
+    async def _build_session(self, exit_stack: AsyncExitStack) -> Any:
+        session = await super()._build_session(exit_stack)
+        declared = self.declared
+        build = getattr(session, "_build_capabilities", None)
+        if declared is None or build is None:  # another SDK: its own declaration stands
+            return session
+
+        def exact(version: str) -> types.ClientCapabilities:
+            caps = build(version)
+            parts = {"sampling": declared.sampling, "elicitation": declared.elicitation}
+            return caps.model_copy(update={**parts, "roots": declared.roots})
+
+        session._build_capabilities = exact  # type: ignore[method-assign]
+        return session
+
+
 async def _open_client(
     config: UpstreamConfig,
     stack: AsyncExitStack,
@@ -900,8 +927,8 @@ async def _open_client(
         )
         if upstream.can_serve():  # its process is the gateway's to stop (see mcp.upstream)
             transport = upstream.upstream_stdio(params, link=link)
-            return Client(transport, client_info=info, **callbacks)
-        return Client(params, client_info=info, **callbacks)
+            return _UpstreamClient(transport, client_info=info, **callbacks)
+        return _UpstreamClient(params, client_info=info, **callbacks)
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
@@ -910,7 +937,7 @@ async def _open_client(
         httpx2.AsyncClient(headers=config.headers, timeout=httpx2.Timeout(30.0, read=300.0))
     )
     transport = streamable_http_client(config.url, http_client=http)
-    return Client(transport, client_info=info, **callbacks)
+    return _UpstreamClient(transport, client_info=info, **callbacks)
 
 
 _CALL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
