@@ -19,8 +19,12 @@ Paths measured, each against its own direct baseline:
   ``hindsight mcp proxy`` (which starts the server itself), for a client that declares no
   capabilities and for one that declares sampling (the gateway tells the upstream what its
   client declares); interleaved, medians.
+- ``http`` (with ``--http``): client → ``hindsight mcp proxy --transport http`` (a subprocess on
+  127.0.0.1) → server over stdio, against the direct stdio baseline; with the gateway process's
+  CPU per call. Tool calls over HTTP take the SDK's path on both sides (no byte relay), so this
+  is what a relay there could save.
 
-    python bench/mcp_latency.py [--calls 1000] [--mode auto|legacy] [--launches 7] [--json]
+    python bench/mcp_latency.py [--calls 1000] [--mode auto|legacy] [--launches 7] [--http] [--json]
 """
 
 from __future__ import annotations
@@ -157,8 +161,64 @@ def _cpu_ms(marker: str) -> float | None:
     return None
 
 
+async def _http_path(
+    exe: str, args: list[str], config_path: Path, workdir: Path, mode: str, calls: int
+) -> dict[str, Any]:
+    """The same calls through the gateway served over streamable HTTP (a subprocess)."""
+    import socket
+
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    marker = str(workdir / "http.db")
+    token = "bench-token"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLI, "mcp", "proxy", "--config", str(config_path)]
+        + ["--db", marker, "--transport", "http", "--port", str(port), "--token", token],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the HTTP gateway did not start") from None
+                time.sleep(0.05)
+        headers = {"Authorization": f"Bearer {token}"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=60) as http,
+            Client(StdioServerParameters(command=exe, args=args), mode=mode) as d,
+            Client(
+                streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http),
+                mode=mode,
+            ) as g,
+        ):
+            cpu: list[float | None] = []
+            ta, tb = await _interleave(
+                [
+                    lambda: d.call_tool("convert_time", ARGS),
+                    lambda: g.call_tool("convert_time", ARGS),
+                ],
+                calls,
+                mark=lambda: cpu.append(_cpu_ms(marker)),
+            )
+        result = _stats(ta, tb)
+        if cpu[0] is not None and cpu[1] is not None:
+            result["gateway_cpu_ms_per_call"] = round((cpu[1] - cpu[0]) / calls, 3)
+        return result
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 async def _bench(
-    exe: str, calls: int, mode: str, workdir: Path, launches: int = 0
+    exe: str, calls: int, mode: str, workdir: Path, launches: int = 0, http: bool = False
 ) -> dict[str, Any]:
     args = ["--local-timezone", "UTC"]
     config_path = workdir / "servers.json"
@@ -182,6 +242,9 @@ async def _bench(
         # where the processes on the call path wait for a core.
         if cpu[0] is not None and cpu[1] is not None:
             results["stdio"]["gateway_cpu_ms_per_call"] = round((cpu[1] - cpu[0]) / calls, 3)
+
+    if http:
+        results["http"] = await _http_path(exe, args, config_path, workdir, mode, calls)
 
     with Hindsight(workdir / "inproc.db") as hs:
         config = parse_config({"mcpServers": {"time": {"command": exe, "args": args}}})
@@ -232,11 +295,14 @@ def main() -> None:
     parser.add_argument(
         "--launches", type=int, default=7, help="launches per client kind (0: skip)"
     )
+    parser.add_argument(
+        "--http", action="store_true", help="also measure the gateway over streamable HTTP"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     opts = parser.parse_args()
     exe = _time_server()
     with tempfile.TemporaryDirectory() as tmp:
-        results = anyio.run(_bench, exe, opts.calls, opts.mode, Path(tmp), opts.launches)
+        results = anyio.run(_bench, exe, opts.calls, opts.mode, Path(tmp), opts.launches, opts.http)
     if opts.json:
         print(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())
         return
@@ -246,7 +312,9 @@ def main() -> None:
     print(
         f"{'path':<27}{'direct ms':>11}{'gateway ms':>12}{'added ms':>10}{'ratio':>8}{'p90 d/g ms':>16}"
     )
-    for path in ("stdio", "in-process", "in-process, recording off"):
+    for path in ("stdio", "http", "in-process", "in-process, recording off"):
+        if path not in results:
+            continue
         r = results[path]
         print(
             f"{path:<27}{r['direct_median_ms']:>11.3f}{r['gateway_median_ms']:>12.3f}"
@@ -254,8 +322,9 @@ def main() -> None:
             f"{r['direct_p90_ms']:>8.2f}/{r['gateway_p90_ms']:.2f}"
         )
     print(f"Hindsight.record on the call path: {results['record_us_per_event']} µs per event")
-    if "gateway_cpu_ms_per_call" in results["stdio"]:
-        print(f"stdio gateway CPU per call: {results['stdio']['gateway_cpu_ms_per_call']} ms")
+    for path in ("stdio", "http"):
+        if "gateway_cpu_ms_per_call" in results.get(path, {}):
+            print(f"{path} gateway CPU per call: {results[path]['gateway_cpu_ms_per_call']} ms")
     for kind, ms in results.get("launch_median_ms", {}).items():
         if kind != "gateway_process_cpu_ms":
             print(f"launch to handshake done, {kind}: {ms} ms (median of {opts.launches})")

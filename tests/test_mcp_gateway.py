@@ -426,7 +426,8 @@ async def test_http_clients_that_leave_without_delete_end_their_tasks(
         await _ended(db, 2 + run)
 
     # A 2025-era client whose connections all closed, coming back with its session id later,
-    # continues its task.
+    # gets a new task naming the one it continues: each task ends once (a task that ended may
+    # have been reviewed already).
     auth = {"authorization": f"Bearer {TOKEN}"}
     init = {
         "jsonrpc": "2.0",
@@ -449,27 +450,75 @@ async def test_http_clients_that_leave_without_delete_end_their_tasks(
     async with httpx.AsyncClient(headers=auth, timeout=30) as http:
         answer, _ = await _post(http, url, {**call, "id": 3}, sid)
         assert "+9.0h" in str(answer["result"])
-    with anyio.fail_after(15):  # its end is recorded again (its status never went back)
-        while [e.type for e in _events(db)[-1][1]].count("task_end") < 2:
-            await anyio.sleep(0.1)
+    await _ended(db, 5)
 
     proc.terminate()
     assert proc.wait(timeout=30) == 0
     tasks = _events(db)
-    assert [len(_actions(events)) for _, events in tasks] == [1, 1, 2, 2]
-    assert [e.type for e in tasks[-1][1]] == [
-        "task_start",
-        "action_executed",
-        "task_end",
-        "action_executed",
-        "task_end",
-    ]
+    assert [len(_actions(events)) for _, events in tasks] == [1, 1, 2, 1, 1]
+    (raw, raw_events), (resumed, resumed_events) = tasks[-2:]
+    assert resumed_events[0].extra["source"]["continues"] == raw.task_id
+    assert "continues" not in raw_events[0].extra["source"]
+    assert resumed.task_type == raw.task_type == "mcp:raw"
     assert {t.task_type for t, _ in tasks[:3]} == {"mcp:漫游_agent"}
-    assert [t.status for t, _ in tasks] == ["succeeded", "succeeded", "failed", "succeeded"]
+    assert [t.status for t, _ in tasks] == ["succeeded", "succeeded", "failed"] + ["succeeded"] * 2
     for task, events in tasks:
         assert task.outcome["reason"] == "client disconnected"  # type: ignore[index]
-        assert [e.type for e in events].count("task_start") == 1
-        assert events[-1].type == "task_end"
+        assert [e.type for e in events] == [
+            "task_start",
+            *["action_executed"] * len(_actions(events)),
+            "task_end",
+        ]
+
+
+async def test_an_idle_http_session_that_comes_back_is_a_new_task_naming_the_old(
+    time_server: str, tmp_path: Path
+) -> None:
+    """Served by an ASGI server that reports no connections, a session ends after its idle
+    time; its client coming back with the session id gets a new task, and each ends once."""
+    import uvicorn
+
+    db, port = tmp_path / "gateway.db", _free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "idler", "version": "1"},
+        },
+    }
+    call = {"jsonrpc": "2.0", "method": "tools/call"}
+    call["params"] = {"name": CALLS[0][0], "arguments": CALLS[0][1]}
+    with Hindsight(db) as hs:
+        servers = {"time": {"command": time_server, "args": TIME_ARGS}}
+        async with _gateway(hs, servers, session_idle=0.5) as gateway:
+            config = uvicorn.Config(gateway.http_app(), port=port, log_level="warning")
+            server = uvicorn.Server(config)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(server.serve)
+                with anyio.fail_after(30):
+                    while not server.started:
+                        await anyio.sleep(0.05)
+                async with httpx.AsyncClient(timeout=30) as http:
+                    _, sid = await _post(http, url, init, None)
+                    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+                    await _post(http, url, initialized, sid)
+                    await _post(http, url, {**call, "id": 2}, sid)
+                    with anyio.fail_after(15):
+                        while gateway.sessions:
+                            await anyio.sleep(0.1)
+                    await _post(http, url, {**call, "id": 3}, sid)
+                    await _post(http, url, {"jsonrpc": "2.0", "method": "ping", "id": 4}, sid)
+                server.should_exit = True
+    first, second = _events(db)
+    assert [e.type for e in first[1]] == ["task_start", "action_executed", "task_end"]
+    assert first[0].outcome["reason"] == "idle"  # type: ignore[index]
+    assert [e.type for e in second[1]] == ["task_start", "action_executed", "task_end"]
+    assert second[1][0].extra["source"]["continues"] == first[0].task_id
+    assert second[0].outcome["reason"] == "gateway stopped"  # type: ignore[index]
 
 
 # -- several upstreams, timeouts, outages ------------------------------------------------------

@@ -23,7 +23,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from hindsight_loop.mcp.http import TOKEN_ENV, is_loopback, resolve_token
+from hindsight_loop.mcp.http import TOKEN_ENV, is_loopback, listen, resolve_token
 
 pytestmark = pytest.mark.anyio
 
@@ -217,3 +217,38 @@ def test_token_sources_and_loopback_names(monkeypatch: pytest.MonkeyPatch) -> No
     assert resolve_token("from-flag").value == "from-flag"
     assert all(is_loopback(h) for h in ["127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.5"])
     assert not any(is_loopback(h) for h in ["0.0.0.0", "evil.example", "192.168.1.2", "::"])
+
+
+def test_the_served_connections_send_without_waiting_for_acks() -> None:
+    """A connection the HTTP surfaces accept has Nagle off, as on a port uvicorn binds itself.
+
+    The surfaces serve a socket bound by ``listen`` (so a busy port is reported first);
+    asyncio turns on TCP_NODELAY only for sockets that name their protocol. Without it each
+    answer written in two parts waited for the client's delayed ACK.
+    """
+    import asyncio
+
+    async def main() -> int:
+        accepted: list[int] = []
+
+        def made() -> asyncio.Protocol:
+            class Seen(asyncio.Protocol):
+                def connection_made(self, transport: Any) -> None:
+                    sock = transport.get_extra_info("socket")
+                    accepted.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                    transport.close()
+
+            return Seen()
+
+        sock = listen("127.0.0.1", 0)
+        server = await asyncio.get_running_loop().create_server(made, sock=sock)
+        port = sock.getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        while not accepted:
+            await asyncio.sleep(0.01)
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return accepted[0]
+
+    assert asyncio.run(main()) != 0

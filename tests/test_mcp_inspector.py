@@ -81,18 +81,24 @@ CASES: list[tuple[str, list[str]]] = [
         ["--method", "tools/call", "--tool-name", "simulate-research-query"]
         + ["--tool-arg", "topic=bees"],
     ),
-    # A 2026-era negotiation: the gateway speaks it, the 2025-era server does not (see below).
+    # A 2026-era client: the 2025-era server refuses its probe, and it falls back to 2025.
     (
         "sum-auto-era",
         ["--protocol-era", "auto", "--method", "tools/call", "--tool-name", "get-sum"]
         + ["--tool-arg", "a=20", "b=22"],
+    ),
+    # The same client and a tool that must run as a task: it runs as one once fallen back.
+    (
+        "task-required-auto-era",
+        ["--protocol-era", "auto", "--method", "tools/call"]
+        + ["--tool-name", "simulate-research-query", "--tool-arg", "topic=蜜蜂 bees"],
     ),
 ]
 
 #: Tool calls the cases make, and so the calls the gateway must record (once each). The
 #: Inspector looks an unknown tool up in tools/list and fails before calling it.
 CALLS = Counter(
-    {"echo": 1, "get-sum": 3, "get-structured-content": 1, "simulate-research-query": 1}
+    {"echo": 1, "get-sum": 3, "get-structured-content": 1, "simulate-research-query": 2}
 )
 
 #: The Inspector's exit code for each case where it is not 0 (a tool error is 5).
@@ -211,20 +217,9 @@ def runs(
     return seen, db
 
 
-def _without_era_stamps(out: Any) -> Any:
-    """``out`` less what a 2026-era session stamps on every result (the server's identity)."""
-    if isinstance(out, dict) and isinstance(out.get("result"), dict):
-        result = dict(out["result"])
-        result.pop("resultType", None)
-        meta = {k: v for k, v in (result.pop("_meta", None) or {}).items() if k != SERVER_INFO}
-        if meta:
-            result["_meta"] = meta
-        return {**out, "result": result}
-    return out
-
-
 @pytest.mark.parametrize(
-    "case", [c for c, _ in CASES if c not in {"tools-list", "sum-auto-era", "task-required"}]
+    "case",
+    [c for c, _ in CASES if c not in {"tools-list", "task-required", "task-required-auto-era"}],
 )
 def test_the_inspector_sees_the_same_through_the_gateway(
     runs: tuple[dict[str, tuple[Seen, Seen]], Path], case: str
@@ -248,15 +243,16 @@ def test_the_inspector_lists_the_same_tools_through_the_gateway(
     assert through.out == direct.out
 
 
-def test_a_2026_era_inspector_gets_the_servers_result_with_the_gateways_era_stamp(
+def test_a_2026_era_inspector_speaks_the_servers_era_through_the_gateway(
     runs: tuple[dict[str, tuple[Seen, Seen]], Path],
 ) -> None:
-    # Asked for "auto", the Inspector falls back to the 2025 era with server-everything and
-    # negotiates the 2026 era with the gateway, which stamps its identity on each result.
+    # Asked for "auto", the Inspector falls back to the 2025 era with server-everything, and
+    # through the gateway too (it answers the probe as its 2025-era server does): the same
+    # result, with no 2026-era stamp of the gateway's identity.
     direct, through = runs[0]["sum-auto-era"]
     assert direct.code == through.code == 0
-    assert through.out["result"]["_meta"][SERVER_INFO]["name"] == "hindsight-gateway"
-    assert _without_era_stamps(through.out) == direct.out
+    assert SERVER_INFO not in str(through.out)
+    assert through.out == direct.out
     assert direct.out["result"]["content"][0]["text"] == "The sum of 20 and 22 is 42."
 
 
@@ -273,21 +269,24 @@ def test_each_inspector_call_is_recorded_once_in_a_task_that_ended(
     )
     # The bad argument. The task-augmented call is recorded once, at its result, as succeeded.
     assert failed == Counter({"get-sum": 1})
-    [research] = [a for a in actions if a.input["tool"] == "simulate-research-query"]  # type: ignore[index]
-    assert "Research Report: bees" in str(research.result["output"])  # type: ignore[index]
+    research = [a for a in actions if a.input["tool"] == "simulate-research-query"]  # type: ignore[index]
+    reports = sorted(str(a.result["output"]).splitlines()[0] for a in research)  # type: ignore[index]
+    assert reports == ["# Research Report: bees", "# Research Report: 蜜蜂 bees"]
     for task, events in tasks:
         assert task.task_type.startswith("mcp:"), task.task_type
         assert events[0].type == "task_start" and events[-1].type == "task_end", task
 
 
+@pytest.mark.parametrize("case", ["task-required", "task-required-auto-era"])
 def test_a_tool_that_must_run_as_a_task_runs_as_one_through_the_gateway(
-    runs: tuple[dict[str, tuple[Seen, Seen]], Path],
+    runs: tuple[dict[str, tuple[Seen, Seen]], Path], case: str
 ) -> None:
     # Task-augmented calls (SEP-1686, 2025-11-25): the gateway declares the upstream's tasks
     # capability, relays tools/call with params.task, tasks/get and tasks/result, and the
-    # Inspector gets the same report it gets from the server directly.
-    direct, through = runs[0]["task-required"]
-    assert direct.code == 0 and "Research Report: bees" in str(direct.out)
+    # Inspector gets the same report it gets from the server directly, also when it starts out
+    # in the 2026 era (where tasks are an extension: it falls back to 2025 as it does directly).
+    direct, through = runs[0][case]
+    assert direct.code == 0 and "Research Report: " in str(direct.out)
     assert through.code == 0 and through.err == direct.err
     # The result names its task, whose id the server makes up afresh on each run.
     related = "io.modelcontextprotocol/related-task"
@@ -363,6 +362,14 @@ def test_the_inspector_over_http_ends_its_tasks_on_exit_and_runs_tasks(
     ids = [seen.out["result"]["_meta"].pop(related)["taskId"] for seen in (direct, through)]
     assert all(ids) and through == direct
     _ended(db, 4)
+    # The same from a client that starts out in the 2026 era: it falls back to 2025 at the
+    # gateway as it does at the server (tasks are a 2025-era feature of this server).
+    modern = _inspect_url(inspector, url, token, ["--protocol-era", "auto", *research], home)
+    direct = _inspect(inspector, config, "direct", ["--protocol-era", "auto", *research], home)
+    assert direct.code == 0 and "Research Report: 蜜蜂" in str(direct.out)
+    ids = [seen.out["result"]["_meta"].pop(related)["taskId"] for seen in (direct, modern)]
+    assert all(ids) and modern == direct
+    _ended(db, 5)
 
     proc.terminate()
     assert proc.wait(timeout=30) == 0
@@ -372,8 +379,10 @@ def test_the_inspector_over_http_ends_its_tasks_on_exit_and_runs_tasks(
         [{"a": 1, "b": 2}],
         [{"a": 3, "b": 4}],
         [{"topic": "蜜蜂"}],
+        [{"topic": "蜜蜂"}],
     ]
-    assert "Research Report: 蜜蜂" in tasks[-1][1][1].result["output"]  # type: ignore[index]
+    for _, events in tasks[-2:]:
+        assert "Research Report: 蜜蜂" in events[1].result["output"]  # type: ignore[index]
     for task, events in tasks:
         assert task.task_type == "mcp:inspector_cli" and task.status == "succeeded"
         assert task.outcome["reason"] == "client disconnected"  # type: ignore[index]

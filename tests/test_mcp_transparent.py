@@ -16,15 +16,19 @@ import socket
 import sys
 import textwrap
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.streams.text
+import httpx2
 import mcp_types as types
+import orjson
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types import CONNECTION_CLOSED
 
@@ -137,9 +141,10 @@ async def test_the_tool_listing_is_the_servers_own(
     tmp_path: Path,
     mode: str,
 ) -> None:
-    async with Peer().client(_direct(everything)) as client:
+    async with Peer().client(_direct(everything), mode=mode) as client:
         expected = _wire(await client.list_tools(), era_stamps=True)
         capabilities = client.server_capabilities
+        era = client.protocol_version
     names = [t["name"] for t in expected["tools"]]
     # The tools this server only offers to clients that can answer its requests are there.
     for name in ("trigger-sampling-request", "trigger-elicitation-request", "get-roots-list"):
@@ -149,21 +154,18 @@ async def test_the_tool_listing_is_the_servers_own(
     async with Peer().client(_gateway(config, tmp_path / "g.db"), mode=mode) as client:
         through = _wire(await client.list_tools(), era_stamps=True)
         mirrored = client.server_capabilities
-    through.pop("ttlMs", None), through.pop("cacheScope", None)  # 2026-era cache hints
-    expected.pop("ttlMs", None), expected.pop("cacheScope", None)
-    if mode == "auto":
-        # A 2026-era client has no tasks field on tools (the 2025-11-25 ``execution``): the SDK's
-        # server drops it for that era, as a 2026-era server would never send it.
-        for tool in expected["tools"]:
-            tool.pop("execution", None)
+        through_era = client.protocol_version
+    # A 2026-era client falls back to the 2025 era with this server, and through the gateway
+    # too: so it sees each tool's 2025-11-25 ``execution`` (tasks) field, as directly.
+    assert era == through_era == "2025-11-25"
     assert through == expected
     # The gateway serves what the server declares: resources, prompts, completions, logging.
     assert mirrored.resources is not None and mirrored.prompts is not None
     assert mirrored.completions is not None
-    if mode == "legacy":
-        assert mirrored.logging is not None and capabilities.logging is not None
-        assert mirrored.resources.subscribe is True
-        assert mirrored.resources.list_changed is True and mirrored.prompts.list_changed is True
+    assert mirrored.logging is not None and capabilities.logging is not None
+    assert mirrored.resources.subscribe is True
+    assert mirrored.resources.list_changed is True and mirrored.prompts.list_changed is True
+    assert mirrored.tasks == capabilities.tasks is not None
 
 
 async def _browse(client: Client) -> dict[str, Any]:
@@ -315,6 +317,234 @@ async def test_a_client_without_sampling_gets_what_a_direct_client_would_answer(
     assert action.result["error_type"] == "unknown_tool"  # type: ignore[index]
 
 
+@asynccontextmanager
+async def _http(url: str, token: str) -> AsyncIterator[Any]:
+    """A streamable HTTP transport to ``url`` that sends the bearer token."""
+    async with httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30.0, read=300.0)
+    ) as http:
+        yield streamable_http_client(url, http_client=http)
+
+
+async def test_over_http_each_client_is_served_for_what_it_declared(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+    http_process: Any,
+) -> None:
+    """Two clients of one HTTP gateway at once, one declaring sampling, elicitation and roots,
+    one declaring none: each lists the tools and gets the answers it gets from the server
+    directly, and only the first is asked anything (the server was told what each declared)."""
+
+    async def drive_bare(client: Client) -> dict[str, Any]:
+        listed = [t.name for t in (await client.list_tools()).tools]
+        answer = await client.call_tool("trigger-sampling-request", {"prompt": "hi"})
+        return {"tools": listed, "answer": _wire(answer, era_stamps=True)}
+
+    async def drive_full(client: Client, peer: Peer) -> dict[str, Any]:
+        listed = [t.name for t in (await client.list_tools()).tools]
+        return {"tools": listed, **await _ask_back(client, peer)}
+
+    full = Peer()
+    async with full.client(_direct(everything), mode="legacy") as client:
+        expected_full = await drive_full(client, full)
+    bare = Peer(sampling=False, elicitation=False, roots=False)
+    async with bare.client(_direct(everything), mode="legacy") as client:
+        expected_bare = await drive_bare(client)
+    assert "trigger-sampling-request" in expected_full["tools"]
+    assert "trigger-sampling-request" not in expected_bare["tools"]
+    assert expected_bare["answer"]["isError"] is True and not bare.asked
+
+    db, port, token = tmp_path / "g.db", _free_port(), "caps-token"
+    stdio = _gateway(_config(tmp_path / "s.json", _servers(everything)), db)
+    proc = http_process(
+        stdio.command,
+        [*stdio.args, "--transport", "http", "--port", str(port), "--token", token],
+        port,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    full, bare = Peer(), Peer(sampling=False, elicitation=False, roots=False)
+    async with (
+        _http(url, token) as to_full,
+        _http(url, token) as to_bare,
+        full.client(to_full, mode="legacy") as full_client,
+        bare.client(to_bare, mode="legacy") as bare_client,
+    ):
+        through_bare = await drive_bare(bare_client)
+        through_full = await drive_full(full_client, full)
+        again_bare = await drive_bare(bare_client)
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+    assert through_full == expected_full
+    assert through_bare == again_bare == expected_bare
+    assert not bare.asked
+    tools = sorted(
+        [e.input["tool"] for e in _actions(events)]  # type: ignore[index]
+        for _, events in _tasks(db)
+    )
+    assert tools == [
+        ["trigger-sampling-request", "trigger-elicitation-request", "get-roots-list"],
+        ["trigger-sampling-request", "trigger-sampling-request"],
+    ]
+
+
+FORM_ONLY = {"elicitation": {"form": {}}}
+
+
+def _init(capabilities: dict[str, Any]) -> dict[str, Any]:
+    info = {"name": "raw", "version": "1"}
+    params = {"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": info}
+    return {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params}
+
+
+_INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+_LIST = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+
+
+async def _raw_stdio_tools(command: list[str], capabilities: dict[str, Any]) -> list[str]:
+    """The tool names a 2025-era client declaring exactly ``capabilities`` is offered (stdio)."""
+    async with await anyio.open_process(command, stderr=None) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        lines = anyio.streams.text.TextReceiveStream(proc.stdout)
+        buffer = ""
+
+        async def answer(want: int) -> dict[str, Any]:
+            nonlocal buffer
+            while True:
+                while "\n" not in buffer:
+                    buffer += await lines.receive()
+                line, buffer = buffer.split("\n", 1)
+                msg = orjson.loads(line)
+                if msg.get("id") == want and "method" not in msg:
+                    return msg  # type: ignore[no-any-return]
+
+        for message in (_init(capabilities), _INITIALIZED, _LIST):
+            await proc.stdin.send(orjson.dumps(message) + b"\n")
+            if "id" in message:
+                result = await answer(message["id"])  # type: ignore[arg-type]
+        await proc.stdin.aclose()
+        with anyio.fail_after(30):
+            await proc.wait()
+    return [t["name"] for t in result["result"]["tools"]]
+
+
+async def _raw_http_tools(url: str, token: str, capabilities: dict[str, Any]) -> list[str]:
+    """The same over streamable HTTP (a 2025-era session)."""
+    headers = {"authorization": f"Bearer {token}", "accept": "application/json, text/event-stream"}
+    async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+
+        async def post(message: dict[str, Any], sid: str | None) -> Any:
+            extra = {"mcp-session-id": sid, "mcp-protocol-version": "2025-11-25"} if sid else {}
+            response = await http.post(url, json=message, headers=extra)
+            assert response.status_code in (200, 202), response.text
+            data = [x[5:] for x in response.text.splitlines() if x.startswith("data:")]
+            return (orjson.loads(data[-1]) if data else None), response.headers.get(
+                "mcp-session-id"
+            )
+
+        _, sid = await post(_init(capabilities), None)
+        await post(_INITIALIZED, sid)
+        listed, _ = await post(_LIST, sid)
+        await http.delete(url, headers={"mcp-session-id": sid})
+    return [t["name"] for t in listed["result"]["tools"]]
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_server_is_told_the_parts_of_a_capability_the_client_declared(
+    everything: str,  # noqa: F811
+    tmp_path: Path,
+    http_process: Any,
+    transport: str,
+) -> None:
+    """A client declaring form elicitation only is not offered the URL-elicitation tool,
+    through the gateway as directly (the SDK's own client would declare both parts)."""
+    expected = await _raw_stdio_tools([everything, "stdio"], FORM_ONLY)
+    assert "trigger-elicitation-request" in expected
+    assert "trigger-url-elicitation" not in expected
+    db = tmp_path / "g.db"
+    stdio = _gateway(_config(tmp_path / "s.json", _servers(everything)), db)
+    if transport == "stdio":
+        through = await _raw_stdio_tools([stdio.command, *stdio.args], FORM_ONLY)
+    else:
+        port, token = _free_port(), "parts-token"
+        proc = http_process(
+            stdio.command,
+            [*stdio.args, "--transport", "http", "--port", str(port), "--token", token],
+            port,
+        )
+        through = await _raw_http_tools(f"http://127.0.0.1:{port}/mcp", token, FORM_ONLY)
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    assert through == expected
+
+
+DECLARED_SERVER = textwrap.dedent(
+    '''
+    """A 2026-era server (Python SDK) whose tool tells what the client declared to it."""
+    import json
+
+    from mcp.server.mcpserver import Context, MCPServer
+
+    server = MCPServer("declared")
+
+    @server.tool()
+    def declared(ctx: Context) -> str:
+        """Which of sampling, elicitation and roots the client declared."""
+        caps = ctx.client_capabilities
+        return json.dumps(
+            {k: getattr(caps, k, None) is not None for k in ("sampling", "elicitation", "roots")}
+        )
+
+    server.run()
+    '''
+)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_over_http_a_server_is_told_what_each_client_declared(
+    tmp_path: Path, http_process: Any, mode: str
+) -> None:
+    """In both eras (2026: the declaration rides in each request's ``_meta``), the server sees
+    through the HTTP gateway what it sees directly, for two clients at once."""
+    script = tmp_path / "declared.py"
+    script.write_text(DECLARED_SERVER)
+    server = StdioServerParameters(command=sys.executable, args=[str(script)])
+
+    async def told(client: Client) -> Any:
+        result = await client.call_tool("declared", {})
+        return (client.protocol_version, result.content[0].text)  # type: ignore[union-attr]
+
+    full, bare = Peer(), Peer(sampling=False, elicitation=False, roots=False)
+    async with full.client(server, mode=mode) as a, bare.client(server, mode=mode) as b:
+        expected = [await told(a), await told(b)]
+    assert expected[0][1] != expected[1][1]
+
+    db, port, token = tmp_path / "g.db", _free_port(), "declared-token"
+    upstream = {"command": sys.executable, "args": [str(script)]}
+    stdio = _gateway(_config(tmp_path / "s.json", {"declared": upstream}), db)
+    proc = http_process(
+        stdio.command,
+        [*stdio.args, "--transport", "http", "--port", str(port), "--token", token],
+        port,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    async with (
+        _http(url, token) as to_full,
+        _http(url, token) as to_bare,
+        # Named apart: two 2026-era clients of one name and host at once are one run to it.
+        full.client(
+            to_full, mode=mode, client_info=types.Implementation(name="a", version="1")
+        ) as a,
+        bare.client(
+            to_bare, mode=mode, client_info=types.Implementation(name="b", version="1")
+        ) as b,
+    ):
+        through = [await told(a), await told(b), await told(a)]
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+    assert through == [*expected, expected[0]]
+    assert sorted(len(_actions(events)) for _, events in _tasks(db)) == [1, 2]
+
+
 async def test_log_messages_and_resource_updates_reach_the_client(
     everything: str,  # noqa: F811
     tmp_path: Path,
@@ -408,19 +638,23 @@ def _unstamped(value: Any) -> Any:
     return value
 
 
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_task_augmented_calls_run_as_tasks_through_the_gateway(
     everything: str,  # noqa: F811
     tmp_path: Path,
     http_process: Any,
     transport: str,
+    mode: str,
 ) -> None:
     """SEP-1686 (2025-11-25): tools/call with params.task, tasks/get, list, result and cancel.
 
     The SDK's client has no task helpers, so the requests go out as raw JSON-RPC through its
     session; the gateway's answers must be the server's own, and each task-augmented call is
     recorded once (at its result, or when it is cancelled). Through the gateway over stdio (as
-    a client launches it) and over streamable HTTP (``--transport http``).
+    a client launches it) and over streamable HTTP (``--transport http``), from a 2025-era
+    client and from a 2026-era one (``auto``: refused by this 2025-era server's ``server/discover``,
+    it falls back to 2025, directly and through the gateway alike).
     """
     call = {
         "name": "simulate-research-query",
@@ -441,9 +675,11 @@ async def test_task_augmented_calls_run_as_tasks_through_the_gateway(
         seen["cancel"] = await send("tasks/cancel", {"taskId": second["task"]["taskId"]}, {})
         return _unstamped(seen)
 
-    async with Client(_direct(everything), mode="legacy") as client:
+    async with Client(_direct(everything), mode=mode) as client:
         caps = client.server_capabilities
+        era = client.protocol_version
         expected = await drive(client)
+    assert era == "2025-11-25"
     assert caps is not None and caps.tasks is not None
     assert expected["created"]["task"]["status"] == "working"
     assert "Research Report: 蜜蜂 bees" in str(expected["result"])
@@ -452,8 +688,9 @@ async def test_task_augmented_calls_run_as_tasks_through_the_gateway(
     db = tmp_path / "g.db"
     config = _config(tmp_path / "s.json", _servers(everything))
     if transport == "stdio":
-        async with Client(_gateway(config, db), mode="legacy") as client:
+        async with Client(_gateway(config, db), mode=mode) as client:
             mirrored = client.server_capabilities
+            through_era = client.protocol_version
             through = await drive(client)
     else:
         port, token = _free_port(), "tasks-token"
@@ -463,12 +700,14 @@ async def test_task_augmented_calls_run_as_tasks_through_the_gateway(
             [*stdio.args, "--transport", "http", "--port", str(port), "--token", token],
             port,
         )
-        async with authorized(f"http://127.0.0.1:{port}/mcp", token, mode="legacy") as client:
+        async with authorized(f"http://127.0.0.1:{port}/mcp", token, mode=mode) as client:
             mirrored = client.server_capabilities
+            through_era = client.protocol_version
             through = await drive(client)
         proc.terminate()
         assert proc.wait(timeout=30) == 0
     assert mirrored is not None and mirrored.tasks == caps.tasks
+    assert through_era == era
     assert through == expected
     [(_, events)] = _tasks(db)
     actions = _actions(events)

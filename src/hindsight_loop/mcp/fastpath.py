@@ -71,6 +71,10 @@ class UpstreamLink:
         self.relay = relay
         self.upstream = upstream
         self.send: Callable[[bytes], None] | None = None
+        self.probe_id: Any = None
+        """The id of the SDK's ``server/discover`` probe while its answer is awaited."""
+        self.discover_answer: bytes | None = None
+        """The server's own answer to that probe, as received (see ``mcp.era``)."""
 
     def attach(self, send: Callable[[bytes], None]) -> None:
         self.send = send

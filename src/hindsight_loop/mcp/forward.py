@@ -14,13 +14,14 @@ as from a template, is tried on each upstream in order), completions by the prom
 their reference names.
 
 Server-to-client requests go the other way: the gateway's connection to each upstream declares
-sampling, elicitation and roots, and relays each request to the client whose call is in flight
-on that upstream, answering with the client's result or error. Over stdio (one client) the
-gateway declares to its upstreams only what the client declared (``Gateway.declared``), so a
-server that offers some tools only to clients able to answer its requests lists the same tools
-through the gateway as directly. Over HTTP (many clients) all three are declared, and a client
-that did not declare the capability gets the answer an SDK client without that callback gives:
-``INVALID_REQUEST`` "... not supported".
+what its client declared of sampling, elicitation and roots (``Gateway.declared``), and relays
+each request to the client whose call is in flight on that upstream, answering with the client's
+result or error. So a server that offers some tools only to clients able to answer its requests
+lists the same tools through the gateway as directly, and never asks a client that cannot
+answer. Over stdio the one client's declaration is adopted before the upstreams start; over
+HTTP each client is served by connections told its own declaration (``mcp.pools``). A client
+that did not declare a capability a server asks for anyway gets the answer an SDK client without
+that callback gives: ``INVALID_REQUEST`` "... not supported".
 """
 
 from __future__ import annotations
@@ -273,15 +274,15 @@ class Forwarder:
             if isinstance(message, _RELAYED_NOTIFICATIONS):
                 await self._notify(upstream, message)
 
-        # A callback given is a capability declared (the SDK builds the declaration from them).
+        # A callback given is a capability declared; its parts exactly as the client declared
+        # them (``proxy._UpstreamClient``).
         declared = self.gateway.declared
         return {
-            "sampling_callback": sampling if declared is None or declared.sampling else None,
-            "sampling_capabilities": declared.sampling if declared is not None else None,
-            "elicitation_callback": (
-                elicitation if declared is None or declared.elicitation else None
-            ),
-            "list_roots_callback": list_roots if declared is None or declared.roots else None,
+            "sampling_callback": sampling if declared.sampling else None,
+            "sampling_capabilities": declared.sampling,
+            "elicitation_callback": elicitation if declared.elicitation else None,
+            "list_roots_callback": list_roots if declared.roots else None,
+            "declared": declared,
             "logging_callback": on_log,
             "message_handler": on_message,
         }

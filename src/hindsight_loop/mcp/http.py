@@ -141,7 +141,11 @@ def listen(host: str, port: int) -> socket.socket:
         BindError: The address cannot be bound; its message names the option to change.
     """
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say they
+    # are TCP, and accepted sockets inherit the listener's proto. Left at 0, every answer written
+    # in two parts (headers, then body: each 2026-era JSON answer) waited for the client's
+    # delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host.strip("[]"), port))

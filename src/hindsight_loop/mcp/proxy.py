@@ -26,7 +26,9 @@ name; then each clashing tool is offered as ``<server>__<tool>``. ``prefixed`` n
 
 Both protocol eras are handled on both sides: upstreams are reached with the SDK's ``auto`` mode
 (``server/discover`` at 2026-07-28, falling back to the 2025 ``initialize`` handshake), and the
-gateway serves 2025-era and 2026-era clients from the same server.
+gateway serves 2025-era and 2026-era clients from the same server, except that in front of a
+server that speaks only the 2025 era it speaks only that era too (``era.py``), as the server
+would directly.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
 
-from hindsight_loop.mcp import upstream
+from hindsight_loop.mcp import era, upstream
 from hindsight_loop.mcp.config import PREFIX_SEPARATOR, GatewayConfig, UpstreamConfig
 from hindsight_loop.mcp.events import (
     ErrorType,
@@ -68,6 +70,7 @@ from hindsight_loop.mcp.events import (
 )
 from hindsight_loop.mcp.fastpath import RawRelay, UpstreamLink
 from hindsight_loop.mcp.forward import Forwarder, GatewayServer
+from hindsight_loop.mcp.pools import Pools, declared
 from hindsight_loop.mcp.presence import SESSIONLESS_LINGER_S, Presence
 from hindsight_loop.models import MAX_LESSONS, new_id
 
@@ -84,7 +87,7 @@ GATEWAY_NAME = "hindsight-gateway"
 #: after this long without a call (where the HTTP server does not report connections).
 DEFAULT_SESSION_IDLE = 600.0
 #: Sessions ended because their client went away, kept so a client that comes back with the
-#: same session id continues its task (at most this many).
+#: same session id gets a task that names the one it continues (at most this many).
 _ENDED_KEPT = 1024
 _RECALL_BUDGET_S = 2.0
 _RESERVED_META_PREFIX = "io.modelcontextprotocol/"
@@ -170,8 +173,9 @@ class Gateway:
             connected when the client's first message arrives, told only the client
             capabilities (sampling, elicitation, roots) that client declares, so they offer it
             what they would offer it directly, and asked its protocol era. Otherwise they are
-            connected on entering, all three capabilities are declared and relayed to
-            whichever client asks.
+            connected on entering and told none of the three; over HTTP (``http_app``) a client
+            that declares some is served by upstream connections told exactly those
+            (``mcp.pools``).
     """
 
     def __init__(
@@ -200,10 +204,11 @@ class Gateway:
         """2025-era HTTP sessions whose client went away (see ``_client_gone``)."""
         self.presence = Presence(self._client_gone)
         """Which HTTP connections each session uses (reported by the CLI's HTTP server)."""
-        self.declared: types.ClientCapabilities | None = (
-            types.ClientCapabilities() if one_client else None
-        )
-        """The client capabilities declared to the upstreams (``None``: all of them)."""
+        self.one_client = one_client
+        self.declared = types.ClientCapabilities()
+        """The client capabilities declared to the upstreams (sampling, elicitation, roots)."""
+        self.pools: Pools | None = None
+        """Over HTTP: the upstream connections of clients declaring capabilities."""
         self._closing: anyio.Event | None = None
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -231,7 +236,7 @@ class Gateway:
         async with AsyncExitStack() as stack:
             tg = self._tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(closing.set)  # runs before the task group waits for the holders
-            if self.declared is None:  # one_client waits for its client (``serve_stdio``)
+            if not self.one_client:  # one client is waited for (``serve_stdio``)
                 await self.connect_upstreams()
             tg.start_soon(self._sweep_idle, closing)
             self._stack = stack.pop_all()
@@ -335,15 +340,9 @@ class Gateway:
         The declaration is part of the upstream's handshake, so an upstream told something else
         is reconnected (a fresh process for stdio) before the client's handshake is answered.
         """
-        if self.declared is None:
+        if not self.one_client:
             return
-        try:
-            caps = types.ClientCapabilities.model_validate(capabilities or {}, by_name=False)
-        except ValueError:  # an unreadable declaration declares nothing
-            caps = types.ClientCapabilities()
-        wanted = types.ClientCapabilities(
-            sampling=caps.sampling, elicitation=caps.elicitation, roots=caps.roots
-        )
+        wanted = declared(capabilities)
         if wanted == self.declared:
             return
         self.declared = wanted
@@ -392,7 +391,7 @@ class Gateway:
             now = time.monotonic()
             for key, session in list(self.sessions.items()):
                 if session.http and now - session.last_seen > self.session_idle:
-                    self.end_session(key, "idle")
+                    self._client_gone(key, "idle")
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -419,11 +418,15 @@ class Gateway:
         ``keep_alive``: the seconds the server keeps an idle connection, told to clients in a
         ``Keep-Alive`` header so they keep theirs as long (see ``presence.py``).
         """
+        self.pools = Pools(self, host)
+        return _SessionEndWatcher(self.streamable_app(host=host), self, keep_alive)
+
+    def streamable_app(self, *, host: str = "127.0.0.1") -> ASGIApp:
+        """The SDK's streamable HTTP app of ``self.server`` (one pool's, see ``mcp.pools``)."""
         if isinstance(self.server, GatewayServer):
             # Task-augmented calls are relayed as bytes to stdio upstreams (see mcp.fastpath).
             self.server.tasks_capability = self.raw.tasks_capability()
-        app = self.server.streamable_http_app(host=host)
-        return _SessionEndWatcher(app, self, keep_alive)
+        return self.server.streamable_http_app(host=host)
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -443,12 +446,13 @@ class Gateway:
                 self.presence.bind(key, request.scope.get("client"), SESSIONLESS_LINGER_S)
         return await call_next(ctx)
 
-    def _client_gone(self, key: str) -> None:
-        """No connection of an HTTP session's client is open any more: its task ends."""
+    def _client_gone(self, key: str, reason: str = "client disconnected") -> None:
+        """No connection of an HTTP session's client is open any more (or it was idle too long):
+        its task ends; a 2025-era session is kept so a return names the task it continues."""
         session = self.sessions.get(key)
         if session is None:
             return
-        self.end_session(key, "client disconnected")
+        self.end_session(key, reason)
         if key.startswith("http:"):
             self.ended[key] = session
             while len(self.ended) > _ENDED_KEPT:
@@ -460,35 +464,42 @@ class Gateway:
         """The task of the client session ``key`` (started on first use)."""
         session = self.sessions.get(key)
         now = time.monotonic()
-        if session is None and (session := self.ended.pop(key, None)) is not None:
-            # The client came back with its session id after its connections were gone: the
-            # same run goes on in the same task (whose next end is recorded again).
-            self.sessions[key] = session
         if session is None:
+            # A client that comes back with its session id after its connections were gone
+            # (its task ended then, and may have been reviewed since): a new task, which names
+            # the one it continues. A task ends once.
+            resumed = self.ended.pop(key, None)
             session = SessionTask(
                 key=key,
                 task_id=new_id("tsk"),
-                task_type=self.task_type or _task_type_from(client_name),
+                task_type=resumed.task_type
+                if resumed is not None
+                else self.task_type or _task_type_from(client_name),
                 client=client_name,
                 last_seen=now,
                 http=http,
             )
             self.sessions[key] = session
+            source: dict[str, Any] = {
+                "kind": "mcp_gateway",
+                "client": client_name,
+                "protocol_version": protocol_version,
+                "upstreams": sorted(self.upstreams),
+            }
+            goal = f"MCP session of {client_name} through the Hindsight gateway"
+            if resumed is not None:
+                source["continues"] = resumed.task_id
+                goal += " (resumed)"
             self.hs.record(
                 {
                     "type": "task_start",
                     "task_id": session.task_id,
                     "timestamp": time.time_ns(),
                     "task_type": session.task_type,
-                    "goal": f"MCP session of {client_name} through the Hindsight gateway",
+                    "goal": goal,
                     "tools": sorted(self.routes),
                     "scope": "global",
-                    "source": {
-                        "kind": "mcp_gateway",
-                        "client": client_name,
-                        "protocol_version": protocol_version,
-                        "upstreams": sorted(self.upstreams),
-                    },
+                    "source": source,
                 }
             )
         session.last_seen = now
@@ -839,11 +850,18 @@ class _SessionEndWatcher:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if era.modern_http(scope) and era.legacy_only(self.gateway):
+            await era.refuse_http(self.gateway, scope, receive, send)  # the client falls back
+            return
         sid = None
         for name, value in scope.get("headers", []):
             if name == b"mcp-session-id":
                 sid = value.decode("latin-1")
                 self.gateway.presence.bind(f"http:{sid}", scope.get("client"))
+        app = self.app
+        pools = self.gateway.pools
+        if pools is not None:  # the upstreams told what this client declared
+            app, receive, send = await pools.route(scope, receive, send, sid, app)
         hint = self.hint
         if hint is not None:
             inner = send
@@ -853,12 +871,39 @@ class _SessionEndWatcher:
                     message = {**message, "headers": [*message.get("headers", ()), hint]}
                 await inner(message)
 
-        await self.app(scope, receive, send)
+        await app(scope, receive, send)
         if sid is not None and scope.get("method") == "DELETE":
             self.gateway.end_session(f"http:{sid}", "session closed")
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+@dataclass
+class _UpstreamClient(Client):
+    """The SDK's client, declaring exactly the client capabilities it is given.
+
+    The SDK declares a capability from the callback given for it, in a fixed form (elicitation
+    as form and URL, roots with list changes), and servers act on the parts: server-everything
+    offers its URL-elicitation tool only to a client that declares ``elicitation.url``.
+    """
+
+    declared: types.ClientCapabilities | None = field(default=None, kw_only=True)
+
+    async def _build_session(self, exit_stack: AsyncExitStack) -> Any:
+        session = await super()._build_session(exit_stack)
+        declared = self.declared
+        build = getattr(session, "_build_capabilities", None)
+        if declared is None or build is None:  # another SDK: its own declaration stands
+            return session
+
+        def exact(version: str) -> types.ClientCapabilities:
+            caps = build(version)
+            parts = {"sampling": declared.sampling, "elicitation": declared.elicitation}
+            return caps.model_copy(update={**parts, "roots": declared.roots})
+
+        session._build_capabilities = exact  # type: ignore[method-assign]
+        return session
 
 
 async def _open_client(
@@ -882,8 +927,8 @@ async def _open_client(
         )
         if upstream.can_serve():  # its process is the gateway's to stop (see mcp.upstream)
             transport = upstream.upstream_stdio(params, link=link)
-            return Client(transport, client_info=info, **callbacks)
-        return Client(params, client_info=info, **callbacks)
+            return _UpstreamClient(transport, client_info=info, **callbacks)
+        return _UpstreamClient(params, client_info=info, **callbacks)
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
@@ -892,7 +937,7 @@ async def _open_client(
         httpx2.AsyncClient(headers=config.headers, timeout=httpx2.Timeout(30.0, read=300.0))
     )
     transport = streamable_http_client(config.url, http_client=http)
-    return Client(transport, client_info=info, **callbacks)
+    return _UpstreamClient(transport, client_info=info, **callbacks)
 
 
 _CALL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(

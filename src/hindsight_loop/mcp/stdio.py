@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 if TYPE_CHECKING:
     from hindsight_loop.mcp.fastpath import RawRelay
     from hindsight_loop.mcp.proxy import Gateway
@@ -73,6 +75,38 @@ async def _meet(gateway: Gateway, relay: RawRelay | None, line: bytes) -> None:
     await gateway.connect_upstreams("legacy" if legacy else "auto")
 
 
+async def _refuse_modern(
+    gateway: Gateway,
+    relay: RawRelay | None,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    line: bytes,
+) -> bytes:
+    """Answer 2026-era requests as a 2025-era upstream does, until the client falls back.
+
+    The SDK's server decides a connection's era from its first request, so those requests are
+    answered here, before it reads any (see ``mcp.era``). Returns the first line it should
+    read (empty: the client left).
+    """
+    from hindsight_loop.mcp import era
+
+    msg = _message(line)
+    if not era.is_modern_request(msg) or not era.legacy_only(gateway):
+        return line
+    while era.is_modern_request(msg):
+        writer.write(orjson.dumps(era.refusal(gateway, msg)) + b"\n")
+        line = await reader.readline()
+        if not line:
+            return line
+        msg = _message(line)
+    if isinstance(msg, dict) and msg.get("method") == "initialize":
+        # The client's handshake: who it is and what it declares, in the era it now speaks.
+        if relay is not None:
+            relay.hello(msg)
+        await gateway.adopt_client_capabilities(_capabilities(msg))
+    return line
+
+
 class _Out:
     """The write side, as the SDK writes it: ``write`` then ``flush`` per message."""
 
@@ -87,8 +121,6 @@ class _Out:
 
 
 def _message(line: bytes) -> Any:
-    import orjson
-
     try:
         return orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -173,6 +205,7 @@ async def _pipes(
             first = await reader.readline()
             if first:
                 await _meet(gateway, relay, first)
+                first = await _refuse_modern(gateway, relay, reader, writer, first)
         yield _Lines(reader, relay, first), _Out(writer)
     finally:
         if relay is not None:

@@ -103,6 +103,14 @@ async def upstream_stdio(
                     )
                 except ValueError as exc:  # surfaced to the session, as the SDK does
                     item = exc
+                if (
+                    link is not None
+                    and link.probe_id is not None
+                    and isinstance(item, SessionMessage)
+                ):
+                    answered = getattr(item.message, "id", None)
+                    if answered == link.probe_id and not hasattr(item.message, "method"):
+                        link.discover_answer, link.probe_id = line, None
                 try:
                     await to_session.send(item)
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -117,7 +125,11 @@ async def upstream_stdio(
         try:
             async with from_session:
                 async for message in from_session:
-                    body = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    sent = message.message
+                    if link is not None and getattr(sent, "method", None) == "server/discover":
+                        # What the server says to a 2026-era client (see mcp.era).
+                        link.probe_id = getattr(sent, "id", None)
+                    body = sent.model_dump_json(by_alias=True, exclude_unset=True)
                     stdin.write(body.encode("utf-8") + b"\n")
                     await stdin.drain()
         except (ConnectionError, OSError):
