@@ -294,7 +294,7 @@ class ProcessRecorder:
         except Exception:  # noqa: BLE001 - what orjson refuses is converted (rare, slower)
             frame = self._portable(task_id, own, seq, ts, etype, payload, event_id)
         q = self._out
-        if len(q) >= self._local.queue_bound:
+        if len(q) >= self._local._queue_bound:
             try:
                 self._overload()
             except Exception:  # noqa: BLE001 - the agent must never crash because of Hindsight
