@@ -888,7 +888,7 @@ class Recorder:
         self._queue_bound = queue_bound
         self._in_flight = 0  # taken from the queue by the writer, not yet durable
         self._preparing = False  # the writer thread is preparing a batch (Python: the GIL)
-        self._room = min(queue_bound, YIELD_AT)  # see _set_room
+        self._room = queue_bound  # see _set_room
         self.block_seconds = block_seconds
         self._on_batch = on_batch
         self._queue: deque[Item] = deque()
@@ -939,11 +939,15 @@ class Recorder:
             self._set_room()
 
     def _set_room(self) -> None:
-        """The queue length at which ``emit`` leaves its fast path: ``queue_bound``, or less
-        while batches are in flight, so that past ``YIELD_AT`` accepted and not yet durable it
-        looks whether to yield to the writer. One comparison on the hot path; the writer and
-        the committer move it (under ``_cond``) whenever ``_in_flight`` changes."""
-        self._room = max(0, min(self._queue_bound, YIELD_AT - self._in_flight))
+        """The queue length at which ``emit`` leaves its fast path: ``queue_bound``, or, while
+        the writer thread prepares a batch, what keeps the events accepted and not yet durable
+        under ``YIELD_AT`` (past it the agent yields to the writer). One comparison on the hot
+        path; the writer and the committer move it (under ``_cond``) whenever ``_in_flight`` or
+        ``_preparing`` changes."""
+        room = self._queue_bound
+        if self._preparing:
+            room = max(0, min(room, YIELD_AT - self._in_flight))
+        self._room = room
 
     # -- hot path --------------------------------------------------------------------------
     def emit_event(self, event: dict[str, Any]) -> None:
@@ -1274,8 +1278,8 @@ class Recorder:
         each payload's JSON as the agent serialized it (``payloads``, see ``_row``)."""
         with self._cond:
             self._in_flight += len(items)
-            self._set_room()
             self._preparing = True
+            self._set_room()
         cleans: list[Any] = []
         keep = cleans if self._on_batch is not None else None
         try:
@@ -1283,6 +1287,7 @@ class Recorder:
         finally:
             with self._cond:
                 self._preparing = False
+                self._set_room()
                 self._cond.notify_all()  # agents waiting in _yield_to_writer
         if raw and keep is not None:
             cleans = []  # out of step with the rows: the hook reads the rows alone
