@@ -486,7 +486,9 @@ def _redact_scanned(blob: bytes, secret_key: bool | None, hits: list[int]) -> by
     return blob
 
 
-def redact(blob: bytes, *, secret_key: bool | None = None, escaped: bool = False) -> bytes:
+def redact(
+    blob: bytes, *, secret_key: bool | None = None, escaped: bool = False, one_pass: bool = True
+) -> bytes:
     """Remove secrets from serialized JSON; an event with no secret is only scanned by guards.
 
     ``secret_key``: whether some key of the event names a secret (``"api_key"``), when the
@@ -502,9 +504,10 @@ def redact(blob: bytes, *, secret_key: bool | None = None, escaped: bool = False
     of guard functions: a Python call per guard per event shows in the writer's throughput.
     Order matters: whole blocks (PEM) first, then key/value, then shapes inside free text.
     A replacement that is a function checks the candidate (the whole name, Luhn) first.
-    With the ``[hyperscan]`` extra, orjson's output is looked at in one pass instead.
+    With the ``[hyperscan]`` extra, orjson's output is looked at in one pass instead, unless
+    ``one_pass`` is False (see ``Recorder``'s ``one_pass_guards``).
     """
-    if escaped:
+    if escaped and one_pass:
         scanner = _SCANNER if _SCANNER is not False else _scanner()
         if scanner is not None:
             return _redact_scanned(blob, secret_key, scanner.scan(blob))  # type: ignore[union-attr]
@@ -871,8 +874,15 @@ class Recorder:
         fallback_dir: str | Path | None = None,
         on_done: Callable[[int], None] | None = None,
         start: bool = True,
+        one_pass_guards: bool = False,
     ) -> None:
         self._write = write
+        #: Redaction's guards in one Hyperscan pass (when installed). Only where no agent's
+        #: thread shares the GIL (the writer process): each scan, and each of its match
+        #: callbacks, lets go of the GIL, and beside a CPU-busy thread that wakes the other
+        #: thread's wait for it without the switch it asks for. Measured, the writer thread
+        #: kept a fifth of its speed instead of half, and the two threads often both waited.
+        self.one_pass_guards = one_pass_guards
         #: Called after each batch is durable with the count of events handled so far, in
         #: order (the writer process acknowledges with it what the agent may forget).
         self._on_done = on_done
@@ -1194,7 +1204,9 @@ class Recorder:
             body = orjson.dumps({"unserializable": sanitizer.text(repr(exc))})
             sanitizer.problems.append(f"could not be stored as JSON ({exc!r}): kept as its error")
         serialized = body
-        body = redact(body, secret_key=sanitizer.secret_key, escaped=True)
+        body = redact(
+            body, secret_key=sanitizer.secret_key, escaped=True, one_pass=self.one_pass_guards
+        )
         # What replay's detectors read, worked out here where the payload is already decoded.
         # Only when redaction left the body as it was: then it is the projection of the stored
         # body, and nothing a redaction removed can reach the store through it.

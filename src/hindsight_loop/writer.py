@@ -773,6 +773,7 @@ def main() -> int:
         on_batch=triggers.on_batch,
         on_done=done,
         start=False,
+        one_pass_guards=True,  # no agent's thread here to hand the GIL to
     )
     # This thread prepares (the Python work), the committer writes: two threads, not three.
     recorder.start_committer()
