@@ -441,7 +441,9 @@ def _scanner() -> redact_scan.Scanner | None:
 
 
 def guards_in_use() -> str:
-    """How redaction's guards run in this process: ``hyperscan`` (one pass) or ``python``."""
+    """Whether redaction's guards can run in one pass here: ``hyperscan`` or ``python``. The
+    writer process uses them; a writer thread in the agent's process keeps the Python guards
+    (see ``Recorder``'s ``one_pass_guards``)."""
     return "python" if _scanner() is None else "hyperscan"
 
 
