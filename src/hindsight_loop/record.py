@@ -881,9 +881,9 @@ class Recorder:
         self._write = write
         #: Redaction's guards in one Hyperscan pass (when installed). Only where no agent's
         #: thread shares the GIL (the writer process): each scan, and each of its match
-        #: callbacks, lets go of the GIL, and beside a CPU-busy thread that wakes the other
-        #: thread's wait for it without the switch it asks for. Measured, the writer thread
-        #: kept a fifth of its speed instead of half, and the two threads often both waited.
+        #: callbacks, lets go of the GIL, which wakes a CPU-busy thread's wait for it without
+        #: the switch that wait asks for; the writer thread then lost the GIL at every event
+        #: and fell far behind such an agent (``bench/ingest.py --busy-only``).
         self.one_pass_guards = one_pass_guards
         #: Called after each batch is durable with the count of events handled so far, in
         #: order (the writer process acknowledges with it what the agent may forget).
@@ -1043,8 +1043,8 @@ class Recorder:
 
         Preparing is Python under the GIL, which a CPU-busy agent's thread keeps taking back:
         the writer falls behind an agent it does not slow enough, the more so as each C call of
-        its own that lets go of the GIL (Hyperscan's scan, its match callback) lets the agent
-        take it. Waiting here gives the writer the GIL until its batch is ready. Never a wait
+        its own that lets go of the GIL lets the agent take it. Waiting here gives the writer
+        the GIL until its batch is ready. Never a wait
         on I/O: while the writer waits for the committer (the store's write) the agent goes
         on, up to ``queue_bound``."""
         me = threading.get_ident()
