@@ -130,7 +130,9 @@ def _ingest_rows(r: dict[str, Any]) -> list[str]:
         f"{r['busy_events']:,} events): accepted, not yet durable | max {busy_max:,.0f} "
         f"(median of runs {r['busy_pending_max']['median']:,.0f}); {_s(r['busy_events_per_s'])} "
         f"events/s | the same work without recording | agent's work ×"
-        f"{r['busy_agent_slowdown']['median']:.2f} slower | within two batches "
+        f"{r['busy_agent_slowdown']['median']:.2f} slower (×"
+        f"{r.get('busy_agent_slowdown_to_durable', r['busy_agent_slowdown'])['median']:.2f} "
+        f"to the last event durable) | within two batches "
         f"({2 * r['busy_batch_size']:,}): {_met(busy_max <= 2 * r['busy_batch_size'])} |",
     ]
 

@@ -282,6 +282,43 @@ def test_store_failure_goes_to_dead_letter(db_path: Path) -> None:
         hs.close()
 
 
+def _compute(n: int) -> int:
+    """Pure-Python work between two events, as an agent's own code does."""
+    s = 0
+    for i in range(n):
+        s += i * i % 7
+    return s
+
+
+def test_a_cpu_busy_agent_waits_for_the_writer_so_the_backlog_stays_bounded(
+    db_path: Path,
+) -> None:
+    """An agent's thread that computes between events wants the GIL all the time, and so does
+    the writer thread preparing its batches: left alone, the writer fell behind until the queue
+    was full (queue_bound, 50,000, plus two batches in flight). The agent's thread now waits for
+    a batch being prepared once a batch's worth waits to be durable. Counted, not timed: the
+    most events ever accepted and not yet durable, and that every one is stored."""
+    from hindsight_loop.record import BATCH_SIZE
+
+    hs = Hindsight(db_path, background=False, triggers=False, writer="thread")
+    rec = hs.recorder
+    args = {"path": "/data/raw/sales_2024.csv", "columns": [f"col{i}" for i in range(40)]}
+    output = {"rows": [{"id": i, "name": f"row {i}", "ok": i % 3 == 0} for i in range(20)]}
+    n = 60_000
+    peak = 0
+    try:
+        with hs.task("busy", goal="compute", recall=False) as task:
+            for i in range(n):
+                _compute(400)
+                task.record_action("read_csv", args, output=output, step=f"s{i % 50}")
+                peak = max(peak, rec.pending)
+        assert hs.flush()
+        assert hs.store.event_count(task.task_id) == n + 2  # with task_start and task_end
+    finally:
+        hs.close()
+    assert peak <= 3 * BATCH_SIZE, peak
+
+
 def test_overload_spills_to_dead_letter_and_loses_nothing(db_path: Path) -> None:
     hs = Hindsight(db_path, background=False, triggers=False, queue_bound=50)
     try:

@@ -5,7 +5,9 @@ appends a tuple to a deque (both atomic under the GIL, no lock, no I/O, no seria
 background writer turns batches into rows (sanitizing, cutting long text, redacting secrets) and
 writes each batch with one SQL statement. ``flush()`` returns once everything accepted before it
 is durable. A batch the store refuses goes, with the reason, to a dead-letter file next to the
-database, so nothing accepted is lost silently.
+database, so nothing accepted is lost silently. The writer's work needs the GIL as the agent's
+does: once a batch's worth waits to be durable, an agent's thread waits while the writer
+prepares its batch (never while it waits on the disk), so a CPU-busy agent cannot outrun it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ log = logging.getLogger("hindsight_loop")
 DEFAULT_MAX_TEXT = 500
 DEFAULT_QUEUE_BOUND = 50_000
 BATCH_SIZE = 10_000
+#: Accepted events not yet durable past which an agent's thread waits while the writer thread
+#: prepares a batch (``Recorder._yield_to_writer``). One batch: with what arrives while the
+#: committer writes, the backlog of a CPU-busy agent stays within two.
+YIELD_AT = BATCH_SIZE
 #: The first spill of an overload takes this many events (its cost sizes the next ones).
 SPILL_FIRST = 16
 #: A first guess of a spill's cost per event (seconds), before one was measured.
@@ -435,7 +441,9 @@ def _scanner() -> redact_scan.Scanner | None:
 
 
 def guards_in_use() -> str:
-    """How redaction's guards run in this process: ``hyperscan`` (one pass) or ``python``."""
+    """Whether redaction's guards can run in one pass here: ``hyperscan`` or ``python``. The
+    writer process uses them; a writer thread in the agent's process keeps the Python guards
+    (see ``Recorder``'s ``one_pass_guards``)."""
     return "python" if _scanner() is None else "hyperscan"
 
 
@@ -480,7 +488,9 @@ def _redact_scanned(blob: bytes, secret_key: bool | None, hits: list[int]) -> by
     return blob
 
 
-def redact(blob: bytes, *, secret_key: bool | None = None, escaped: bool = False) -> bytes:
+def redact(
+    blob: bytes, *, secret_key: bool | None = None, escaped: bool = False, one_pass: bool = True
+) -> bytes:
     """Remove secrets from serialized JSON; an event with no secret is only scanned by guards.
 
     ``secret_key``: whether some key of the event names a secret (``"api_key"``), when the
@@ -496,9 +506,10 @@ def redact(blob: bytes, *, secret_key: bool | None = None, escaped: bool = False
     of guard functions: a Python call per guard per event shows in the writer's throughput.
     Order matters: whole blocks (PEM) first, then key/value, then shapes inside free text.
     A replacement that is a function checks the candidate (the whole name, Luhn) first.
-    With the ``[hyperscan]`` extra, orjson's output is looked at in one pass instead.
+    With the ``[hyperscan]`` extra, orjson's output is looked at in one pass instead, unless
+    ``one_pass`` is False (see ``Recorder``'s ``one_pass_guards``).
     """
-    if escaped:
+    if escaped and one_pass:
         scanner = _SCANNER if _SCANNER is not False else _scanner()
         if scanner is not None:
             return _redact_scanned(blob, secret_key, scanner.scan(blob))  # type: ignore[union-attr]
@@ -865,8 +876,15 @@ class Recorder:
         fallback_dir: str | Path | None = None,
         on_done: Callable[[int], None] | None = None,
         start: bool = True,
+        one_pass_guards: bool = False,
     ) -> None:
         self._write = write
+        #: Redaction's guards in one Hyperscan pass (when installed). Only where no agent's
+        #: thread shares the GIL (the writer process): each scan, and each of its match
+        #: callbacks, lets go of the GIL, which wakes a CPU-busy thread's wait for it without
+        #: the switch that wait asks for; the writer thread then lost the GIL at every event
+        #: and fell far behind such an agent (``bench/ingest.py --busy-only``).
+        self.one_pass_guards = one_pass_guards
         #: Called after each batch is durable with the count of events handled so far, in
         #: order (the writer process acknowledges with it what the agent may forget).
         self._on_done = on_done
@@ -879,7 +897,10 @@ class Recorder:
             f"{stem}.{hashlib.sha1(where).hexdigest()[:8]}.jsonl"  # noqa: S324 - a name
         )
         self.max_text = max_text
-        self.queue_bound = queue_bound
+        self._queue_bound = queue_bound
+        self._in_flight = 0  # taken from the queue by the writer, not yet durable
+        self._preparing = False  # the writer thread is preparing a batch (Python: the GIL)
+        self._room = queue_bound  # see _set_room
         self.block_seconds = block_seconds
         self._on_batch = on_batch
         self._queue: deque[Item] = deque()
@@ -894,7 +915,6 @@ class Recorder:
         self._lost_reported = 0  # what flush() has already reported
         self._dead_letter_lock = threading.Lock()
         self._stamp = (-1, "")
-        self._in_flight = 0  # taken from the queue by the writer, not yet durable
         self._commits: queue.Queue[_Batch | None] = queue.Queue(maxsize=1)
         # Spills under overload are written by their own thread (started at the first one), so
         # the agent only hands them over; two may wait, which keeps memory bounded.
@@ -918,6 +938,28 @@ class Recorder:
     @property
     def started(self) -> bool:
         return self._thread.ident is not None
+
+    @property
+    def queue_bound(self) -> int:
+        """Events the queue holds at most; past it ``emit`` waits, then spills (``_overload``)."""
+        return self._queue_bound
+
+    @queue_bound.setter
+    def queue_bound(self, value: int) -> None:
+        with self._cond:
+            self._queue_bound = value
+            self._set_room()
+
+    def _set_room(self) -> None:
+        """The queue length at which ``emit`` leaves its fast path: ``queue_bound``, or, while
+        the writer thread prepares a batch, what keeps the events accepted and not yet durable
+        under ``YIELD_AT`` (past it the agent yields to the writer). One comparison on the hot
+        path; the writer and the committer move it (under ``_cond``) whenever ``_in_flight`` or
+        ``_preparing`` changes."""
+        room = self._queue_bound
+        if self._preparing:
+            room = max(0, min(room, YIELD_AT - self._in_flight))
+        self._room = room
 
     # -- hot path --------------------------------------------------------------------------
     def emit_event(self, event: dict[str, Any]) -> None:
@@ -958,8 +1000,8 @@ class Recorder:
             self._after_close(task_id, own, timestamp, etype, payload, event_id)
             return own
         q = self._queue
-        if len(q) >= self.queue_bound:
-            self._overload()
+        if len(q) >= self._room:
+            self._make_room()
         q.append(
             (
                 task_id,
@@ -987,6 +1029,39 @@ class Recorder:
         reason = "recorded after close(): not written to the store"
         self._dead_letter(rows, reason)
         self._dead_letter_raw(raw, reason)
+
+    def _make_room(self) -> None:
+        """The queue is full (``_overload``), or the writer is behind (``_yield_to_writer``)."""
+        if len(self._queue) >= self._queue_bound:
+            self._overload()
+        elif self._preparing:
+            self._yield_to_writer()
+
+    def _yield_to_writer(self) -> None:
+        """More than ``YIELD_AT`` events wait to be durable and the writer thread is preparing a
+        batch: wait until it has (at most ``block_seconds``).
+
+        Preparing is Python under the GIL, which a CPU-busy agent's thread keeps taking back:
+        the writer falls behind an agent it does not slow enough, the more so as each C call of
+        its own that lets go of the GIL lets the agent take it. Waiting here gives the writer
+        the GIL until its batch is ready. Never a wait
+        on I/O: while the writer waits for the committer (the store's write) the agent goes
+        on, up to ``queue_bound``."""
+        me = threading.get_ident()
+        if me == self._thread.ident or me == self._committer.ident or self.block_seconds <= 0:
+            return  # the writer's own threads (a warning logged into a recorder) never wait
+        deadline = time.monotonic() + self.block_seconds
+        with self._cond:
+            while (
+                self._preparing
+                and len(self._queue) + self._in_flight >= YIELD_AT
+                and not self._stop
+                and self._thread.is_alive()
+            ):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
 
     def _overload(self) -> None:
         """The queue is full: wait for the writer, then spill the oldest events to the
@@ -1131,7 +1206,9 @@ class Recorder:
             body = orjson.dumps({"unserializable": sanitizer.text(repr(exc))})
             sanitizer.problems.append(f"could not be stored as JSON ({exc!r}): kept as its error")
         serialized = body
-        body = redact(body, secret_key=sanitizer.secret_key, escaped=True)
+        body = redact(
+            body, secret_key=sanitizer.secret_key, escaped=True, one_pass=self.one_pass_guards
+        )
         # What replay's detectors read, worked out here where the payload is already decoded.
         # Only when redaction left the body as it was: then it is the projection of the stored
         # body, and nothing a redaction removed can reach the store through it.
@@ -1215,9 +1292,17 @@ class Recorder:
         each payload's JSON as the agent serialized it (``payloads``, see ``_row``)."""
         with self._cond:
             self._in_flight += len(items)
+            self._preparing = True
+            self._set_room()
         cleans: list[Any] = []
         keep = cleans if self._on_batch is not None else None
-        rows, raw = self._prepare(items, keep, payloads=payloads)
+        try:
+            rows, raw = self._prepare(items, keep, payloads=payloads)
+        finally:
+            with self._cond:
+                self._preparing = False
+                self._set_room()
+                self._cond.notify_all()  # agents waiting in _yield_to_writer
         if raw and keep is not None:
             cleans = []  # out of step with the rows: the hook reads the rows alone
         self._commits.put((len(items), rows, raw, "could not prepare", cleans))
@@ -1248,6 +1333,7 @@ class Recorder:
             del rows, raw, cleans
             with self._cond:
                 self._in_flight -= n
+                self._set_room()
                 self._done += n
                 done = self._done
                 self._cond.notify_all()

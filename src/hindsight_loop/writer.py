@@ -29,6 +29,7 @@ import io
 import logging
 import math
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -58,6 +59,10 @@ log = logging.getLogger("hindsight_loop")
 
 #: Lines sent to the writer and not yet acknowledged, at most (they are kept for a resend).
 SEND_WINDOW = BATCH_SIZE  # the pipe and the two batches in the writer hold ~2,500
+#: The writer process says how many events are durable after this many more, or as soon as it
+#: has nothing left to read (a flush waits for that): each message wakes a thread of the agent's
+#: process, which takes the GIL from the agent.
+ACK_EVERY = SEND_WINDOW // 5
 #: Lines written to the pipe at a time.
 SEND_CHUNK = 2_000
 #: Writer processes started again after one died, before falling back to in-process writing.
@@ -294,7 +299,7 @@ class ProcessRecorder:
         except Exception:  # noqa: BLE001 - what orjson refuses is converted (rare, slower)
             frame = self._portable(task_id, own, seq, ts, etype, payload, event_id)
         q = self._out
-        if len(q) >= self._local.queue_bound:
+        if len(q) >= self._local._queue_bound:
             try:
                 self._overload()
             except Exception:  # noqa: BLE001 - the agent must never crash because of Hindsight
@@ -735,10 +740,30 @@ def main() -> int:
     )
     skipped = 0
     recorder: Recorder | None = None
+    # Acknowledgements: every ACK_EVERY events, and whenever this process is idle (nothing
+    # left to read from the agent) with events made durable since the last one.
+    ack_lock = threading.Lock()
+    acks = {"done": 0, "sent": 0, "idle": 0}
+
+    def ack(n: int) -> None:  # under ack_lock
+        assert recorder is not None
+        acks["sent"] = n
+        send({"done": n, "stats": recorder.stats})
 
     def done(n: int) -> None:
-        assert recorder is not None
-        send({"done": n + skipped, "stats": recorder.stats})
+        with ack_lock:
+            n += skipped
+            acks["done"] = n
+            if acks["idle"] or n - acks["sent"] >= ACK_EVERY:
+                ack(n)
+
+    def wait_for_lines() -> None:
+        """Before a read that may block: acknowledge what is durable, if nothing is coming."""
+        readable = select.select([stdin], [], [], 0)[0]
+        with ack_lock:
+            acks["idle"] = not readable
+            if not readable and acks["done"] > acks["sent"]:
+                ack(acks["done"])
 
     recorder = Recorder(
         store.write_event_batch,
@@ -748,6 +773,7 @@ def main() -> int:
         on_batch=triggers.on_batch,
         on_done=done,
         start=False,
+        one_pass_guards=True,  # no agent's thread here to hand the GIL to
     )
     # This thread prepares (the Python work), the committer writes: two threads, not three.
     recorder.start_committer()
@@ -757,7 +783,10 @@ def main() -> int:
     tail = b""
     try:
         while True:
+            wait_for_lines()
             chunk = stdin.read1(1 << 20)
+            with ack_lock:
+                acks["idle"] = 0
             if not chunk:
                 break
             lines = (tail + chunk).split(b"\n") if tail else chunk.split(b"\n")
@@ -796,7 +825,8 @@ def main() -> int:
                 # agent's sender waits in turn (its overload policy takes over from there).
                 recorder.commit_items(items, raws)
             else:
-                send({"done": recorder._done + skipped, "stats": recorder.stats})
+                with ack_lock:
+                    acks["done"] = max(acks["done"], recorder._done + skipped)
             del items, raws
     finally:
         recorder.finish()
