@@ -13,14 +13,13 @@ uses its own scans: the core install does not depend on it.
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
 
-#: Between two events' bodies in a batch scan: orjson's output never holds a raw control
-#: character, and no guard's match can hold this one except as the byte before its match
-#: proper (``_batch_expressions``), where it stands for the start of the body.
+#: After each event's body in a batch scan: orjson's output never holds a raw control
+#: character, and no guard matches this one but as the byte before the match proper (the
+#: ``[^"]`` of ``(?:^|[^"]):``), where it stands for the body's start (``^``).
 SEPARATOR = b"\n"
 
 # Guard ids, in the order of ``_EXPRESSIONS``.
@@ -51,20 +50,18 @@ def _expressions(word_cores: bytes) -> list[tuple[bytes, bool]]:
 
 
 def _batch_expressions(word_cores: bytes) -> list[tuple[bytes, bool]]:
-    """The guards for a scan of many bodies joined by ``SEPARATOR``, reporting every match.
+    """The guards for one scan of many bodies, each followed by ``SEPARATOR``.
 
-    Each is true in a body exactly where its one-event twin is, and reports a match that ends
-    in that body: a match holds no ``SEPARATOR`` but as the class before a match proper
-    (``[^"]``, ``[^…]``), which there stands for the body's start (``^``). So a match ending in
-    a body lies in it, or is one that ``^`` gives the body alone. The guards that would
-    report once per byte of a run (a long id, a number, a line of dashes) are anchored to the
-    run's start instead: one report per run, the same truth. Every match costs a Python call."""
-    runs = rb"[A-Za-z0-9_\-]"
-    expressions = _expressions(word_cores)
-    expressions[DASHES] = (rb"(?:^|[^\-])--", False)
-    expressions[RUN] = (rb"(?:^|[^A-Za-z0-9_\-])" + runs + rb"{16}", False)
-    expressions[CARD] = (rb"(?:^|[^0-9])[0-9]{13}|[0-9]{4}[ \-][0-9]{4}", False)
-    return expressions
+    Each guard is followed by the rest of its body and the separator after it: all its
+    matches in a body end at that separator, which Hyperscan reports once (it reports each
+    end offset of a pattern once). So a body costs at most one match report per guard, as
+    ``HS_FLAG_SINGLEMATCH`` gives one event's scan (a report is a Python call that retakes
+    the GIL; reporting every match cost three times as many on the tests' events). A match
+    cannot run on into the next body (``[^\\n]*`` stops at the separator), and it starts in
+    its body but for the ``[^"]`` that takes the separator before a body's first byte, where
+    the body alone has the ``^`` it stands for: each guard holds in a body exactly where it
+    holds in the body alone (tests/test_redact_guards.py holds them to it)."""
+    return [(b"(?:" + e + rb")[^\n]*\n", c) for e, c in _expressions(word_cores)]
 
 
 def _found(guard: int, _start: int, end: int, _flags: int, found: list[tuple[int, int]]) -> None:
@@ -121,14 +118,16 @@ class Scanner:
             scratch = self._local.batch_scratch = self._batch_prototype.clone()
         found: list[tuple[int, int]] = []
         self._batch_db.scan(
-            SEPARATOR.join(blobs), match_event_handler=_found, context=found, scratch=scratch
+            SEPARATOR.join(blobs) + SEPARATOR,
+            match_event_handler=_found,
+            context=found,
+            scratch=scratch,
         )
-        # Where each body ends (the offset of the separator after it).
-        ends = list(accumulate(len(blob) + 1 for blob in blobs))
-        ends = [end - 1 for end in ends]
+        # Each match ends just past the separator after its body.
+        body_at = {end: i for i, end in enumerate(accumulate(len(blob) + 1 for blob in blobs))}
         hits: list[set[int]] = [set() for _ in blobs]
         for guard, end in found:
-            hits[bisect_left(ends, end)].add(guard)
+            hits[body_at[end]].add(guard)
         return hits
 
 
