@@ -300,7 +300,7 @@ def _render_busy(r: dict[str, Any]) -> str:
         f"(x{r['busy_agent_slowdown_to_durable']['median']:.2f} to the last event durable), "
         f"drain {r['busy_drain_s']['median']:.2f} s (writer thread: "
         + (
-            "redaction guards in one Hyperscan scan per batch)"
+            "redaction guards in one Hyperscan scan per 100 events)"
             if r.get("redact_guards") == "hyperscan"
             else "Python redaction guards)"
         )

@@ -445,7 +445,7 @@ def _scanner() -> redact_scan.Scanner | None:
 
 def guards_in_use() -> str:
     """Whether redaction's guards can run in one pass here: ``hyperscan`` or ``python``. The
-    writer process scans each event; a writer thread in the agent's process scans each batch
+    writer process scans each event; a writer thread in the agent's process scans a hundred
     at once (see ``Recorder``'s ``one_pass_guards`` and ``batch_guards``)."""
     return "python" if _scanner() is None else "hyperscan"
 
@@ -889,8 +889,10 @@ class Recorder:
         #: the switch that wait asks for; the writer thread then lost the GIL at every event
         #: and fell far behind such an agent (``bench/ingest.py --busy-only``).
         self.one_pass_guards = one_pass_guards
-        #: Otherwise a batch's guards in one Hyperscan pass over all its events
-        #: (``redact_scan.Scanner.scan_many``): one release of the GIL per batch, not per event.
+        #: Otherwise (the writer thread) the guards of ``SCAN_CHUNK`` events in one Hyperscan
+        #: pass (``redact_scan.Scanner.scan_many``): one release of the GIL per chunk, not one
+        #: per event, and at most one match report per guard per event, as before; False keeps
+        #: the Python guards. ``_row`` alone (one event) uses the Python guards here.
         self.batch_guards = batch_guards
         #: Called after each batch is durable with the count of events handled so far, in
         #: order (the writer process acknowledges with it what the agent may forget).

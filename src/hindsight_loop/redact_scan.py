@@ -5,6 +5,8 @@ pattern's matches contain. In pure Python the guards are a dozen C-level scans o
 larger part of the writer's redaction time; Hyperscan runs them all in a single pass. The guards
 here are the same tests written as Hyperscan expressions, each matching wherever its pure-Python
 twin is true (tests/test_redact_guards.py holds both against every pattern run unguarded).
+``Scanner.scan_many`` looks at many events in one call (the writer thread: each call lets go of
+the GIL, which beside a CPU-busy agent's thread may cost the writer a switch interval).
 
 Without the package (or on a CPU Hyperscan does not run on), ``SCANNER`` is None and redaction
 uses its own scans: the core install does not depend on it.
