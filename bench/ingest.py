@@ -298,7 +298,12 @@ def _render_busy(r: dict[str, Any]) -> str:
         f"{r['busy_batch_size']:,}), {r['busy_events_per_s']['median']:,.0f} events/s, "
         f"agent slowdown x{r['busy_agent_slowdown']['median']:.2f} "
         f"(x{r['busy_agent_slowdown_to_durable']['median']:.2f} to the last event durable), "
-        f"drain {r['busy_drain_s']['median']:.2f} s (writer thread: Python redaction guards)"
+        f"drain {r['busy_drain_s']['median']:.2f} s (writer thread: "
+        + (
+            "redaction guards in one Hyperscan scan per 100 events)"
+            if r.get("redact_guards") == "hyperscan"
+            else "Python redaction guards)"
+        )
     )
 
 

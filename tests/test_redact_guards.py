@@ -304,3 +304,134 @@ def test_the_payload_bytes_in_the_agents_line_equal_a_second_serialization(
     assert W.payload_json(b'["tsk_a",1,null,5,"user_input",null,{}]', head) == b"{}"
     assert found > 4000  # the line's layout is found for every payload but the odd
     assert kept > 100  # and its bytes stored as they are where nothing was redacted
+
+
+# Bodies that begin or end with what a guard looks for, or hold half of it: joined in a batch,
+# two halves side by side must not make a guard hold in either.
+EDGES = [
+    ":",
+    ":x",
+    "x:",
+    '":',
+    "-",
+    "--",
+    "-x",
+    "x-",
+    "=",
+    "@",
+    "://",
+    ":/",
+    "/",
+    " is",
+    "is ",
+    "abcdefgh",
+    "abcdefghijklmnop",
+    "0123456789",
+    "0123",
+    "4567",
+    "0123-",
+    "0123456789012",
+    "PRIVATE KEY---",
+    "--",
+    "auth",
+    "orization",
+    "pass",
+    "bear",
+    "er",
+    "密",
+    "：",
+]
+
+
+def _batch_scanner() -> redact_scan.Scanner:
+    scanner = redact_scan.load(R._WORD_CORES.pattern)
+    if scanner is None:
+        pytest.skip("hyperscan is not installed: pip install 'hindsight-loop[hyperscan]'")
+    return scanner
+
+
+def test_a_batch_scan_finds_in_each_body_what_its_own_scan_finds() -> None:
+    """``scan_many`` over bodies side by side gives each body the guards ``scan`` gives it
+    alone: on generated events, on raw fragments that begin or end with a guard's text or
+    half of one (first, last, adjacent), and on each of them alone in a batch of one."""
+    scanner = _batch_scanner()
+    rng = random.Random(17)
+    pieces = [f for f in FRAGMENTS if not any(ord(c) < 0x20 for c in f)] + EDGES
+    bodies = [p.encode() for p in pieces] + [
+        orjson.dumps({rng.choice(KEYS): _value(rng) for _ in range(rng.randint(1, 4))})
+        for _ in range(2000)
+    ]
+    bodies += [orjson.dumps(p) for p in pieces]  # JSON strings: a quote at each end
+    assert all(redact_scan.SEPARATOR not in body for body in bodies)
+    alone = {body: set(scanner.scan(body)) for body in bodies}
+    batches = [[body] for body in bodies]
+    edges = [p.encode() for p in EDGES]
+    batches += [[a, b] for a in edges for b in edges]  # every pair of edges, in both orders
+    for _ in range(300):
+        batches.append(rng.sample(bodies, rng.randint(2, 60)))
+    seen: set[int] = set()
+    for batch in batches:
+        found = scanner.scan_many(batch)
+        assert len(found) == len(batch)
+        for body, hits in zip(batch, found, strict=True):
+            assert hits == alone[body], (body, batch)
+            seen |= hits
+    # One report per guard per body, however often the guard's text occurs in it: the
+    # reports (Python calls that retake the GIL) are as few as one scan per event makes.
+    reports: list[tuple[int, int]] = []
+    scanner._batch_db.scan(
+        b"\n".join(bodies) + b"\n", match_event_handler=redact_scan._found, context=reports
+    )
+    assert len(reports) == sum(len(alone[body]) for body in bodies)
+    assert seen == set(range(14))  # every guard was seen holding
+    assert scanner.scan_many([]) == []
+
+
+def test_batch_redaction_equals_every_pattern_run() -> None:
+    """Each body redacted with the guards of a batch scan: the reference's bytes."""
+    scanner = _batch_scanner()
+    rng = random.Random(23)
+    blobs = [
+        orjson.dumps({rng.choice(KEYS): _value(rng) for _ in range(rng.randint(1, 4))})
+        for _ in range(3000)
+    ]
+    blobs += [orjson.dumps(f) for f in FRAGMENTS + EDGES]
+    changed = 0
+    for start in range(0, len(blobs), 500):
+        batch = blobs[start : start + 500]
+        for blob, hits in zip(batch, scanner.scan_many(batch), strict=True):
+            for secret_key in (None, False, True):
+                want = _every_pattern(blob, secret_key=secret_key)
+                assert R._redact_scanned(blob, secret_key, hits) == want, blob
+                changed += want != blob
+    assert changed > 1000  # the inputs do hold secrets
+
+
+def test_a_batch_prepared_in_one_scan_is_the_batch_prepared_event_by_event(
+    tmp_path: Path,
+) -> None:
+    """The writer thread's ``_prepare`` with one scan per batch stores the rows (bodies,
+    redaction, projections) and hands the hook the payloads that the Python guards give,
+    odd payloads included."""
+    _batch_scanner()
+    rng = random.Random(31)
+    items = [
+        ("t", i, 1_700_000_000_000_000_000 + i, "action_executed", payload, f"e{i}")
+        for i, payload in enumerate(_agent_payloads(rng) + ODD)
+    ]
+    batched = Recorder(lambda rows: None, dead_letter=tmp_path / "a.jsonl", start=False)
+    python = Recorder(
+        lambda rows: None, dead_letter=tmp_path / "b.jsonl", start=False, batch_guards=False
+    )
+    assert batched._batch_scanner() is not None
+    assert python._batch_scanner() is None
+    keep_a: list[Any] = []
+    keep_b: list[Any] = []
+    with pytest.warns(R.HindsightWarning):
+        rows_a, raw_a = batched._prepare(items, keep_a)  # type: ignore[arg-type]
+    with pytest.warns(R.HindsightWarning):
+        rows_b, raw_b = python._prepare(items, keep_b)  # type: ignore[arg-type]
+    assert raw_a == raw_b == []
+    assert rows_a == rows_b
+    assert keep_a == keep_b
+    assert sum(a[5] != orjson.dumps(b) for a, b in zip(rows_a, keep_a, strict=True) if b) > 100

@@ -5,6 +5,8 @@ pattern's matches contain. In pure Python the guards are a dozen C-level scans o
 larger part of the writer's redaction time; Hyperscan runs them all in a single pass. The guards
 here are the same tests written as Hyperscan expressions, each matching wherever its pure-Python
 twin is true (tests/test_redact_guards.py holds both against every pattern run unguarded).
+``Scanner.scan_many`` looks at many events in one call (the writer thread: each call lets go of
+the GIL, which beside a CPU-busy agent's thread may cost the writer a switch interval).
 
 Without the package (or on a CPU Hyperscan does not run on), ``SCANNER`` is None and redaction
 uses its own scans: the core install does not depend on it.
@@ -13,7 +15,14 @@ uses its own scans: the core install does not depend on it.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
+
+#: After each event's body in a batch scan: orjson's output never holds a raw control
+#: character, and no guard matches this one but as the byte before the match proper (the
+#: ``[^"]`` of ``(?:^|[^"]):``), where it stands for the body's start (``^``).
+SEPARATOR = b"\n"
 
 # Guard ids, in the order of ``_EXPRESSIONS``.
 PEM, DASHES, EQUALS, INNER_COLON, ESCAPED_KEY, IS, ZH_ASSIGN = range(7)
@@ -42,6 +51,25 @@ def _expressions(word_cores: bytes) -> list[tuple[bytes, bool]]:
     ]
 
 
+def _batch_expressions(word_cores: bytes) -> list[tuple[bytes, bool]]:
+    """The guards for one scan of many bodies, each followed by ``SEPARATOR``.
+
+    Each guard is followed by the rest of its body and the separator after it: all its
+    matches in a body end at that separator, which Hyperscan reports once (it reports each
+    end offset of a pattern once). So a body costs at most one match report per guard, as
+    ``HS_FLAG_SINGLEMATCH`` gives one event's scan (a report is a Python call that retakes
+    the GIL; reporting every match cost three times as many on the tests' events). A match
+    cannot run on into the next body (``[^\\n]*`` stops at the separator), and it starts in
+    its body but for the ``[^"]`` that takes the separator before a body's first byte, where
+    the body alone has the ``^`` it stands for: each guard holds in a body exactly where it
+    holds in the body alone (tests/test_redact_guards.py holds them to it)."""
+    return [(b"(?:" + e + rb")[^\n]*\n", c) for e, c in _expressions(word_cores)]
+
+
+def _found(guard: int, _start: int, end: int, _flags: int, found: list[tuple[int, int]]) -> None:
+    found.append((guard, end))
+
+
 def _hit(guard: int, _start: int, _end: int, _flags: int, hits: list[int]) -> None:
     hits.append(guard)
 
@@ -60,7 +88,16 @@ class Scanner:
             elements=len(expressions),
             flags=[single | (hyperscan.HS_FLAG_CASELESS if c else 0) for _, c in expressions],
         )
+        batch = _batch_expressions(word_cores)
+        self._batch_db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        self._batch_db.compile(
+            expressions=[e for e, _ in batch],
+            ids=list(range(len(batch))),
+            elements=len(batch),
+            flags=[hyperscan.HS_FLAG_CASELESS if c else 0 for _, c in batch],
+        )
         self._prototype = hyperscan.Scratch(self._db)
+        self._batch_prototype = hyperscan.Scratch(self._batch_db)
         # A scratch space per thread: the writer, a spilling agent thread and a gateway may
         # redact at once, and a scratch serves one scan at a time.
         self._local = threading.local()
@@ -74,6 +111,27 @@ class Scanner:
         self._db.scan(blob, match_event_handler=_hit, context=hits, scratch=scratch)
         return hits
 
+    def scan_many(self, blobs: Sequence[bytes]) -> list[set[int]]:
+        """The ids of the guards each of ``blobs`` (orjson's output) holds, in one pass over
+        all of them: ``scan``'s answer for each, with one release of the GIL per batch rather
+        than per event (beside a CPU-busy agent's thread each release may cost a switch)."""
+        scratch = getattr(self._local, "batch_scratch", None)
+        if scratch is None:
+            scratch = self._local.batch_scratch = self._batch_prototype.clone()
+        found: list[tuple[int, int]] = []
+        self._batch_db.scan(
+            SEPARATOR.join(blobs) + SEPARATOR,
+            match_event_handler=_found,
+            context=found,
+            scratch=scratch,
+        )
+        # Each match ends just past the separator after its body.
+        body_at = {end: i for i, end in enumerate(accumulate(len(blob) + 1 for blob in blobs))}
+        hits: list[set[int]] = [set() for _ in blobs]
+        for guard, end in found:
+            hits[body_at[end]].add(guard)
+        return hits
+
 
 def load(word_cores: bytes) -> Scanner | None:
     """A scanner, or None without the ``hyperscan`` package or where it cannot run."""
@@ -84,6 +142,7 @@ def load(word_cores: bytes) -> Scanner | None:
     try:
         scanner = Scanner(hyperscan, word_cores)
         scanner.scan(b"probe")
+        scanner.scan_many([b"probe", b"probe"])
     except Exception:  # noqa: BLE001 - an unsupported CPU: the pure-Python guards serve
         return None
     return scanner
