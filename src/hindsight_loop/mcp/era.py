@@ -66,20 +66,37 @@ def refusal(gateway: Gateway, msg: dict[str, Any]) -> dict[str, Any]:
             client, link = up.client, gateway.raw.links.get(up.name)
             if client is None or client.session.protocol_version in MODERN_PROTOCOL_VERSIONS:
                 continue
-            kept = _parse(link.discover_answer) if link is not None else None
+            kept = parse(link.discover_answer) if link is not None else None
             if isinstance(kept, dict) and ("error" in kept or "result" in kept):
                 answer = {k: v for k, v in kept.items() if k in ("error", "result")}
             break
     return {"jsonrpc": "2.0", "id": msg.get("id"), **answer}
 
 
-def _parse(line: bytes | None) -> Any:
+def parse(line: bytes | None) -> Any:
+    """A JSON-RPC message's bytes as data; None for no line or one that is not JSON."""
     if line is None:
         return None
     try:
         return orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
+
+
+#: Where a 2026-era request carries its client's capabilities.
+CAPABILITIES_META_KEY = "io.modelcontextprotocol/clientCapabilities"
+
+
+def client_capabilities(msg: Any) -> Any:
+    """What a client message declares: a 2025 ``initialize``'s capabilities, or a 2026 request's
+    ``_meta`` (None when it declares nothing)."""
+    params = msg.get("params") if isinstance(msg, dict) else None
+    if not isinstance(params, dict):
+        return None
+    if msg.get("method") == "initialize":
+        return params.get("capabilities")
+    meta = params.get("_meta")
+    return meta.get(CAPABILITIES_META_KEY) if isinstance(meta, dict) else None
 
 
 async def refuse_http(gateway: Gateway, scope: Any, receive: Any, send: Any) -> None:
@@ -95,7 +112,7 @@ async def refuse_http(gateway: Gateway, scope: Any, receive: Any, send: Any) -> 
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-    msg = _parse(body)
+    msg = parse(body)
     if not isinstance(msg, dict):
         msg = {"id": None, "method": None}
     answer = refusal(gateway, msg)

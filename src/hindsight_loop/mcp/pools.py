@@ -26,6 +26,8 @@ import anyio
 import mcp_types as types
 import orjson
 
+from hindsight_loop.mcp.era import client_capabilities
+
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("hindsight_loop.mcp.pools")
 
-_CAPABILITIES_META_KEY = "io.modelcontextprotocol/clientCapabilities"
 #: Distinct declarations served with upstreams of their own; a client declaring yet another one
 #: is served by the gateway's own connections (which declare nothing), with a warning.
 MAX_POOLS = 8
@@ -57,17 +58,6 @@ def _key(caps: types.ClientCapabilities) -> bytes:
         caps.model_dump(by_alias=True, exclude_none=True, mode="json"),
         option=orjson.OPT_SORT_KEYS,
     )
-
-
-def _capabilities_of(msg: Any) -> Any:
-    """What a client message declares: a 2025 ``initialize``'s, or a 2026 request's ``_meta``."""
-    params = msg.get("params") if isinstance(msg, dict) else None
-    if not isinstance(params, dict):
-        return None
-    if msg.get("method") == "initialize":
-        return params.get("capabilities")
-    meta = params.get("_meta")
-    return meta.get(_CAPABILITIES_META_KEY) if isinstance(meta, dict) else None
 
 
 class _Pool:
@@ -106,7 +96,7 @@ class Pools:
             msg = orjson.loads(body) if body else None
         except orjson.JSONDecodeError:
             msg = None
-        caps = declared(_capabilities_of(msg))
+        caps = declared(client_capabilities(msg))
         key = _key(caps)
         if key == self.own:
             return own, receive, send

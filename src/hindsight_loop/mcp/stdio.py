@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from hindsight_loop.mcp import era
+
 if TYPE_CHECKING:
     from hindsight_loop.mcp.fastpath import RawRelay
     from hindsight_loop.mcp.proxy import Gateway
 
-_CAPABILITIES_META_KEY = "io.modelcontextprotocol/clientCapabilities"
 
 #: Longest line read (the SDK's own transport has no bound; a result with images can be large).
 _LINE_LIMIT = 1 << 30
@@ -67,10 +68,10 @@ async def _meet(gateway: Gateway, relay: RawRelay | None, line: bytes) -> None:
     (``Gateway.connect_upstreams``), before the SDK reads the message: they are started once,
     already as this client needs them.
     """
-    first = _message(line)
+    first = era.parse(line)
     if relay is not None:
         relay.hello(first)
-    await gateway.adopt_client_capabilities(_capabilities(first))
+    await gateway.adopt_client_capabilities(era.client_capabilities(first))
     legacy = isinstance(first, dict) and first.get("method") == "initialize"
     await gateway.connect_upstreams("legacy" if legacy else "auto")
 
@@ -88,9 +89,7 @@ async def _refuse_modern(
     answered here, before it reads any (see ``mcp.era``). Returns the first line it should
     read (empty: the client left).
     """
-    from hindsight_loop.mcp import era
-
-    msg = _message(line)
+    msg = era.parse(line)
     if not era.is_modern_request(msg) or not era.legacy_only(gateway):
         return line
     while era.is_modern_request(msg):
@@ -98,12 +97,12 @@ async def _refuse_modern(
         line = await reader.readline()
         if not line:
             return line
-        msg = _message(line)
+        msg = era.parse(line)
     if isinstance(msg, dict) and msg.get("method") == "initialize":
         # The client's handshake: who it is and what it declares, in the era it now speaks.
         if relay is not None:
             relay.hello(msg)
-        await gateway.adopt_client_capabilities(_capabilities(msg))
+        await gateway.adopt_client_capabilities(era.client_capabilities(msg))
     return line
 
 
@@ -118,24 +117,6 @@ class _Out:
 
     async def flush(self) -> None:
         await self.writer.drain()
-
-
-def _message(line: bytes) -> Any:
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-
-
-def _capabilities(msg: Any) -> Any:
-    """The client capabilities a first message declares (2025 ``initialize`` or 2026 ``_meta``)."""
-    params = msg.get("params") if isinstance(msg, dict) else None
-    if not isinstance(params, dict):
-        return None
-    if msg.get("method") == "initialize":
-        return params.get("capabilities")
-    meta = params.get("_meta")
-    return meta.get(_CAPABILITIES_META_KEY) if isinstance(meta, dict) else None
 
 
 @asynccontextmanager
