@@ -911,11 +911,15 @@ def curate(
     """Decide what a new lesson does to the book: add it, merge it, or flag a conflict.
 
     Only lessons of the same task type and scope are compared. A draft repeats a lesson when
-    their structured forms agree (same ``when``, same ``prefer``), or their advice is close
-    (``text_similarity`` against every wording merged so far, above a threshold that is lower when
-    both name the same step or error type) and their scenarios do not differ. It contradicts an
-    *active* lesson when the structured forms swap prefer and avoid, or when the advice is the
-    same once negation words are removed but only one of the two is negated.
+    their structured forms agree (same ``when``, same ``prefer``), when it is word for word one of
+    the lesson's wordings, or when their advice is close (``text_similarity`` against every
+    wording merged so far, above a threshold that is lower when both name the same step or error
+    type), their scenarios do not differ and the rules can read that both say the same thing
+    (``agreement_shown``). It contradicts an *active* lesson when the structured forms swap
+    prefer and avoid, when one prefers what the other avoids (``stance_relation``, ``poles``), or
+    when the advice is the same once negation words are removed but only one of the two is
+    negated. Close advice the rules cannot read either way is held for a person (a conflict
+    marked ``unsure``) unless a ``judge`` settles it.
 
     Args:
         draft: A reflector's draft, or a ``Lesson`` (imports) whose id, status and validity are
