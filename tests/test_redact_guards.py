@@ -378,11 +378,12 @@ def test_a_batch_scan_finds_in_each_body_what_its_own_scan_finds() -> None:
             seen |= hits
     # One report per guard per body, however often the guard's text occurs in it: the
     # reports (Python calls that retake the GIL) are as few as one scan per event makes.
+    # (RUN is not in the batch database: scan_many finds it with a translate.)
     reports: list[tuple[int, int]] = []
     scanner._batch_db.scan(
         b"\n".join(bodies) + b"\n", match_event_handler=redact_scan._found, context=reports
     )
-    assert len(reports) == sum(len(alone[body]) for body in bodies)
+    assert len(reports) == sum(len(alone[body] - {redact_scan.RUN}) for body in bodies)
     assert seen == set(range(14))  # every guard was seen holding
     assert scanner.scan_many([]) == []
 
