@@ -1355,17 +1355,12 @@ class Recorder:
         # scan per event; 100 about as much), and a hundred releases of the GIL per batch are
         # a hundredth of one per event.
         for start in range(0, len(items), SCAN_CHUNK):
-            serialized: list[tuple[Item, tuple[Any, ...]]] = []
-            for item, payload in zip(
+            serialized = self._serialize_chunk(
                 items[start : start + SCAN_CHUNK],
                 payloads[start : start + SCAN_CHUNK],
-                strict=True,
-            ):
-                try:
-                    serialized.append((item, self._serialize(item, sanitizer, payload)))
-                except Exception:  # noqa: BLE001 - keep the writer alive whatever happens
-                    log.exception("hindsight: could not prepare an event")
-                    raw.append(item)
+                sanitizer,
+                raw,
+            )
             found: list[Collection[int]] | list[None]
             try:
                 found = scanner.scan_many([parts[5] for _, parts in serialized])
@@ -1374,11 +1369,70 @@ class Recorder:
                 found = [None] * len(serialized)
             for (item, parts), hits in zip(serialized, found, strict=True):
                 try:
-                    rows.append(self._finish(parts, hits, keep, project=project))
+                    if hits or hits is None or parts[7] or parts[8]:
+                        rows.append(self._finish(parts, hits, keep, project=project))
+                        continue
+                    # ``_finish`` where no guard holds, no key names a secret and nothing
+                    # was reported: the body is stored as serialized, so is its projection.
+                    event_id, task_id, seq, stamp, etype, body, clean = parts[:7]
+                    if keep is not None:
+                        keep.append(clean if etype in WATCHED_TYPES else None)
+                    rows.append(
+                        (
+                            event_id or new_id("evt"),
+                            task_id,
+                            seq,
+                            stamp,
+                            etype,
+                            body,
+                            project_json(etype, clean) if project and clean is not None else None,
+                        )
+                    )
                 except Exception:  # noqa: BLE001 - keep the writer alive whatever happens
                     log.exception("hindsight: could not prepare an event")
                     raw.append(item)
         return rows, raw
+
+    def _serialize_chunk(
+        self,
+        items: list[Item],
+        payloads: list[bytes | None],
+        sanitizer: _Sanitizer,
+        raw: list[Item],
+    ) -> list[tuple[Item, tuple[Any, ...]]]:
+        """``_serialize`` of each item, with its parts (an item it fails on goes to ``raw``),
+        inlined for the usual event: a timestamp in nanoseconds, a payload the sanitizer's walk
+        would give back as it is (``_plain_dict``) and orjson takes. The rest go through
+        ``_serialize``, which gives the usual event these very parts too."""
+        out: list[tuple[Item, tuple[Any, ...]]] = []
+        limit = sanitizer.max_text
+        low, high = _NS_FAST
+        dumps, iso = orjson.dumps, self._iso
+        for item, given in zip(items, payloads, strict=True):
+            try:
+                task_id, seq, ts, etype, payload, event_id = item
+                parts = None
+                if (
+                    type(ts) is int
+                    and low < ts < high
+                    and type(payload) is dict
+                    and "type" not in payload
+                    and "task_id" not in payload
+                    and _plain_dict(payload, 0, limit)
+                ):
+                    try:
+                        body = dumps(payload) if given is None else given
+                    except Exception:  # noqa: BLE001 - _serialize handles what orjson refuses
+                        pass
+                    else:
+                        parts = (event_id, task_id, seq, iso(ts), etype, body, payload, False, None)
+                if parts is None:
+                    parts = self._serialize(item, sanitizer, given)
+                out.append((item, parts))
+            except Exception:  # noqa: BLE001 - keep the writer alive whatever happens
+                log.exception("hindsight: could not prepare an event")
+                raw.append(item)
+        return out
 
     def _batch_scanner(self) -> redact_scan.Scanner | None:
         """The scanner ``_prepare`` looks for a batch's guards with, or None: one scan per
