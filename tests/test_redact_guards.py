@@ -114,6 +114,7 @@ FRAGMENTS = [
     "\\u4e2d\\u6587 \\ud83d\\ude00 \\u0041 plain escapes",
     "login?%E5%AF%86%E7%A0%81=PercentZh4",
     "100%25 %E4%B8%AD%E6%96%87 %FF%FE %E5%AF",
+    "next=%2Flogin%3Fpassword%3DPercentEq5 and 100%20%3a%3D",
     "x" * 520,
 ]
 KEYS = ["note", "password", "api_key", "max_tokens", "说明", "args", "output", "db.password"]

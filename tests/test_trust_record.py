@@ -274,6 +274,7 @@ ENCODED_CHINESE: list[tuple[Any, str]] = [
     ({"output": json.dumps(json.dumps({"note": "秘钥为ZhTwice5"}))}, "ZhTwice5"),
     ({"body": {"text": '"\\u5BC6\\u94A5 ZhEscaped6"'}}, "ZhEscaped6"),  # upper-case hex
     ({"url": "https://x.cn/login?user=a&%E5%AF%86%E7%A0%81=ZhPercent7"}, "ZhPercent7"),
+    ({"url": "https://x.cn/cb?next=%2Flogin%3Fpassword%3DPercentEq8"}, "PercentEq8"),
 ]
 
 
