@@ -34,7 +34,17 @@ def guards(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 
 
 def _every_pattern(blob: bytes, *, secret_key: bool | None) -> bytes:
-    """``redact`` without its guards: every pattern, in its order."""
+    """``redact`` without its guards: every pattern, in its order, on the text with the
+    characters the agent escaped or percent-encoded written out when that finds a secret."""
+    view = R._decoded(blob)
+    if view is not None:
+        out = _every_pattern_as_is(view, secret_key=secret_key)
+        if out != view:
+            return out
+    return _every_pattern_as_is(blob, secret_key=secret_key)
+
+
+def _every_pattern_as_is(blob: bytes, *, secret_key: bool | None) -> bytes:
     blob = R._PEM.sub(b"[REDACTED PRIVATE KEY]", blob)
     if secret_key is None or secret_key:
         blob = R._KEY_PATTERN.sub(R._key_sub, blob)
@@ -97,6 +107,14 @@ FRAGMENTS = [
     "mail me@example.com",
     "-----BEGIN RSA PRIVATE KEY-----\nMIIEabc\n-----END RSA PRIVATE KEY-----",
     "averyveryverylongidentifier_0123456789",
+    # the agent's own JSON (json.dumps escapes Chinese) and URLs (percent-encoded)
+    '{"note": "\\u5bc6\\u7801\\u662f EscapedZh1"}',
+    '{"\\u4ee4\\u724c": "EscapedZh2"}',
+    '"\\u5BC6\\u94A5\\uff1aEscapedZh3"',
+    "\\u4e2d\\u6587 \\ud83d\\ude00 \\u0041 plain escapes",
+    "login?%E5%AF%86%E7%A0%81=PercentZh4",
+    "100%25 %E4%B8%AD%E6%96%87 %FF%FE %E5%AF",
+    "next=%2Flogin%3Fpassword%3DPercentEq5 and 100%20%3a%3D",
     "x" * 520,
 ]
 KEYS = ["note", "password", "api_key", "max_tokens", "说明", "args", "output", "db.password"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import decimal
 import enum
+import json
 import math
 import subprocess
 import threading
@@ -260,6 +261,45 @@ def test_quoted_json_and_chinese_assignments_are_redacted(
         raw = orjson.dumps([e.to_dict() for e in hs.store.events(task.task_id)]).decode()
         assert secret not in raw, around
         assert "REDACTED" in raw
+
+
+# Chinese secret words in text the agent encoded itself before handing it over: JSON it made with
+# ``json.dumps`` (\\uXXXX escapes by default, once or twice over), a Chinese key inside such
+# JSON, a percent-encoded URL.
+ENCODED_CHINESE: list[tuple[Any, str]] = [
+    ({"output": json.dumps({"note": "密码是 ZhEscaped1"})}, "ZhEscaped1"),
+    ({"output": json.dumps({"note": "数据库口令：ZhEscaped2"})}, "ZhEscaped2"),
+    ({"output": json.dumps({"密码": "ZhEscapedKey3"})}, "ZhEscapedKey3"),
+    ({"output": json.dumps({"令牌": "ZhQuotedKey4"}, ensure_ascii=False)}, "ZhQuotedKey4"),
+    ({"output": json.dumps(json.dumps({"note": "秘钥为ZhTwice5"}))}, "ZhTwice5"),
+    ({"body": {"text": '"\\u5BC6\\u94A5 ZhEscaped6"'}}, "ZhEscaped6"),  # upper-case hex
+    ({"url": "https://x.cn/login?user=a&%E5%AF%86%E7%A0%81=ZhPercent7"}, "ZhPercent7"),
+    ({"url": "https://x.cn/cb?next=%2Flogin%3Fpassword%3DPercentEq8"}, "PercentEq8"),
+]
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_secrets_in_text_the_agent_encoded_itself_are_redacted(db_path: Path, writer: str) -> None:
+    with Hindsight(db_path, background=False, writer=writer) as hs:  # type: ignore[arg-type]
+        ids = []
+        for value, _secret in ENCODED_CHINESE:
+            for around in ({}, CHINESE_AROUND):
+                with hs.task("t", recall=False) as task:
+                    task.record_action("tool", {**value, **around}, output=value)
+                ids.append(task.task_id)
+        assert hs.flush()
+        raw = orjson.dumps([e.to_dict() for tid in ids for e in hs.store.events(tid)]).decode()
+    for _value, secret in ENCODED_CHINESE:
+        assert secret not in raw, secret
+    assert raw.count("REDACTED") >= 4 * len(ENCODED_CHINESE)
+    assert "销售报表文件的编码错误" in raw  # the text around it is kept
+    # Where nothing was found the agent's escapes are stored as it wrote them.
+    with Hindsight(db_path, background=False) as hs:
+        with hs.task("t", recall=False) as task:
+            task.record_action("tool", {"q": json.dumps({"城市": "北京"})})
+        hs.flush()
+        (event,) = [e for e in hs.store.events(task.task_id) if e.type == "action_executed"]
+        assert event.input["args"]["q"] == json.dumps({"城市": "北京"})
 
 
 def test_redact_finds_a_secret_in_a_raw_log_line_with_tabs_and_chinese() -> None:

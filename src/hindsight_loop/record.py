@@ -417,7 +417,7 @@ _TEXT_SECRET = re.compile(
     + _ASSIGN
     + rb"|(?:"
     + _SECRET_WORDS_ZH.encode()
-    + rb")\s*(?:"
+    + rb")(?:\\\"|')?\s*(?:"
     + _ASSIGN
     + rb"|\s))\s*(?:\\?[\"'])?)"
     + _TEXT_VALUE
@@ -427,6 +427,45 @@ _CARD = re.compile(
     rb"[2-6]\d{12,18}(?!\d)|[2-6]\d{3}([ \-])\d{4}\1\d{4}(?:\1\d{1,7})?(?!\d)"
     rb"|3\d{3}([ \-])\d{6}\2\d{5}(?!\d)"
 )
+
+
+# Text the agent encoded before handing it over: JSON it serialized itself with ``ensure_ascii``
+# (Python's ``json.dumps`` default) holds Chinese as \\uXXXX escapes, a URL holds it
+# percent-encoded, while the secret words and signs above are the characters. Such an event is
+# also read with those escapes written as the characters they stand for (``_decoded``).
+_ESCAPED_CHAR = re.compile(rb"\\+u([0-9a-fA-F]{4})")
+# (and the signs of an assignment in a URL inside a URL: ?next=%2Flogin%3Fpassword%3Dx)
+_PERCENT_CHARS = re.compile(rb"(?:%[c-fC-F][0-9a-fA-F](?:%[89abAB][0-9a-fA-F]){1,3}|%3[dDaA]|%20)+")
+
+
+def _escaped_char(m: re.Match[bytes]) -> bytes:
+    code = int(m.group(1), 16)
+    # ASCII (a quote, a backslash) would change what the JSON says; a lone surrogate is no
+    # character: both stay escaped. The run of backslashes goes with the escape, whatever
+    # nesting of JSON-in-a-string it took.
+    if code < 0x80 or 0xD800 <= code <= 0xDFFF:
+        return m.group(0)
+    return chr(code).encode("utf-8")
+
+
+def _percent_chars(m: re.Match[bytes]) -> bytes:
+    try:
+        return bytes.fromhex(m.group(0).replace(b"%", b"").decode("ascii")).decode().encode()
+    except ValueError:  # not UTF-8: not a character
+        return m.group(0)
+
+
+def _decoded(blob: bytes) -> bytes | None:
+    """``blob`` with escaped or percent-encoded characters beyond ASCII written as themselves
+    (密码 for \\u5bc6\\u7801 or %E5%AF%86%E7%A0%81; percent-encoded =, : and space too), or
+    None when it holds none. Two memchr for the usual event, which holds neither (``find`` of
+    one byte is a memchr, ``in`` is not: 0.08 vs 0.2 µs over 600 bytes, 0.8 for two bytes)."""
+    view = blob
+    if blob.find(b"\\") != -1 and b"\\u" in blob:
+        view = _ESCAPED_CHAR.sub(_escaped_char, view)
+    if blob.find(b"%") != -1 and _PERCENT_CHARS.search(view) is not None:
+        view = _PERCENT_CHARS.sub(_percent_chars, view)
+    return None if view is blob or view == blob else view
 
 
 #: Every guard in one pass, with Hyperscan (the ``[hyperscan]`` extra); None without it, False
@@ -456,6 +495,12 @@ def _redact_scanned(blob: bytes, secret_key: bool | None, hits: Collection[int])
     The same decisions as ``redact``'s own guards, taken on the event as it came rather than
     after each replacement: a replacement ("[REDACTED]", "[REDACTED CARD]", …) holds nothing a
     later guard looks for, so a guard true after one was true before it."""
+    view = _decoded(blob)
+    if view is not None:
+        # Rare (text the agent encoded itself), so the decoded text's own guards in Python.
+        out = _redact(view, secret_key=secret_key, escaped=True, one_pass=False)
+        if out != view:
+            return out
     if not hits and not secret_key:
         return blob  # the usual event: no guard holds, and no key names a secret
     S = redact_scan
@@ -495,6 +540,21 @@ def redact(
     blob: bytes, *, secret_key: bool | None = None, escaped: bool = False, one_pass: bool = True
 ) -> bytes:
     """Remove secrets from serialized JSON; an event with no secret is only scanned by guards.
+
+    Text the agent encoded itself (``json.dumps`` with its \\uXXXX escapes, percent-encoded
+    URLs) is read decoded (``_decoded``): when that finds a secret, the decoded text, redacted,
+    is what is returned (the same JSON once the agent's own JSON is read, minus the secret).
+    """
+    view = _decoded(blob)
+    if view is not None:
+        out = _redact(view, secret_key=secret_key, escaped=escaped, one_pass=one_pass)
+        if out != view:
+            return out
+    return _redact(blob, secret_key=secret_key, escaped=escaped, one_pass=one_pass)
+
+
+def _redact(blob: bytes, *, secret_key: bool | None, escaped: bool, one_pass: bool) -> bytes:
+    """``redact`` of the text as it is.
 
     ``secret_key``: whether some key of the event names a secret (``"api_key"``), when the
     caller already knows (the writer learns it while sanitizing); None looks in ``blob``.
