@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import decimal
 import enum
+import json
 import random
 import uuid
 import warnings
@@ -160,6 +161,14 @@ def _adversarial() -> list[tuple[str, Any]]:
         ("action_executed", {"input": {"tool": "t", "args": {"q": "api_key=sk-" + "a" * 30}}}),
         ("user_input", {"input": {"text": "密码是 hunter2-Secret! " + "x" * LIMIT}}),
         ("state_change", {"agent_state": {"brand_new_key_" + str(i): i for i in range(3)}}),
+        # a secret in text the agent serialized itself (escaped Chinese secret word)
+        (
+            "action_executed",
+            {
+                "input": {"tool": "call_api", "args": {}},
+                "result": {"output": {"body": json.dumps({"note": "密码是 hunter2-Secret!"})}},
+            },
+        ),
     ]
     return out
 
@@ -265,7 +274,7 @@ def test_a_batch_on_the_fast_path_stores_the_rows_of_the_full_walk(tmp_path: Pat
         assert keep_a == keep_b
         assert warned_a == warned_b
         assert len(warned_a) >= 40  # the adversarial events were reported, both ways
-        assert any(b"hunter2" not in row[5] and b"REDACTED" in row[5] for row in rows_a)
+        assert all(b"hunter2" not in row[5] for row in rows_a)  # every secret redacted
         assert sum(row[6] is not None for row in rows_a) > 1400  # projections kept
 
 

@@ -1429,25 +1429,7 @@ class Recorder:
                 found = [None] * len(serialized)
             for (item, parts), hits in zip(serialized, found, strict=True):
                 try:
-                    if hits or hits is None or parts[7] or parts[8]:
-                        rows.append(self._finish(parts, hits, keep, project=project))
-                        continue
-                    # ``_finish`` where no guard holds, no key names a secret and nothing
-                    # was reported: the body is stored as serialized, so is its projection.
-                    event_id, task_id, seq, stamp, etype, body, clean = parts[:7]
-                    if keep is not None:
-                        keep.append(clean if etype in WATCHED_TYPES else None)
-                    rows.append(
-                        (
-                            event_id or new_id("evt"),
-                            task_id,
-                            seq,
-                            stamp,
-                            etype,
-                            body,
-                            project_json(etype, clean) if project and clean is not None else None,
-                        )
-                    )
+                    rows.append(self._finish(parts, hits, keep, project=project))
                 except Exception:  # noqa: BLE001 - keep the writer alive whatever happens
                     log.exception("hindsight: could not prepare an event")
                     raw.append(item)
