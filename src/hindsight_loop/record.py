@@ -1447,6 +1447,7 @@ class Recorder:
         would give back as it is (``_plain_dict``) and orjson takes. The rest go through
         ``_serialize``, which gives the usual event these very parts too."""
         out: list[tuple[Item, tuple[Any, ...]]] = []
+        fast = not sanitizer.check_utf8  # _plain_dict answers for a sanitizer that trusts UTF-8
         limit = sanitizer.max_text
         low, high = _NS_FAST
         dumps, iso = orjson.dumps, self._iso
@@ -1455,7 +1456,8 @@ class Recorder:
                 task_id, seq, ts, etype, payload, event_id = item
                 parts = None
                 if (
-                    type(ts) is int
+                    fast
+                    and type(ts) is int
                     and low < ts < high
                     and type(payload) is dict
                     and "type" not in payload
