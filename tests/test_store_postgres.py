@@ -447,6 +447,10 @@ def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
         RecallQuery(query="weather page retry"),
         RecallQuery(task_type="web", tools=["http_get"]),  # no text: scenario and value only
         RecallQuery(task_type="nobody", query="parse"),
+        # The second lesson is close behind and kept for a word the first does not hold.
+        RecallQuery(task_type="web", query="date weather read"),
+        # An error named in the request: lessons learned on another one rank lower.
+        RecallQuery(task_type="csv", tools=["read_csv"], query="read failed: UnicodeDecodeError"),
     ]
     nonempty = 0
     for q in queries:

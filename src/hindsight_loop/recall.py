@@ -27,7 +27,7 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -102,6 +102,9 @@ class Ranking:
     """Added when the lesson's step equals the query's step."""
     error_boost: float = 0.15
     """Added when the lesson's error type equals the query's error type."""
+    error_miss: float = 0.15
+    """Taken off when the request is about an error (its error type, or an error it names:
+    "failed with the same FileNotFoundError") and the lesson was learned on another one."""
     value_floor: float = 0.7
     """The score is relevance x (value_floor + value_span x value_score): a lesson's track
     record moves its rank, but cannot carry a lesson that does not match."""
@@ -117,6 +120,13 @@ class Ranking:
     request shares nothing with still needs ``min_score`` ("fewer than 3 when nothing fits")."""
     relative: float = 0.75
     """A lesson scoring below this fraction of the best one is left out too."""
+    near: float = 0.9
+    """A lesson scoring below this fraction of the best one (but above ``relative``) is kept
+    only when it matches a word or concept of the request that no lesson chosen before it
+    matched: it speaks to another part of the request ("… in the spreadsheet and verify the
+    output"). One that matches nothing the better ones did not is their neighbour: the same
+    situation with other advice (forecast vs current weather, reading vs deduplicating a CSV),
+    and the request has already found its lesson. With ``relative`` 0 it is off too."""
 
     def __post_init__(self) -> None:
         if self.vector < 0 or self.bm25 < 0 or self.vector + self.bm25 <= 0:
@@ -618,9 +628,11 @@ class LessonIndex:
         scenario = 0.5 * specific + 0.5 * tool_fit
 
         text = q.query.strip()
+        matched: Callable[[int], frozenset[Any]] | None = None
         if text:
             terms = list(dict.fromkeys(tokenize(text, with_concepts=True)))
             term_ids = [self._vocab[t] for t in terms if t in self._vocab]
+            matched = self._matched(idx, [self._vocab[t] for t in _cover_terms(terms, self._vocab)])
             qvec = self.embedder.embed([text])[0]
             # A model embedder scores unrelated text well above 0: measured from its floor,
             # its cosines mean what the ranking's cut-offs expect (tuned on the hashed one).
@@ -653,7 +665,14 @@ class LessonIndex:
             step_hit = self._step[idx] == step_id
         if q.error_type and (error_id := self._errors.get(_norm(q.error_type))):
             error_hit = self._error[idx] == error_id
-        score = _fuse(rk, idx.size, scenario, cosine, bm25, step_hit, error_hit, self._value[idx])
+        error_miss = None
+        if named := errors_named(q):
+            ids = [self._errors[e] for e in named if e in self._errors]
+            error = self._error[idx]
+            error_miss = (error != 0) & ~np.isin(error, ids)
+        score = _fuse(
+            rk, idx.size, scenario, cosine, bm25, step_hit, error_hit, self._value[idx], error_miss
+        )
         return _choose(
             rk,
             score,
@@ -662,7 +681,42 @@ class LessonIndex:
             limit=limit,
             min_score=min_score,
             strong=None if strong is None else _strong(*strong, bm25),
+            matched=matched,
         )
+
+    def _matched(self, idx: np.ndarray, cover: list[int]) -> Callable[[int], frozenset[int]]:
+        """The ``cover`` terms (ids) the survivor at position ``j`` of ``idx`` holds."""
+        wanted = frozenset(cover)
+        bm = self._bm25
+
+        def matched(j: int) -> frozenset[int]:
+            if bm is None or not wanted:
+                return frozenset()
+            p = int(idx[j])
+            return wanted.intersection(bm.row_terms[bm.row_ptr[p] : bm.row_ptr[p + 1]].tolist())
+
+        return matched
+
+
+def _cover_terms(terms: Iterable[str], known: Container[str]) -> list[str]:
+    """The query terms that say which part of a request a lesson speaks to (``Ranking.near``):
+    those some lesson holds, but a lone Chinese character (its bigrams say more)."""
+    return [t for t in terms if t in known and not (len(t) == 1 and is_cjk(t))]
+
+
+#: An error's name in a request: ``FileNotFoundError``, ``ParserError``, ``TimeoutException``.
+_ERROR_NAME_RE = re.compile(
+    r"(?<![A-Za-z0-9_.])[A-Z][A-Za-z0-9]*(?:Error|Exception)(?![A-Za-z0-9_])"
+)
+
+
+def errors_named(q: RecallQuery) -> set[str]:
+    """The errors a request is about, as lessons' error types are matched: its error type when
+    the caller gives one, else the error names its text holds (none: the request is not about a
+    particular error, and no lesson is held against its error type)."""
+    if q.error_type:
+        return {_norm(q.error_type)} - {""}
+    return {_norm(m) for m in _ERROR_NAME_RE.findall(q.query)} if q.query else set()
 
 
 def _strong(
@@ -692,6 +746,7 @@ def _fuse(
     step_hit: np.ndarray | None,
     error_hit: np.ndarray | None,
     value: np.ndarray,
+    error_miss: np.ndarray | None = None,
 ) -> np.ndarray:
     """The rank stage's score of ``n`` survivors from their signals (``cosine`` is ``None``
     when the query has no text). One function for every candidate stage, so an index in
@@ -706,6 +761,8 @@ def _fuse(
         relevance = relevance + rk.step_boost * step_hit
     if error_hit is not None:
         relevance = relevance + rk.error_boost * error_hit
+    if error_miss is not None:
+        relevance = relevance - rk.error_miss * error_miss
     return relevance * (rk.value_floor + rk.value_span * value)
 
 
@@ -729,11 +786,14 @@ def _choose(
     limit: int,
     min_score: float | None,
     strong: np.ndarray | None = None,
+    matched: Callable[[int], frozenset[Any]] | None = None,
 ) -> LessonSet:
     """Cut off, order, and keep conflicting lessons apart: the best ``limit`` of ``score``.
 
     ``strong`` marks the strong rule matches (``_strong``): their floor is ``rule_slack`` lower;
-    every lesson still needs ``relative`` of the best one's score."""
+    every lesson still needs ``relative`` of the best one's score. ``matched`` gives the query
+    terms a survivor holds (``None``: the query has no text): one below ``near`` of the best
+    needs a term no lesson chosen before it holds."""
     floor, strong_floor = _floors(rk, min_score)
     bar = floor if strong is None else np.where(strong, strong_floor, floor)
     good = np.flatnonzero(score >= bar)
@@ -743,18 +803,28 @@ def _choose(
     if good.size > head_size:
         good = good[np.argpartition(-score[good], head_size - 1)[:head_size]]
     order = good[np.argsort(-score[good], kind="stable")]
-    cutoff = float(score[order[0]]) * rk.relative
+    best = float(score[order[0]])
+    cutoff = best * rk.relative
+    # ``relative=0`` asks for no relative cut at all: the near zone goes with it.
+    near = best * rk.near if matched is not None and rk.relative > 0 else cutoff
     chosen = LessonSet()
     chosen_ids: set[str] = set()
+    covered: set[Any] = set()
     for j in order.tolist():
         if score[j] < cutoff:
             break
+        if score[j] < near:
+            assert matched is not None
+            if matched(j) <= covered:
+                continue  # a neighbour of a better lesson, adding nothing the request asks
         lesson = lesson_at(j)
         clash = conflicts_of(lesson)
         if clash and not clash.isdisjoint(chosen_ids):
             continue  # two contradicting lessons are never injected together
         chosen.append(_with_score(lesson, round(float(score[j]), 4)))
         chosen_ids.add(lesson.lesson_id)
+        if matched is not None:
+            covered |= matched(j)
         if len(chosen) == limit:
             break
     return chosen
@@ -913,6 +983,8 @@ class StoreStage:
                 weights = {t: float(v) / reference for t, v in zip(known, idf, strict=True)}
         avgdl = np.float64(total_tokens) / n_book if n_book else np.float64(1.0)
 
+        cover = frozenset(_cover_terms(terms, idf32)) if text else None
+
         def score(rows: list[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray | None]:
             return self._score(rows, q, task, query_tools, qvec, cos_floor, idf32, reference, avgdl)
 
@@ -940,7 +1012,7 @@ class StoreStage:
 
         def bar_of(rows: list[tuple[Any, ...]]) -> float:
             """What a lesson must score to change the result of ranking ``rows`` alone."""
-            found = self._choose(rows, *score(rows), limit=limit, min_score=min_score)
+            found = self._choose(rows, *score(rows), limit=limit, min_score=min_score, cover=cover)
             if not found:
                 return floor
             if len(found) == limit:
@@ -973,7 +1045,7 @@ class StoreStage:
         if not rows:
             return LessonSet()
         rows.sort(key=self._tie_order(task))
-        return self._choose(rows, *score(rows), limit=limit, min_score=min_score)
+        return self._choose(rows, *score(rows), limit=limit, min_score=min_score, cover=cover)
 
     @staticmethod
     def _tie_order(task: str | None) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
@@ -1037,8 +1109,11 @@ class StoreStage:
             step_hit = np.fromiter((r[4] == step for r in rows), bool, n)
         if q.error_type and (error := _norm(q.error_type)):
             error_hit = np.fromiter((r[5] == error for r in rows), bool, n)
+        error_miss = None
+        if named := errors_named(q):
+            error_miss = np.fromiter((r[5] != "" and r[5] not in named for r in rows), bool, n)
         value = np.fromiter((r[6] for r in rows), np.float32, n)
-        score = _fuse(rk, n, scenario, cosine, bm25, step_hit, error_hit, value)
+        score = _fuse(rk, n, scenario, cosine, bm25, step_hit, error_hit, value, error_miss)
         return score, None if strong is None else _strong(*strong, bm25)
 
     def _vectors(self, rows: list[tuple[Any, ...]]) -> np.ndarray:
@@ -1067,6 +1142,7 @@ class StoreStage:
         *,
         limit: int,
         min_score: float | None,
+        cover: frozenset[str] | None,
     ) -> LessonSet:
         # Lessons are read from the store only as the choice reaches them (a few), with the
         # conflicts each records; a conflict recorded on either side keeps the two apart.
@@ -1097,6 +1173,7 @@ class StoreStage:
             limit=limit,
             min_score=min_score,
             strong=strong,
+            matched=None if cover is None else lambda j: cover.intersection(rows[j][7]),
         )
 
 
