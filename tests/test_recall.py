@@ -657,3 +657,30 @@ def test_a_lesson_learned_on_another_error_than_the_one_named_ranks_lower() -> N
     )
     # A request about no error in particular holds no lesson's error against it.
     assert errors_named(RecallQuery(query="the parser keeps failing, ParserErrors")) == set()
+
+
+def test_a_request_naming_what_a_lessons_tool_does_is_a_strong_rule_match() -> None:
+    """The call has three tools; the request shares no word with the lesson's advice, but
+    speaks of what one of its tools is named for (putting a file into a bucket: upload_object):
+    the rules tie the lesson to the request, so the strong floor applies."""
+    upload = lesson(
+        "upload",
+        "upload_object overwrites an existing key silently; call head_object first and ask "
+        "before replacing it.",
+        task_type="cloud_storage",
+        tools=("upload_object", "head_object"),
+    )
+    tools = ["upload_object", "head_object", "presign_url"]
+    q = RecallQuery(
+        task_type="cloud_storage", tools=tools, query="Put report.pdf into the backups bucket"
+    )
+    found = LessonIndex([upload], embedder=HashEmbedder()).search(q, now=NOW)
+    assert found.ids == ["upload"]
+    assert (found[0].score or 0.0) < Ranking().min_score  # only the strong floor kept it
+    # The same request about another of the call's tools' work (a download link): nothing.
+    q.query = "Give me a download link for report.pdf"
+    assert search([upload], q) == []
+    # A lesson for any task type is no strong match, whatever its tools are named for.
+    anywhere = dataclasses.replace(upload, lesson_id="any", task_type="*")
+    q.query = "Put report.pdf into the backups bucket"
+    assert search([anywhere], q) == []

@@ -23,6 +23,7 @@ a few hundred survivors never walks the whole book.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import re
@@ -48,6 +49,7 @@ from hindsight_loop.models import MAX_LESSONS, Intent, Lesson, parse_ts
 from hindsight_loop.text import (
     CONCEPT_MARK,
     QUOTE_MAX,
+    concepts,
     defuse,
     detect_language,
     is_cjk,
@@ -397,6 +399,7 @@ class LessonIndex:
             for name in names:
                 postings.setdefault(self._tool_ids.id(name), []).append(i)
         self._tool_count = tool_count
+        self._tool_names = [_tool_key(les.features.tools) for les in self.lessons]
         self._tool_postings = {t: np.asarray(p, np.int32) for t, p in postings.items()}
 
         self._conflicts: dict[str, set[str]] = {}
@@ -673,6 +676,12 @@ class LessonIndex:
         score = _fuse(
             rk, idx.size, scenario, cosine, bm25, step_hit, error_hit, self._value[idx], error_miss
         )
+        tool_hit = None
+        if strong is not None and (tags := _query_tags(text)):
+            # Only the lessons the rules already tie to the call can be strong: few.
+            tool_hit = np.zeros(idx.size, bool)
+            for j in np.flatnonzero((strong[0] > 0) & (strong[1] > 0)).tolist():
+                tool_hit[j] = _tools_named(self._tool_names[idx[j]], tags)
         return _choose(
             rk,
             score,
@@ -680,7 +689,7 @@ class LessonIndex:
             lambda les: self._conflicts.get(les.lesson_id),
             limit=limit,
             min_score=min_score,
-            strong=None if strong is None else _strong(*strong, bm25),
+            strong=None if strong is None else _strong(*strong, bm25, tool_hit),
             matched=matched,
         )
 
@@ -720,16 +729,46 @@ def errors_named(q: RecallQuery) -> set[str]:
 
 
 def _strong(
-    specific: np.ndarray | float, shared: np.ndarray, bm25: np.ndarray | float | None
+    specific: np.ndarray | float,
+    shared: np.ndarray,
+    bm25: np.ndarray | float | None,
+    tool_hit: np.ndarray | None = None,
 ) -> np.ndarray:
     """The survivors that are strong rule matches: written for the query's task type (not for
     any), naming a tool of the call, and sharing at least a word or a concept with the request
     (a hashed vector's character n-grams alone are no evidence: "translate this birthday card"
-    scores a little against any English advice)."""
+    scores a little against any English advice), or naming a tool whose name the request
+    speaks of (``tool_hit``: "put report.pdf into the backups bucket" and ``upload_object``)."""
     strong = (np.asarray(specific) > 0) & (np.asarray(shared) > 0)
     if bm25 is not None:
-        strong &= np.asarray(bm25) > 0
+        evidence = np.asarray(bm25) > 0
+        if tool_hit is not None:
+            evidence = evidence | tool_hit
+        strong &= evidence
     return strong
+
+
+def _tool_key(tools: Iterable[str]) -> tuple[str, ...]:
+    """A lesson's tool names as both candidate stages hold them: normalized, sorted, once."""
+    return tuple(sorted({_norm(t) for t in tools} - {""}))
+
+
+def _query_tags(text: str) -> frozenset[str]:
+    return frozenset(concepts(text)) if text else frozenset()
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _tool_tags(tools: tuple[str, ...]) -> frozenset[str]:
+    """The concept tags of what a lesson's tools are named for: ``upload_object`` is
+    ``~upload``, ``list_dir`` ``~list`` and ``~file`` (``text.concepts`` of the names' parts)."""
+    return frozenset(concepts(" ".join(" ".join(tokenize(t, drop_stopwords=False)) for t in tools)))
+
+
+def _tools_named(tools: tuple[str, ...], tags: frozenset[str]) -> bool:
+    """Whether a request speaking of ``tags`` names what one of these tools does: among the
+    tools of the call, it says which one it is about, in words the lesson's advice may not use
+    ("where are the files in this folder?" and ``list_dir``)."""
+    return bool(tools) and not tags.isdisjoint(_tool_tags(tools))
 
 
 def _bm25_reference(known_idf: float, unknown: float, max_idf: float, k1: float) -> float:
@@ -1114,7 +1153,12 @@ class StoreStage:
             error_miss = np.fromiter((r[5] != "" and r[5] not in named for r in rows), bool, n)
         value = np.fromiter((r[6] for r in rows), np.float32, n)
         score = _fuse(rk, n, scenario, cosine, bm25, step_hit, error_hit, value, error_miss)
-        return score, None if strong is None else _strong(*strong, bm25)
+        if strong is None:
+            return score, None
+        tool_hit = None
+        if tags := _query_tags(q.query.strip()):
+            tool_hit = np.fromiter((_tools_named(_tool_key(r[3]), tags) for r in rows), bool, n)
+        return score, _strong(*strong, bm25, tool_hit)
 
     def _vectors(self, rows: list[tuple[Any, ...]]) -> np.ndarray:
         """The rows' stored vectors; one missing or of another model is embedded here, in
