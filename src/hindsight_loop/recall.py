@@ -9,8 +9,10 @@ So recall is rules first, ranking second (DESIGN.md):
    (or a lesson for any task type), sharing a tool with the task (a lesson without tools fits any
    task), and of the same intent class when both are known.
 2. The rank stage scores the survivors by a fusion of cosine similarity, BM25 over a CJK-aware
-   tokenization and the lesson's value score, plus boosts for an exact step / error-type match.
-   Below a minimum score nothing is returned: no advice is better than wrong advice.
+   tokenization and the lesson's value score, plus boosts for an exact step / error-type match
+   (and less for a lesson learned on another error than the one the request names). Below a
+   minimum score nothing is returned: no advice is better than wrong advice. A lesson close
+   behind a better one is returned only when it speaks to another part of the request.
 3. At most one of two conflicting lessons is returned.
 
 ``LessonIndex`` is built once per version of the lesson book and queried many times: it keeps
@@ -116,10 +118,12 @@ class Ranking:
     """Below this, a lesson is a poor match and is not returned."""
     rule_slack: float = 0.1
     """A strong rule match (a lesson written for the query's task type that names a tool of the
-    call and shares a word or concept with the request) needs ``min_score`` less this: the
-    rules already say it is about this very situation, so a request sharing few words with its
-    advice ("where is my package?" / "ask for the order number") does not cut it. A lesson the
-    request shares nothing with still needs ``min_score`` ("fewer than 3 when nothing fits")."""
+    call and shares a word or concept with the request, or whose tool is named for what the
+    request speaks of: "put it into the bucket" / ``upload_object``) needs ``min_score`` less
+    this: the rules already say it is about this very situation, so a request sharing few words
+    with its advice ("where is my package?" / "ask for the order number") does not cut it. A
+    lesson the request shares nothing with still needs ``min_score`` ("fewer than 3 when
+    nothing fits")."""
     relative: float = 0.75
     """A lesson scoring below this fraction of the best one is left out too."""
     near: float = 0.9
