@@ -30,7 +30,7 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -638,8 +638,13 @@ class LessonIndex:
         matched: Callable[[int], frozenset[Any]] | None = None
         if text:
             terms = list(dict.fromkeys(tokenize(text, with_concepts=True)))
-            term_ids = [self._vocab[t] for t in terms if t in self._vocab]
-            matched = self._matched(idx, [self._vocab[t] for t in _cover_terms(terms, self._vocab)])
+            term_ids, cover = [], []
+            for t in terms:
+                if (term_id := self._vocab.get(t)) is not None:
+                    term_ids.append(term_id)
+                    if _covers(t):
+                        cover.append(term_id)
+            matched = self._matched(idx, cover)
             qvec = self.embedder.embed([text])[0]
             # A model embedder scores unrelated text well above 0: measured from its floor,
             # its cosines mean what the ranking's cut-offs expect (tuned on the hashed one).
@@ -711,10 +716,10 @@ class LessonIndex:
         return matched
 
 
-def _cover_terms(terms: Iterable[str], known: Container[str]) -> list[str]:
-    """The query terms that say which part of a request a lesson speaks to (``Ranking.near``):
-    those some lesson holds, but a lone Chinese character (its bigrams say more)."""
-    return [t for t in terms if t in known and not (len(t) == 1 and is_cjk(t))]
+def _covers(term: str) -> bool:
+    """Whether a query term says which part of a request a lesson speaks to (``Ranking.near``):
+    any but a lone Chinese character (its bigrams say more)."""
+    return len(term) > 1 or not is_cjk(term)
 
 
 #: An error's name in a request: ``FileNotFoundError``, ``ParserError``, ``TimeoutException``.
@@ -852,12 +857,15 @@ def _choose(
     near = best * rk.near if matched is not None and rk.relative > 0 else cutoff
     chosen = LessonSet()
     chosen_ids: set[str] = set()
-    covered: set[Any] = set()
+    chosen_at: list[int] = []
+    covered: set[Any] | None = None  # the terms the chosen lessons hold, once a lesson needs it
     for j in order.tolist():
         if score[j] < cutoff:
             break
         if score[j] < near:
             assert matched is not None
+            if covered is None:
+                covered = set().union(*map(matched, chosen_at))
             if matched(j) <= covered:
                 continue  # a neighbour of a better lesson, adding nothing the request asks
         lesson = lesson_at(j)
@@ -866,7 +874,9 @@ def _choose(
             continue  # two contradicting lessons are never injected together
         chosen.append(_with_score(lesson, round(float(score[j]), 4)))
         chosen_ids.add(lesson.lesson_id)
-        if matched is not None:
+        chosen_at.append(j)
+        if covered is not None:
+            assert matched is not None
             covered |= matched(j)
         if len(chosen) == limit:
             break
@@ -1026,7 +1036,7 @@ class StoreStage:
                 weights = {t: float(v) / reference for t, v in zip(known, idf, strict=True)}
         avgdl = np.float64(total_tokens) / n_book if n_book else np.float64(1.0)
 
-        cover = frozenset(_cover_terms(terms, idf32)) if text else None
+        cover = frozenset(t for t in idf32 if _covers(t)) if text else None
 
         def score(rows: list[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray | None]:
             return self._score(rows, q, task, query_tools, qvec, cos_floor, idf32, reference, avgdl)
