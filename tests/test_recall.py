@@ -640,7 +640,7 @@ def test_a_lesson_learned_on_another_error_than_the_one_named_ranks_lower() -> N
         tools=["read_csv"],
         query="read_csv failed twice with the same FileNotFoundError",
     )
-    assert errors_named(q) == {"filenotfounderror"}
+    assert errors_named(q) == {"filenotfound"}
     assert search([codec, twice], q, ranking=Ranking(error_miss=0.0))[0] == "codec"
     assert search([codec, twice], q)[0] == "twice"
     # The error it was learned on, named in the request or given as the error type: no penalty.
@@ -657,6 +657,26 @@ def test_a_lesson_learned_on_another_error_than_the_one_named_ranks_lower() -> N
     )
     # A request about no error in particular holds no lesson's error against it.
     assert errors_named(RecallQuery(query="the parser keeps failing, ParserErrors")) == set()
+    # Errors are compared without their "Error" / "Exception": Timeout is TimeoutError.
+    assert errors_named(RecallQuery(query="pandas.errors.ParserError, TimeoutException")) == {
+        "parser",
+        "timeout",
+    }
+    slow = lesson(
+        "slow",
+        "When read_csv times out on a network share, copy the file locally first.",
+        task_type="csv_cleaning",
+        tools=("read_csv",),
+        error_type="Timeout",
+    )
+    q.query, q.error_type = "read_csv hit a TimeoutError twice", None
+    with_miss = LessonIndex([slow], embedder=HashEmbedder(), ranking=ALL).search(q, now=NOW)
+    no_miss = LessonIndex(
+        [slow],
+        embedder=HashEmbedder(),
+        ranking=Ranking(min_score=0.0, relative=0.0, error_miss=0.0),
+    ).search(q, now=NOW)
+    assert with_miss[0].score == no_miss[0].score
 
 
 def test_a_request_naming_what_a_lessons_tool_does_is_a_strong_rule_match() -> None:

@@ -679,7 +679,7 @@ class LessonIndex:
             error_hit = self._error[idx] == error_id
         error_miss = None
         if named := errors_named(q):
-            ids = [self._errors[e] for e in named if e in self._errors]
+            ids = [i for e, i in self._errors.items() if _error_stem(e) in named]
             error = self._error[idx]
             error_miss = (error != 0) & ~np.isin(error, ids)
         score = _fuse(
@@ -722,19 +722,28 @@ def _covers(term: str) -> bool:
     return len(term) > 1 or not is_cjk(term)
 
 
-#: An error's name in a request: ``FileNotFoundError``, ``ParserError``, ``TimeoutException``.
+#: An error's name in a request: ``FileNotFoundError``, ``pandas.errors.ParserError``.
 _ERROR_NAME_RE = re.compile(
-    r"(?<![A-Za-z0-9_.])[A-Z][A-Za-z0-9]*(?:Error|Exception)(?![A-Za-z0-9_])"
+    r"(?<![A-Za-z0-9_])[A-Z][A-Za-z0-9]*(?:Error|Exception)(?![A-Za-z0-9_])"
 )
+_ERROR_SUFFIX_RE = re.compile(r"(?:error|exception)$")
+
+
+def _error_stem(key: str) -> str:
+    """An error type as errors are compared: normalized, without "Error" / "Exception" at the
+    end (a lesson learned on ``Timeout`` is about the request's ``TimeoutError``)."""
+    return _ERROR_SUFFIX_RE.sub("", key) or key
 
 
 def errors_named(q: RecallQuery) -> set[str]:
-    """The errors a request is about, as lessons' error types are matched: its error type when
-    the caller gives one, else the error names its text holds (none: the request is not about a
-    particular error, and no lesson is held against its error type)."""
+    """The errors a request is about (``_error_stem`` of each): its error type when the caller
+    gives one, else the error names its text holds (none: the request is not about a particular
+    error, and no lesson is held against its error type)."""
     if q.error_type:
-        return {_norm(q.error_type)} - {""}
-    return {_norm(m) for m in _ERROR_NAME_RE.findall(q.query)} if q.query else set()
+        names = [_norm(q.error_type)]
+    else:
+        names = [_norm(m) for m in _ERROR_NAME_RE.findall(q.query)] if q.query else []
+    return {_error_stem(n) for n in names if n}
 
 
 def _strong(
@@ -1164,7 +1173,9 @@ class StoreStage:
             error_hit = np.fromiter((r[5] == error for r in rows), bool, n)
         error_miss = None
         if named := errors_named(q):
-            error_miss = np.fromiter((r[5] != "" and r[5] not in named for r in rows), bool, n)
+            error_miss = np.fromiter(
+                (r[5] != "" and _error_stem(r[5]) not in named for r in rows), bool, n
+            )
         value = np.fromiter((r[6] for r in rows), np.float32, n)
         score = _fuse(rk, n, scenario, cosine, bm25, step_hit, error_hit, value, error_miss)
         if strong is None:
