@@ -24,6 +24,7 @@ from hindsight_loop.recall import (
     Ranking,
     RecallQuery,
     classify_intent,
+    errors_named,
     inject,
 )
 from hindsight_loop.testing.embed import ConceptEmbedder
@@ -590,3 +591,116 @@ def test_a_strong_rule_match_is_not_cut_for_few_shared_words() -> None:
         task_type="customer_support", tools=["order_lookup"], query="Translate this card"
     )
     assert search([order], other) == []
+
+
+def test_a_neighbour_that_adds_nothing_to_the_request_is_left_out() -> None:
+    """Two lessons of one situation: the one the request matches best is enough; the other,
+    close behind but matching no word of the request the first did not, stays out. A lesson
+    speaking to another part of the request stays in."""
+    city = lesson(
+        "city",
+        "Confirm which city the user means before calling get_weather; many towns share a name.",
+    )
+    forecast = lesson(
+        "forecast",
+        "For the weather of any day after today, call get_forecast instead of get_weather.",
+        value_score=0.8,  # well proven: close behind on its record, not on the request
+    )
+    q = RecallQuery(
+        task_type="weather_query", tools=["get_weather"], query="get_weather for the city"
+    )
+    index = LessonIndex([city, forecast], embedder=HashEmbedder(), ranking=ALL)
+    scores = {x.lesson_id: x.score or 0.0 for x in index.search(q, now=NOW)}
+    # Close behind: within ``relative`` of the best, but not within ``near``.
+    assert Ranking().relative < scores["forecast"] / scores["city"] < Ranking().near
+    assert search([city, forecast], q) == ["city"]
+    # Without the near zone the neighbour came back.
+    wide = Ranking(near=Ranking().relative)
+    assert search([city, forecast], q, ranking=wide) == ["city", "forecast"]
+    # (A lesson close behind that speaks to another part of the request stays in:
+    # tests/test_multi_agent.py's role and team lessons.)
+
+
+def test_a_lesson_learned_on_another_error_than_the_one_named_ranks_lower() -> None:
+    codec = lesson(
+        "codec",
+        "When read_csv fails with a codec error, retry with encoding='gbk'.",
+        task_type="csv_cleaning",
+        tools=("read_csv",),
+        error_type="UnicodeDecodeError",
+    )
+    twice = lesson(
+        "twice",
+        "When a tool call fails twice with the same error, stop retrying it as is.",
+        task_type="*",
+        tools=(),
+    )
+    q = RecallQuery(
+        task_type="csv_cleaning",
+        tools=["read_csv"],
+        query="read_csv failed twice with the same FileNotFoundError",
+    )
+    assert errors_named(q) == {"filenotfound"}
+    assert search([codec, twice], q, ranking=Ranking(error_miss=0.0))[0] == "codec"
+    assert search([codec, twice], q)[0] == "twice"
+    # The error it was learned on, named in the request or given as the error type: no penalty.
+    q.query = "read_csv failed twice with the same UnicodeDecodeError"
+    assert search([codec, twice], q)[0] == "codec"
+    # Given as the error type, another error costs the lesson ``error_miss`` the same way.
+    q.query = "read_csv failed twice"
+    before = LessonIndex([codec], embedder=HashEmbedder(), ranking=ALL).search(q, now=NOW)
+    q.error_type = "FileNotFoundError"
+    after = LessonIndex([codec], embedder=HashEmbedder(), ranking=ALL).search(q, now=NOW)
+    value = Ranking().value_floor + Ranking().value_span * codec.value_score
+    assert (before[0].score or 0) - (after[0].score or 0) == pytest.approx(
+        Ranking().error_miss * value, abs=1e-3
+    )
+    # A request about no error in particular holds no lesson's error against it.
+    assert errors_named(RecallQuery(query="the parser keeps failing, ParserErrors")) == set()
+    # Errors are compared without their "Error" / "Exception": Timeout is TimeoutError.
+    assert errors_named(RecallQuery(query="pandas.errors.ParserError, TimeoutException")) == {
+        "parser",
+        "timeout",
+    }
+    slow = lesson(
+        "slow",
+        "When read_csv times out on a network share, copy the file locally first.",
+        task_type="csv_cleaning",
+        tools=("read_csv",),
+        error_type="Timeout",
+    )
+    q.query, q.error_type = "read_csv hit a TimeoutError twice", None
+    with_miss = LessonIndex([slow], embedder=HashEmbedder(), ranking=ALL).search(q, now=NOW)
+    no_miss = LessonIndex(
+        [slow],
+        embedder=HashEmbedder(),
+        ranking=Ranking(min_score=0.0, relative=0.0, error_miss=0.0),
+    ).search(q, now=NOW)
+    assert with_miss[0].score == no_miss[0].score
+
+
+def test_a_request_naming_what_a_lessons_tool_does_is_a_strong_rule_match() -> None:
+    """The call has three tools; the request shares no word with the lesson's advice, but
+    speaks of what one of its tools is named for (putting a file into a bucket: upload_object):
+    the rules tie the lesson to the request, so the strong floor applies."""
+    upload = lesson(
+        "upload",
+        "upload_object overwrites an existing key silently; call head_object first and ask "
+        "before replacing it.",
+        task_type="cloud_storage",
+        tools=("upload_object", "head_object"),
+    )
+    tools = ["upload_object", "head_object", "presign_url"]
+    q = RecallQuery(
+        task_type="cloud_storage", tools=tools, query="Put report.pdf into the backups bucket"
+    )
+    found = LessonIndex([upload], embedder=HashEmbedder()).search(q, now=NOW)
+    assert found.ids == ["upload"]
+    assert (found[0].score or 0.0) < Ranking().min_score  # only the strong floor kept it
+    # The same request about another of the call's tools' work (a download link): nothing.
+    q.query = "Give me a download link for report.pdf"
+    assert search([upload], q) == []
+    # A lesson for any task type is no strong match, whatever its tools are named for.
+    anywhere = dataclasses.replace(upload, lesson_id="any", task_type="*")
+    q.query = "Put report.pdf into the backups bucket"
+    assert search([anywhere], q) == []

@@ -429,7 +429,21 @@ def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
     monkeypatch.setattr(recall, "HNSW_MIN_ROWS", hnsw_min_rows)
 
     embedder = HashEmbedder()
+    from datetime import timedelta
+
     book = _hnsw_book(STORE_STAGE_MIN + 500)
+    # Lessons whose tool is named for what a request speaks of (uploading) but whose advice
+    # shares no word with it: only that makes them strong rule matches.
+    book += [
+        Lesson(
+            lesson_id=f"les_up{i}",
+            task_type="web",
+            advice=f"You should check the {word} before you call it.",
+            features=Features(tools=["upload_file", "http_get"][: i + 1]),
+            valid_until=iso(utcnow() + timedelta(days=30)),
+        )
+        for i, word in enumerate(("key", "quota"))
+    ]
     vectors = embedder.embed([x.advice for x in book])  # any stored vectors of the model
     stores = {"sqlite": open_store(str(tmp_path / "book.db")), "postgres": open_store(pg_url)}
     for store in stores.values():
@@ -447,6 +461,12 @@ def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
         RecallQuery(query="weather page retry"),
         RecallQuery(task_type="web", tools=["http_get"]),  # no text: scenario and value only
         RecallQuery(task_type="nobody", query="parse"),
+        # The second lesson is close behind and kept for a word the first does not hold.
+        RecallQuery(task_type="web", query="date weather read"),
+        # Named for what the request speaks of: strong rule matches by their tool alone.
+        RecallQuery(task_type="web", tools=["upload_file"], query="put report.pdf in the bucket"),
+        # An error named in the request: lessons learned on another one rank lower.
+        RecallQuery(task_type="csv", tools=["read_csv"], query="read failed: UnicodeDecodeError"),
     ]
     nonempty = 0
     for q in queries:

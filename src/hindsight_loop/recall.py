@@ -9,8 +9,10 @@ So recall is rules first, ranking second (DESIGN.md):
    (or a lesson for any task type), sharing a tool with the task (a lesson without tools fits any
    task), and of the same intent class when both are known.
 2. The rank stage scores the survivors by a fusion of cosine similarity, BM25 over a CJK-aware
-   tokenization and the lesson's value score, plus boosts for an exact step / error-type match.
-   Below a minimum score nothing is returned: no advice is better than wrong advice.
+   tokenization and the lesson's value score, plus boosts for an exact step / error-type match
+   (and less for a lesson learned on another error than the one the request names). Below a
+   minimum score nothing is returned: no advice is better than wrong advice. A lesson close
+   behind a better one is returned only when it speaks to another part of the request.
 3. At most one of two conflicting lessons is returned.
 
 ``LessonIndex`` is built once per version of the lesson book and queried many times: it keeps
@@ -23,6 +25,7 @@ a few hundred survivors never walks the whole book.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import re
@@ -48,6 +51,7 @@ from hindsight_loop.models import MAX_LESSONS, Intent, Lesson, parse_ts
 from hindsight_loop.text import (
     CONCEPT_MARK,
     QUOTE_MAX,
+    concepts,
     defuse,
     detect_language,
     is_cjk,
@@ -102,6 +106,9 @@ class Ranking:
     """Added when the lesson's step equals the query's step."""
     error_boost: float = 0.15
     """Added when the lesson's error type equals the query's error type."""
+    error_miss: float = 0.15
+    """Taken off when the request is about an error (its error type, or an error it names:
+    "failed with the same FileNotFoundError") and the lesson was learned on another one."""
     value_floor: float = 0.7
     """The score is relevance x (value_floor + value_span x value_score): a lesson's track
     record moves its rank, but cannot carry a lesson that does not match."""
@@ -111,12 +118,21 @@ class Ranking:
     """Below this, a lesson is a poor match and is not returned."""
     rule_slack: float = 0.1
     """A strong rule match (a lesson written for the query's task type that names a tool of the
-    call and shares a word or concept with the request) needs ``min_score`` less this: the
-    rules already say it is about this very situation, so a request sharing few words with its
-    advice ("where is my package?" / "ask for the order number") does not cut it. A lesson the
-    request shares nothing with still needs ``min_score`` ("fewer than 3 when nothing fits")."""
+    call and shares a word or concept with the request, or whose tool is named for what the
+    request speaks of: "put it into the bucket" / ``upload_object``) needs ``min_score`` less
+    this: the rules already say it is about this very situation, so a request sharing few words
+    with its advice ("where is my package?" / "ask for the order number") does not cut it. A
+    lesson the request shares nothing with still needs ``min_score`` ("fewer than 3 when
+    nothing fits")."""
     relative: float = 0.75
     """A lesson scoring below this fraction of the best one is left out too."""
+    near: float = 0.9
+    """A lesson scoring below this fraction of the best one (but above ``relative``) is kept
+    only when it matches a word or concept of the request that no lesson chosen before it
+    matched: it speaks to another part of the request ("… in the spreadsheet and verify the
+    output"). One that matches nothing the better ones did not is their neighbour: the same
+    situation with other advice (forecast vs current weather, reading vs deduplicating a CSV),
+    and the request has already found its lesson. With ``relative`` 0 it is off too."""
 
     def __post_init__(self) -> None:
         if self.vector < 0 or self.bm25 < 0 or self.vector + self.bm25 <= 0:
@@ -387,6 +403,7 @@ class LessonIndex:
             for name in names:
                 postings.setdefault(self._tool_ids.id(name), []).append(i)
         self._tool_count = tool_count
+        self._tool_names = [_tool_key(les.features.tools) for les in self.lessons]
         self._tool_postings = {t: np.asarray(p, np.int32) for t, p in postings.items()}
 
         self._conflicts: dict[str, set[str]] = {}
@@ -618,9 +635,16 @@ class LessonIndex:
         scenario = 0.5 * specific + 0.5 * tool_fit
 
         text = q.query.strip()
+        matched: Callable[[int], frozenset[Any]] | None = None
         if text:
             terms = list(dict.fromkeys(tokenize(text, with_concepts=True)))
-            term_ids = [self._vocab[t] for t in terms if t in self._vocab]
+            term_ids, cover = [], []
+            for t in terms:
+                if (term_id := self._vocab.get(t)) is not None:
+                    term_ids.append(term_id)
+                    if _covers(t):
+                        cover.append(term_id)
+            matched = self._matched(idx, cover)
             qvec = self.embedder.embed([text])[0]
             # A model embedder scores unrelated text well above 0: measured from its floor,
             # its cosines mean what the ranking's cut-offs expect (tuned on the hashed one).
@@ -653,7 +677,20 @@ class LessonIndex:
             step_hit = self._step[idx] == step_id
         if q.error_type and (error_id := self._errors.get(_norm(q.error_type))):
             error_hit = self._error[idx] == error_id
-        score = _fuse(rk, idx.size, scenario, cosine, bm25, step_hit, error_hit, self._value[idx])
+        error_miss = None
+        if named := errors_named(q):
+            ids = [i for e, i in self._errors.items() if _error_stem(e) in named]
+            error = self._error[idx]
+            error_miss = (error != 0) & ~np.isin(error, ids)
+        score = _fuse(
+            rk, idx.size, scenario, cosine, bm25, step_hit, error_hit, self._value[idx], error_miss
+        )
+        tool_hit = None
+        if strong is not None and (tags := _query_tags(text)):
+            # Only the lessons the rules already tie to the call can be strong: few.
+            tool_hit = np.zeros(idx.size, bool)
+            for j in np.flatnonzero((strong[0] > 0) & (strong[1] > 0)).tolist():
+                tool_hit[j] = _tools_named(self._tool_names[idx[j]], tags)
         return _choose(
             rk,
             score,
@@ -661,21 +698,95 @@ class LessonIndex:
             lambda les: self._conflicts.get(les.lesson_id),
             limit=limit,
             min_score=min_score,
-            strong=None if strong is None else _strong(*strong, bm25),
+            strong=None if strong is None else _strong(*strong, bm25, tool_hit),
+            matched=matched,
         )
+
+    def _matched(self, idx: np.ndarray, cover: list[int]) -> Callable[[int], frozenset[int]]:
+        """The ``cover`` terms (ids) the survivor at position ``j`` of ``idx`` holds."""
+        wanted = frozenset(cover)
+        bm = self._bm25
+
+        def matched(j: int) -> frozenset[int]:
+            if bm is None or not wanted:
+                return frozenset()
+            p = int(idx[j])
+            return wanted.intersection(bm.row_terms[bm.row_ptr[p] : bm.row_ptr[p + 1]].tolist())
+
+        return matched
+
+
+def _covers(term: str) -> bool:
+    """Whether a query term says which part of a request a lesson speaks to (``Ranking.near``):
+    any but a lone Chinese character (its bigrams say more)."""
+    return len(term) > 1 or not is_cjk(term)
+
+
+#: An error's name in a request: ``FileNotFoundError``, ``pandas.errors.ParserError``.
+_ERROR_NAME_RE = re.compile(
+    r"(?<![A-Za-z0-9_])[A-Z][A-Za-z0-9]*(?:Error|Exception)(?![A-Za-z0-9_])"
+)
+_ERROR_SUFFIX_RE = re.compile(r"(?:error|exception)$")
+
+
+def _error_stem(key: str) -> str:
+    """An error type as errors are compared: normalized, without "Error" / "Exception" at the
+    end (a lesson learned on ``Timeout`` is about the request's ``TimeoutError``)."""
+    return _ERROR_SUFFIX_RE.sub("", key) or key
+
+
+def errors_named(q: RecallQuery) -> set[str]:
+    """The errors a request is about (``_error_stem`` of each): its error type when the caller
+    gives one, else the error names its text holds (none: the request is not about a particular
+    error, and no lesson is held against its error type)."""
+    if q.error_type:
+        names = [_norm(q.error_type)]
+    else:
+        names = [_norm(m) for m in _ERROR_NAME_RE.findall(q.query)] if q.query else []
+    return {_error_stem(n) for n in names if n}
 
 
 def _strong(
-    specific: np.ndarray | float, shared: np.ndarray, bm25: np.ndarray | float | None
+    specific: np.ndarray | float,
+    shared: np.ndarray,
+    bm25: np.ndarray | float | None,
+    tool_hit: np.ndarray | None = None,
 ) -> np.ndarray:
     """The survivors that are strong rule matches: written for the query's task type (not for
     any), naming a tool of the call, and sharing at least a word or a concept with the request
     (a hashed vector's character n-grams alone are no evidence: "translate this birthday card"
-    scores a little against any English advice)."""
+    scores a little against any English advice), or naming a tool whose name the request
+    speaks of (``tool_hit``: "put report.pdf into the backups bucket" and ``upload_object``)."""
     strong = (np.asarray(specific) > 0) & (np.asarray(shared) > 0)
     if bm25 is not None:
-        strong &= np.asarray(bm25) > 0
+        evidence = np.asarray(bm25) > 0
+        if tool_hit is not None:
+            evidence = evidence | tool_hit
+        strong &= evidence
     return strong
+
+
+def _tool_key(tools: Iterable[str]) -> tuple[str, ...]:
+    """A lesson's tool names as both candidate stages hold them: normalized, sorted, once."""
+    return tuple(sorted({_norm(t) for t in tools} - {""}))
+
+
+def _query_tags(text: str) -> frozenset[str]:
+    return frozenset(concepts(text)) if text else frozenset()
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _tool_tags(tools: tuple[str, ...]) -> frozenset[str]:
+    """The concept tags of what a lesson's tools are named for: ``upload_object`` is
+    ``~upload``, ``list_dir`` ``~list`` and ``~file`` (``text.concepts`` of the names' parts)."""
+    return frozenset(concepts(" ".join(" ".join(tokenize(t, drop_stopwords=False)) for t in tools)))
+
+
+def _tools_named(tools: tuple[str, ...], tags: frozenset[str]) -> bool:
+    """Whether a request speaking of ``tags`` names what one of these tools does: among the
+    tools of the call, it says which one it is about, in words the lesson's advice may not use
+    ("where are the files in this folder?" and ``list_dir``)."""
+    return bool(tools) and not tags.isdisjoint(_tool_tags(tools))
 
 
 def _bm25_reference(known_idf: float, unknown: float, max_idf: float, k1: float) -> float:
@@ -692,6 +803,7 @@ def _fuse(
     step_hit: np.ndarray | None,
     error_hit: np.ndarray | None,
     value: np.ndarray,
+    error_miss: np.ndarray | None = None,
 ) -> np.ndarray:
     """The rank stage's score of ``n`` survivors from their signals (``cosine`` is ``None``
     when the query has no text). One function for every candidate stage, so an index in
@@ -706,6 +818,8 @@ def _fuse(
         relevance = relevance + rk.step_boost * step_hit
     if error_hit is not None:
         relevance = relevance + rk.error_boost * error_hit
+    if error_miss is not None:
+        relevance = relevance - rk.error_miss * error_miss
     return relevance * (rk.value_floor + rk.value_span * value)
 
 
@@ -729,11 +843,14 @@ def _choose(
     limit: int,
     min_score: float | None,
     strong: np.ndarray | None = None,
+    matched: Callable[[int], frozenset[Any]] | None = None,
 ) -> LessonSet:
     """Cut off, order, and keep conflicting lessons apart: the best ``limit`` of ``score``.
 
     ``strong`` marks the strong rule matches (``_strong``): their floor is ``rule_slack`` lower;
-    every lesson still needs ``relative`` of the best one's score."""
+    every lesson still needs ``relative`` of the best one's score. ``matched`` gives the query
+    terms a survivor holds (``None``: the query has no text): one below ``near`` of the best
+    needs a term no lesson chosen before it holds."""
     floor, strong_floor = _floors(rk, min_score)
     bar = floor if strong is None else np.where(strong, strong_floor, floor)
     good = np.flatnonzero(score >= bar)
@@ -743,18 +860,33 @@ def _choose(
     if good.size > head_size:
         good = good[np.argpartition(-score[good], head_size - 1)[:head_size]]
     order = good[np.argsort(-score[good], kind="stable")]
-    cutoff = float(score[order[0]]) * rk.relative
+    best = float(score[order[0]])
+    cutoff = best * rk.relative
+    # ``relative=0`` asks for no relative cut at all: the near zone goes with it.
+    near = best * rk.near if matched is not None and rk.relative > 0 else cutoff
     chosen = LessonSet()
     chosen_ids: set[str] = set()
+    chosen_at: list[int] = []
+    covered: set[Any] | None = None  # the terms the chosen lessons hold, once a lesson needs it
     for j in order.tolist():
         if score[j] < cutoff:
             break
+        if score[j] < near:
+            assert matched is not None
+            if covered is None:
+                covered = set().union(*map(matched, chosen_at))
+            if matched(j) <= covered:
+                continue  # a neighbour of a better lesson, adding nothing the request asks
         lesson = lesson_at(j)
         clash = conflicts_of(lesson)
         if clash and not clash.isdisjoint(chosen_ids):
             continue  # two contradicting lessons are never injected together
         chosen.append(_with_score(lesson, round(float(score[j]), 4)))
         chosen_ids.add(lesson.lesson_id)
+        chosen_at.append(j)
+        if covered is not None:
+            assert matched is not None
+            covered |= matched(j)
         if len(chosen) == limit:
             break
     return chosen
@@ -913,6 +1045,8 @@ class StoreStage:
                 weights = {t: float(v) / reference for t, v in zip(known, idf, strict=True)}
         avgdl = np.float64(total_tokens) / n_book if n_book else np.float64(1.0)
 
+        cover = frozenset(t for t in idf32 if _covers(t)) if text else None
+
         def score(rows: list[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray | None]:
             return self._score(rows, q, task, query_tools, qvec, cos_floor, idf32, reference, avgdl)
 
@@ -940,7 +1074,7 @@ class StoreStage:
 
         def bar_of(rows: list[tuple[Any, ...]]) -> float:
             """What a lesson must score to change the result of ranking ``rows`` alone."""
-            found = self._choose(rows, *score(rows), limit=limit, min_score=min_score)
+            found = self._choose(rows, *score(rows), limit=limit, min_score=min_score, cover=cover)
             if not found:
                 return floor
             if len(found) == limit:
@@ -973,7 +1107,7 @@ class StoreStage:
         if not rows:
             return LessonSet()
         rows.sort(key=self._tie_order(task))
-        return self._choose(rows, *score(rows), limit=limit, min_score=min_score)
+        return self._choose(rows, *score(rows), limit=limit, min_score=min_score, cover=cover)
 
     @staticmethod
     def _tie_order(task: str | None) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
@@ -1037,9 +1171,19 @@ class StoreStage:
             step_hit = np.fromiter((r[4] == step for r in rows), bool, n)
         if q.error_type and (error := _norm(q.error_type)):
             error_hit = np.fromiter((r[5] == error for r in rows), bool, n)
+        error_miss = None
+        if named := errors_named(q):
+            error_miss = np.fromiter(
+                (r[5] != "" and _error_stem(r[5]) not in named for r in rows), bool, n
+            )
         value = np.fromiter((r[6] for r in rows), np.float32, n)
-        score = _fuse(rk, n, scenario, cosine, bm25, step_hit, error_hit, value)
-        return score, None if strong is None else _strong(*strong, bm25)
+        score = _fuse(rk, n, scenario, cosine, bm25, step_hit, error_hit, value, error_miss)
+        if strong is None:
+            return score, None
+        tool_hit = None
+        if tags := _query_tags(q.query.strip()):
+            tool_hit = np.fromiter((_tools_named(_tool_key(r[3]), tags) for r in rows), bool, n)
+        return score, _strong(*strong, bm25, tool_hit)
 
     def _vectors(self, rows: list[tuple[Any, ...]]) -> np.ndarray:
         """The rows' stored vectors; one missing or of another model is embedded here, in
@@ -1067,6 +1211,7 @@ class StoreStage:
         *,
         limit: int,
         min_score: float | None,
+        cover: frozenset[str] | None,
     ) -> LessonSet:
         # Lessons are read from the store only as the choice reaches them (a few), with the
         # conflicts each records; a conflict recorded on either side keeps the two apart.
@@ -1097,6 +1242,7 @@ class StoreStage:
             limit=limit,
             min_score=min_score,
             strong=strong,
+            matched=None if cover is None else lambda j: cover.intersection(rows[j][7]),
         )
 
 
