@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import random
 import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +69,53 @@ def test_two_workers_learning_the_same_lesson_at_once_give_one_lesson_with_suppo
         assert len(lessons[0].source_task_ids) == 2
     finally:
         store.close()
+
+
+# -- many processes creating one store ----------------------------------------------------------
+def _open_each(urls: list[str], barrier: Any, delays: list[float], out: Any) -> None:
+    for url, delay in zip(urls, delays, strict=True):
+        barrier.wait(timeout=60)
+        time.sleep(delay)  # spread over the time the first one takes to create the store
+        try:
+            open_store(url).close()
+            out.put("ok")
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            out.put(repr(exc))
+
+
+def test_processes_opening_one_fresh_database_at_once_all_get_the_store(pg_server: str) -> None:
+    """Workers started together on an empty database: one creates the store while the others
+    look at it. None may take the store being created for tables of someone else's."""
+    import psycopg
+
+    rng = random.Random(3)
+    base = pg_server.rsplit("/", 1)[0]
+    names = [f"hs_race_{uuid.uuid4().hex[:10]}" for _ in range(12)]
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        for name in names:
+            admin.execute(f"CREATE DATABASE {name}")
+    try:
+        urls = [f"{base}/{name}" for name in names]
+        workers = 5
+        barrier = SPAWN.Barrier(workers)
+        out = SPAWN.Queue()
+        procs = [
+            SPAWN.Process(
+                target=_open_each,
+                args=(urls, barrier, [rng.uniform(0, 0.12) for _ in urls], out),
+            )
+            for _ in range(workers)
+        ]
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=120) for _ in range(workers * len(urls))]
+        for p in procs:
+            p.join(60)
+        assert results == ["ok"] * len(results), [r for r in results if r != "ok"]
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as admin:
+            for name in names:
+                admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 # -- many recorders into one database -----------------------------------------------------------

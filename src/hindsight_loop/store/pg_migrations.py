@@ -262,9 +262,20 @@ def _has_table(db: Any, name: str) -> bool:
 
 
 def check_schema(db: Any, where: str) -> None:
-    """Refuse a schema Hindsight did not create, or one written by a newer Hindsight."""
+    """Refuse a schema Hindsight did not create, or one written by a newer Hindsight.
+
+    Our tables are looked for before ``_migrations``: another process creating the store
+    commits both at once (``migrate``), so a look that finds its tables is followed by one
+    that finds ``_migrations`` too. The other order took a store being created next door,
+    seen between the two looks, for tables of someone else's."""
+    clash = sorted(
+        r[0]
+        for r in db.execute(
+            "SELECT name FROM unnest(%s::text[]) AS name WHERE to_regclass(name) IS NOT NULL",
+            (sorted(_OURS),),
+        )
+    )
     if not _has_table(db, "_migrations"):
-        clash = sorted(t for t in _OURS if _has_table(db, t))
         if clash:
             raise SchemaError(
                 f"{where!r} has tables Hindsight did not create ({', '.join(clash)}); left "
