@@ -230,8 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         "--split",
         action="append",
         choices=tuple(SPLITS),
-        help="tuning, heldout, blind, blind2 ... blind6 (default: all, each reported on "
-        "its own)",
+        help="tuning, heldout, blind, blind2 ... blind6 (default: all, each reported on its own)",
     )
     parser.add_argument("--verbose", action="store_true", help="list every wrong decision")
     parser.add_argument("--book", action="store_true", help="also curate the retrieval book")

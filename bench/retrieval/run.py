@@ -80,7 +80,7 @@ class Case:
 #: ``blind2``: written by another engineer without seeing the code, before the 2026-12-01 (fourth
 #: session) changes to the cut-offs, and run only once that code was final; its book is the
 #: tuning book plus its own lessons.
-SPLITS = ("tuning", "heldout", "blind", "blind2")
+SPLITS = ("tuning", "heldout", "blind", "blind2", "blind3")
 
 
 def load(split: str = "tuning") -> tuple[list[Lesson], list[Case]]:
