@@ -82,7 +82,7 @@ GC_THRESHOLD = 200_000
 #: The writer process reads the pipe this many bytes at a time and prepares each piece at once
 #: (a piece of ~50 events of 1 KB: its lines and payloads stay in the CPU's caches from the read
 #: to the prepared row).
-READ_PIECE = int(os.environ.get("XPIECE", 1 << 16))
+READ_PIECE = 1 << 16
 #: It hands the store what it has prepared once this many bytes of lines are in it (or
 #: ``BATCH_SIZE`` events), or as soon as the pipe has nothing more to read.
 COMMIT_BYTES = 1 << 20
@@ -794,8 +794,7 @@ def main() -> int:
         with ack_lock:
             while marks and marks[0][0] <= n:
                 skipped_durable = marks.popleft()[1]
-            n += skipped_durable
-            acks["done"] = max(acks["done"], n)
+            n = acks["done"] = max(acks["done"], n + skipped_durable)
             if acks["idle"] or n - acks["sent"] >= ACK_EVERY:
                 ack(n)
 
