@@ -821,7 +821,7 @@ def main() -> int:
     session = config["session"]
     resent = 0  # lines still to come that a dead writer may have stored
     known: dict[str, set[str]] = {}
-    tail = b""
+    tail: list[bytes] = []  # the pieces of a line not read to its end yet
     skipped = 0  # lines read that need no writing
     committed = 0  # items handed to the committer
     # Prepared and not yet handed to the committer: the pieces read since the last commit.
@@ -854,7 +854,10 @@ def main() -> int:
                 acks["idle"] = 0
             if not chunk:
                 break
-            buf = tail + chunk if tail else chunk
+            if b"\n" not in chunk:
+                tail.append(chunk)  # a line longer than a piece: joined once it ends
+                continue
+            buf = b"".join((*tail, chunk)) if tail else chunk
             # Each line read in place (memchr finds its end; bytes.split looked at every byte
             # in Python's own loop and copied every line out: ~0.7 µs per 1 KB event).
             view = memoryview(buf)
@@ -890,8 +893,8 @@ def main() -> int:
                         continue
                     resent = 0  # the first one not stored: the rest were not either
                 items.append(item)
-            tail = buf[start:]  # an incomplete last line: the rest of it comes next
-            del view, buf
+            tail = [buf[start:]] if start < len(buf) else []  # the rest of it comes next
+            del view
             if items:
                 # Prepared now, a piece at a time, while its lines and what they decoded to
                 # are still in the CPU's caches; written many pieces to a transaction.
@@ -899,8 +902,8 @@ def main() -> int:
                 rows += got
                 raw += bad
                 held += len(items)
-                held_bytes += len(chunk)
-            del items, raws
+                held_bytes += len(buf)
+            del items, raws, buf
             if held >= BATCH_SIZE or held_bytes >= COMMIT_BYTES:
                 commit()
     finally:
