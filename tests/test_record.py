@@ -616,6 +616,35 @@ def test_a_task_past_its_local_reviews_is_not_watched_but_still_reviewed_at_its_
         assert ("full", "task_end") in kinds
 
 
+def test_the_live_rules_read_the_event_its_row_and_payload_make() -> None:
+    """``triggers.watched_event`` sets the ``Event``'s fields one by one: it equals the
+    ``Event(...)`` of the same row and payload, every field set (one added to ``Event`` and
+    left unset there fails this)."""
+    import dataclasses
+
+    from hindsight_loop.models import Event
+    from hindsight_loop.triggers import watched_event
+
+    row = ("evt_1", "tsk_1", 3, "2026-01-02T03:04:05.000Z", "action_executed", b"{}", None)
+    data = {
+        "input": {"tool": "fetch", "args": {"q": "订单"}},
+        "result": {"status": "failed", "error_type": "Timeout"},
+        "agent_state": {"current_step": "load"},
+    }
+    made = watched_event(row, data)
+    assert made == Event(
+        event_id="evt_1",
+        task_id="tsk_1",
+        seq=3,
+        timestamp="2026-01-02T03:04:05.000Z",
+        type="action_executed",
+        agent_state=data["agent_state"],
+        input=data["input"],
+        result=data["result"],
+    )
+    assert all(hasattr(made, f.name) for f in dataclasses.fields(Event))
+
+
 def test_wire_events_keep_their_own_seq_time_and_id_or_get_the_recorders(hs: Hindsight) -> None:
     with hs.task("t", recall=False, task_id="tsk_wire") as task:
         given = {

@@ -319,3 +319,81 @@ def test_refused_and_after_close_events_reach_the_dead_letter(tmp_path: Path) ->
     assert "no_such_type" in dead and "recorded after close" in dead
     assert "pw1" not in dead and "pw2" not in dead
     assert len(_rows(tmp_path / "d.db")) == 3
+
+
+def test_lines_longer_than_a_read_are_stored_as_the_writer_thread_stores_them(
+    tmp_path: Path,
+) -> None:
+    """The writer process reads the pipe a piece at a time (``READ_PIECE``): events several
+    pieces long, and the pipe's cuts anywhere in a line, give the thread writer's bodies."""
+    from hindsight_loop.writer import READ_PIECE
+
+    big = {"rows": [{"k": i, "v": f"值{i}", "ok": i % 3 == 0} for i in range(3 * READ_PIECE // 20)]}
+    assert len(orjson.dumps(big)) > 2 * READ_PIECE
+    bodies = {}
+    for mode in ("thread", "process"):
+        db = tmp_path / f"{mode}.db"
+        hs = Hindsight(db, writer=mode, background=False)  # type: ignore[arg-type]
+        with hs.task("t", recall=False) as task:
+            for i in range(3000):
+                task.record_action("read", {"i": i, "q": "文件 " * (i % 50)}, output=i)
+                if i % 500 == 7:
+                    task.record_action("dump", {"i": i}, output=big)
+        assert hs.flush() is True
+        hs.close()
+        bodies[mode] = [(r[1], r[2]) for r in _rows(db)]
+    assert len(bodies["process"]) == 3000 + 6 + 2
+    assert bodies["process"] == bodies["thread"]
+
+
+def test_an_unreadable_line_between_events_is_dead_lettered_and_counted_once(
+    tmp_path: Path,
+) -> None:
+    """The writer process fed by hand through its pipe: events, a line it cannot read, more
+    events, the pipe cut mid-line between writes. Every event is stored in order, the line
+    is dead-lettered, and the acknowledgements (how many of the first lines sent are handled)
+    only rise, the last counting every line once."""
+    from hindsight_loop.writer import event_id_for
+
+    db, session = tmp_path / "w.db", "evt_handfed"
+    Hindsight(db, background=False).close()  # the schema
+    config = {
+        "db": str(db),
+        "dead_letter": str(tmp_path / "dead.jsonl"),
+        "fallback_dir": str(tmp_path),
+        "max_text": 500,
+        "review_min_events": 10,
+        "live": True,
+        "session": session,
+    }
+    start = {"task_type": "t", "goal": "g", "tools": [], "scope": "global"}
+    lines = [orjson.dumps(("tsk_h", 1, None, time.time_ns(), "task_start", None, start))]
+    for own in range(2, 2002):
+        payload = {"input": {"tool": "a", "args": {"i": own}}, "result": {"status": "ok"}}
+        lines.append(
+            orjson.dumps(("tsk_h", own, None, time.time_ns(), "action_executed", None, payload))
+        )
+        if own == 1000:
+            lines.append(b'["tsk_h", 1000, "not a line the agent writes"')
+    data = b"\n".join(lines) + b"\n"
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "hindsight_loop.writer"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")},
+    )
+    assert writer.stdin is not None and writer.stdout is not None
+    writer.stdin.write(orjson.dumps(config) + b"\n")
+    for i in range(0, len(data), 7777):  # cuts fall inside lines
+        writer.stdin.write(data[i : i + 7777])
+        writer.stdin.flush()
+    writer.stdin.close()
+    said = [orjson.loads(line) for line in writer.stdout]
+    writer.stdout.close()
+    assert writer.wait(timeout=60) == 0
+    counts = [m["done"] for m in said if "done" in m]
+    assert counts == sorted(counts) and counts[-1] == len(lines) == 2002
+    rows = _rows(db)
+    assert [r[0] for r in rows] == [event_id_for(session, own) for own in range(1, 2002)]
+    dead = (tmp_path / "dead.jsonl").read_text()
+    assert "unreadable recorder line" in dead and "not a line the agent writes" in dead

@@ -1522,10 +1522,9 @@ class Recorder:
         """Prepare ``items`` (sanitize, cut, redact) on the calling thread and hand them to the
         committer thread; waits while a prepared batch still waits for it.
 
-        The writer thread calls it for each batch it takes from the queue; the writer process
-        calls it from the thread that reads the agent's pipe (one thread of Python work
-        beside the committer's: a third contending for the GIL cost more than it did), with
-        each payload's JSON as the agent serialized it (``payloads``, see ``_row``)."""
+        The writer thread calls it for each batch it takes from the queue (the writer process
+        prepares piece by piece and hands them over with ``commit_prepared``). ``payloads``:
+        each payload's JSON as the agent serialized it, where known (see ``_row``)."""
         with self._cond:
             self._in_flight += len(items)
             self._preparing = True
@@ -1543,9 +1542,21 @@ class Recorder:
             cleans = []  # out of step with the rows: the hook reads the rows alone
         self._commits.put((len(items), rows, raw, "could not prepare", cleans))
 
+    def commit_prepared(self, n: int, rows: list[Row], raw: list[Item], cleans: list[Any]) -> None:
+        """Hand the committer ``n`` items the caller prepared itself (``_prepare``, in pieces:
+        the writer process prepares each piece it reads while its events are still in the
+        CPU's caches, and commits many pieces in one transaction); waits while a prepared
+        batch still waits for it. ``cleans``: the hook's payloads, one per row, in order."""
+        with self._cond:
+            self._in_flight += n
+            self._set_room()
+        if raw or len(cleans) != len(rows):
+            cleans = []  # out of step with the rows: the hook reads the rows alone
+        self._commits.put((n, rows, raw, "could not prepare", cleans))
+
     def start_committer(self) -> None:
-        """Start only the committer: the caller prepares batches with ``commit_items`` and
-        ends with ``finish()``."""
+        """Start only the committer: the caller hands it batches (``commit_items``,
+        ``commit_prepared``) and ends with ``finish()``."""
         self._committer.start()
 
     def finish(self, timeout: float | None = None) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from hindsight_loop.models import Event, is_failure
+from hindsight_loop.models import FAILED_STATUSES, Event, is_failure
 from hindsight_loop.record import WATCHED_TYPES, Row
 from hindsight_loop.reflect import needs_review
 from hindsight_loop.replay import AnomalyWatch, local_window, read_projection
@@ -38,6 +38,31 @@ class _Running:
     """The live anomaly rules, fed only the events they read."""
     positions: list[int] = field(default_factory=list)
     """The run position of each event the watch saw (its node indices count only those)."""
+
+
+_new = object.__new__
+
+
+def watched_event(row: Row, data: dict[str, Any]) -> Event:
+    """The ``Event`` the live rules read for a written row and its sanitized payload.
+
+    Its fields set one by one: the dataclass's keyword ``__init__`` costs twice as much, once
+    per watched event on the writer's path. Every field is set (a test compares the result with
+    ``Event(...)`` field by field)."""
+    get = data.get
+    event = _new(Event)
+    event.event_id = row[0]
+    event.task_id = row[1]
+    event.seq = row[2]
+    event.timestamp = row[3]
+    event.type = row[4]  # type: ignore[assignment]
+    event.agent_state = get("agent_state")
+    event.context = None
+    event.input = get("input")
+    event.decision = get("decision")
+    event.result = get("result")
+    event.extra = {}
+    return event
 
 
 class Triggers:
@@ -91,26 +116,20 @@ class Triggers:
             data = payloads[i] if i < len(payloads) else None
             if data is None:
                 data = orjson.loads(row[5])
-            if etype == "action_executed" and is_failure((data.get("result") or {}).get("status")):
-                run.had_failure = True
             # A task that used up its local reviews is not watched any more: what the rules
             # would find could not be queued (and its positions need not grow).
-            if self.live and run.local_reviews < MAX_LOCAL_REVIEWS:
-                event = Event(
-                    event_id=row[0],
-                    task_id=task_id,
-                    seq=row[2],
-                    timestamp=row[3],
-                    type=etype,  # type: ignore[arg-type]
-                    agent_state=data.get("agent_state"),
-                    input=data.get("input"),
-                    decision=data.get("decision"),
-                    result=data.get("result"),
-                )
-                # The projection the recorder stored with the row: the rules read it as
-                # replay will, without working it out again.
-                seen = read_projection(etype, row[6]) if len(row) > 6 else None
-                queued |= self._watch(run, event, position, seen)
+            watch = self.live and run.local_reviews < MAX_LOCAL_REVIEWS
+            # The projection the recorder stored with the row: the rules read it as replay
+            # will, without working it out again (its status is ``normal_status`` already).
+            seen = read_projection(etype, row[6]) if watch and len(row) > 6 else None
+            if etype == "action_executed" and (
+                seen[2] in FAILED_STATUSES
+                if seen is not None
+                else is_failure((data.get("result") or {}).get("status"))
+            ):
+                run.had_failure = True
+            if watch:
+                queued |= self._watch(run, watched_event(row, data), position, seen)
         if queued:
             self._wake()
 

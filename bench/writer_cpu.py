@@ -1,0 +1,142 @@
+"""The writer process's CPU per event, fed from a file: no agent beside it, the same lines every run.
+
+``bench/agent_step.py`` reports the writer process's CPU while an agent runs beside it on the
+same two cores; that figure moves by ±10% run to run on a shared machine. Here the agent's side
+runs once: ``--events`` ~1 KB tool calls (``agent_step``'s pool) are recorded through
+``Hindsight(writer="process")`` and every byte its sender writes to the pipe is kept. Then
+``python -m hindsight_loop.writer`` is run on those bytes from a file, on a fresh store each
+time: CPU (user + system, every thread) minus that of a run fed no event (its start-up: imports,
+the store, compiling the redaction guards), per event. The writer reads everything as fast as it
+can, as when it lags behind an agent.
+
+``--compare SRC`` (e.g. ``/work/main/src``) runs another checkout's writer on the same bytes,
+turn about with this one; medians over ``--runs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import orjson  # noqa: E402
+from _common import action_pool, cli, spread  # noqa: E402
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+
+def _capture(events: int, tmp: Path) -> tuple[bytes, bytes]:
+    """The writer's head line and the event lines an agent sent it, as sent."""
+    from hindsight_loop import Hindsight
+    from hindsight_loop import writer as writer_module
+
+    sent: list[bytes] = []
+    send = writer_module.ProcessRecorder._send
+
+    def keep(self: Any, data: bytes) -> bool:
+        sent.append(data)
+        return send(self, data)
+
+    writer_module.ProcessRecorder._send = keep  # type: ignore[method-assign]
+    try:
+        pool, _ = action_pool(13)
+        hs = Hindsight(tmp / "capture.db", background=False, triggers=True, writer="process")
+        with hs.task("step", goal="measure", recall=False) as task:
+            for i in range(events):
+                tool, args, output, step = pool[i % len(pool)]
+                task.record_action(tool, args, output=output, step=step)
+        assert hs.flush()
+        hs.close()
+    finally:
+        writer_module.ProcessRecorder._send = send  # type: ignore[method-assign]
+    data = b"".join(sent)
+    head, _, lines = data.partition(b"\n")
+    return head, lines
+
+
+def _feed(src: str, head: bytes, lines: bytes, tmp: Path) -> tuple[float, float]:
+    """CPU seconds and wall seconds of one writer process fed ``lines`` on a fresh store."""
+    where = Path(tempfile.mkdtemp(dir=tmp))
+    config = orjson.loads(head)
+    config.update(db=str(where / "w.db"), dead_letter=str(where / "dead.jsonl"))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "hindsight_loop.writer"],
+        input=orjson.dumps(config) + b"\n" + lines,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": src},
+        check=True,
+    )
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    shutil.rmtree(where)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return cpu, wall
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    events = 5_000 if args.quick else args.events
+    runs = 2 if args.quick else args.runs
+    tmp = Path(tempfile.mkdtemp(prefix="hs-writer-cpu-"))
+    try:
+        head, lines = _capture(events, tmp)
+        n = lines.count(b"\n")  # the task's start and end too
+        trees = {"this": SRC, **({"compared": args.compare} if args.compare else {})}
+        cpu: dict[str, list[float]] = {k: [] for k in trees}
+        wall: dict[str, list[float]] = {k: [] for k in trees}
+        for r in range(runs):
+            order = list(trees) if r % 2 == 0 else list(trees)[::-1]
+            for who in order:
+                idle, _ = _feed(trees[who], head, b"", tmp)
+                c, w = _feed(trees[who], head, lines, tmp)
+                cpu[who].append((c - idle) / n * 1e6)
+                wall[who].append(w)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out: dict[str, Any] = {"bench": "writer_cpu", "events": n, "runs": runs}
+    for who in trees:
+        out[f"{who}_cpu_us_per_event"] = spread(cpu[who])
+        out[f"{who}_wall_s"] = spread(wall[who])
+    if args.compare:
+        out["compared_src"] = args.compare
+        out["ratio"] = statistics.median(cpu["this"]) / statistics.median(cpu["compared"])
+    return out
+
+
+def render(r: dict[str, Any]) -> str:
+    lines = [
+        f"writer process fed {r['events']:,} lines from a file (~1 KB tool calls), {r['runs']} "
+        "runs; CPU per event (start-up subtracted), median (min-max)"
+    ]
+    for who in ("this", "compared"):
+        if f"{who}_cpu_us_per_event" in r:
+            c, w = r[f"{who}_cpu_us_per_event"], r[f"{who}_wall_s"]
+            name = "this code" if who == "this" else r["compared_src"]
+            lines.append(
+                f"  {name}: {c['median']:.1f} µs ({c['min']:.1f}-{c['max']:.1f}); "
+                f"wall {w['median']:.2f} s"
+            )
+    if "ratio" in r:
+        lines.append(f"  this / compared: x{r['ratio']:.2f}")
+    return "\n".join(lines)
+
+
+def _extra(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--events", type=int, default=50_000)
+    p.add_argument("--runs", type=int, default=6)
+    p.add_argument("--compare", help="another checkout's src directory, run turn about")
+
+
+if __name__ == "__main__":
+    cli(__doc__ or "", run, render, _extra)
