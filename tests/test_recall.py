@@ -611,12 +611,12 @@ def test_a_neighbour_that_adds_nothing_to_the_request_is_left_out() -> None:
     )
     index = LessonIndex([city, forecast], embedder=HashEmbedder(), ranking=ALL)
     scores = {x.lesson_id: x.score or 0.0 for x in index.search(q, now=NOW)}
+    zone = Ranking(near=0.9)  # off by default: see ``Ranking.near``
     # Close behind: within ``relative`` of the best, but not within ``near``.
-    assert Ranking().relative < scores["forecast"] / scores["city"] < Ranking().near
-    assert search([city, forecast], q) == ["city"]
-    # Without the near zone the neighbour came back.
-    wide = Ranking(near=Ranking().relative)
-    assert search([city, forecast], q, ranking=wide) == ["city", "forecast"]
+    assert zone.relative < scores["forecast"] / scores["city"] < zone.near
+    assert search([city, forecast], q, ranking=zone) == ["city"]
+    # Without the near zone (the default) the neighbour comes back.
+    assert search([city, forecast], q) == ["city", "forecast"]
     # (A lesson close behind that speaks to another part of the request stays in:
     # tests/test_multi_agent.py's role and team lessons.)
 
