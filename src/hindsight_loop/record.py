@@ -343,11 +343,10 @@ def _may_assign(blob: bytes, escaped: bool = False) -> bool:
 
 # Vendor keys are long runs of [A-Za-z0-9_-] (16 or more: every vendor pattern below needs
 # one). One C-level translate and one search find such a run; most events have none, and those
-# that do then pay for the few literal-prefixed patterns.
-_RUN_TABLE = bytes(
-    0x61 if chr(c).isascii() and (chr(c).isalnum() or chr(c) in "_-") else 0x20 for c in range(256)
-)
-_RUN = b"a" * 16
+# that do then pay for the few literal-prefixed patterns (the batch scan's RUN guard is this
+# same search: one table for both).
+_RUN_TABLE = redact_scan.RUN_TABLE
+_RUN = redact_scan.RUN_NEEDLE
 # Card numbers as the pattern below takes them: 13-19 digits in a row, 4-4-4-…, or 4-6-5; each
 # shape holds 13 digits in a row or four digits, a space or dash, and four more.
 _CARD_TABLE = bytes(

@@ -36,7 +36,7 @@ WORDS, AUTHORIZATION, BEARER, RUN, AT, SCHEME, CARD = range(7, 14)
 RUN_TABLE = bytes(
     0x61 if chr(c).isascii() and (chr(c).isalnum() or chr(c) in "_-") else 0x20 for c in range(256)
 )
-_RUN = b"a" * 16
+RUN_NEEDLE = b"a" * 16
 #: A body where no guard holds (shared: most bodies, and nothing changes it).
 NONE: frozenset[int] = frozenset()
 
@@ -154,7 +154,7 @@ class Scanner:
         # RUN: a run of 16 starts in a body and ends in it (the separator is not of the class);
         # after one, the search goes on from the next body.
         runs = joined.translate(RUN_TABLE)
-        at = runs.find(_RUN)
+        at = runs.find(RUN_NEEDLE)
         while at >= 0:
             i = bisect_right(ends, at)
             got = hits[i]
@@ -162,7 +162,7 @@ class Scanner:
                 hits[i] = {RUN}
             else:
                 got.add(RUN)  # type: ignore[attr-defined]
-            at = runs.find(_RUN, ends[i])
+            at = runs.find(RUN_NEEDLE, ends[i])
         return hits
 
 
