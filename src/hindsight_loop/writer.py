@@ -98,18 +98,8 @@ def event_id_for(session: str, own: int) -> str:
 def frame_item(frame: bytes, session: str, raws: list[bytes | None] | None = None) -> Item:
     """A line from the agent as the recorder's queued item; with ``raws``, also the payload's
     JSON as it stands in the line (``payload_json``), appended there."""
-    task_id, own, seq, ts, etype, event_id, payload = orjson.loads(frame)
-    item = (
-        task_id,
-        own if seq is None else seq,
-        ts,
-        etype,
-        payload,
-        event_id or event_id_for(session, own),
-    )
-    if raws is not None:  # once the item is made: one payload per item
-        raws.append(payload_json(frame, (task_id, own, seq, ts, etype, event_id)))
-    return item
+    end = len(frame) - 1 if frame[-1:] == b"\n" else len(frame)
+    return frame_item_at(frame, memoryview(frame), 0, end, session, [] if raws is None else raws)
 
 
 def frame_item_at(
