@@ -632,34 +632,17 @@ def _plain_dict(d: dict[Any, Any], depth: int, limit: int) -> bool:
     The writer's fast path: a check only, no copy to make, no change to look for, no key to
     learn, about half the walk's cost. Where it says no, the walk runs and decides; the depth
     rules follow ``_dict``'s and ``_list``'s exactly (tests/test_record_fast.py holds them)."""
-    if not _PLAIN_KEYS.issuperset(d):
-        return False
-    for x in d.values():
-        t = type(x)
-        if t is str:
-            if len(x) > limit:
-                return False
-        elif t is dict:
-            if depth >= MAX_DEPTH or not _plain_dict(x, depth + 1, limit):
-                return False
-        elif t is int or t is bool or x is None:
-            continue
-        elif t is float:
-            if not _isfinite(x):
-                return False
-        elif t is list:
-            if depth >= MAX_DEPTH or not _plain_list(x, depth + 1, limit):
-                return False
-        else:
-            return False
-    return True
+    return _PLAIN_KEYS.issuperset(d) and _plain_values(d.values(), depth, limit)
 
 
 def _plain_list(items: list[Any], depth: int, limit: int) -> bool:
     """``_plain_dict`` for a list at ``depth`` (``_Sanitizer._list``'s rules)."""
-    if len(items) > limit:
-        return False
-    for x in items:
+    return len(items) <= limit and _plain_values(items, depth, limit)
+
+
+def _plain_values(values: Iterable[Any], depth: int, limit: int) -> bool:
+    """The values of a dict or a list at ``depth``, as ``_plain_dict`` checks them."""
+    for x in values:
         t = type(x)
         if t is str:
             if len(x) > limit:
