@@ -704,3 +704,51 @@ def test_a_request_naming_what_a_lessons_tool_does_is_a_strong_rule_match() -> N
     anywhere = dataclasses.replace(upload, lesson_id="any", task_type="*")
     q.query = "Put report.pdf into the backups bucket"
     assert search([anywhere], q) == []
+
+
+def test_a_rule_match_in_the_other_language_is_offered_when_nothing_reaches_its_floor() -> None:
+    """A Chinese request, and the lessons for its very call (task type, every tool among the
+    call's) are English: the hashed text shares nothing across languages, so the rules decide
+    and the best of them is offered, alone. Not when one of them is in the request's language
+    (the text could judge it: nothing fits), nor a partial or any-task match, nor a lesson
+    with a poor track record."""
+    gate = lesson(
+        "gate",
+        "Before calling schedule_pickup, ask for the building's gate code; couriers cannot reach "
+        "the door without it.",
+        task_type="courier",
+        tools=("schedule_pickup",),
+        value_score=0.6,
+    )
+    weight = lesson(
+        "weight",
+        "Weigh every box before schedule_pickup: a box above 30 kg needs a freight pickup.",
+        task_type="courier",
+        tools=("schedule_pickup",),
+    )
+    q = RecallQuery(
+        task_type="courier", tools=["schedule_pickup"], query="明早九点让师傅上门把两个箱子拉走"
+    )
+    found = LessonIndex([gate, weight], embedder=HashEmbedder()).search(q, now=NOW)
+    assert found.ids == ["gate"]  # one lesson: the better track record of the two
+    assert (found[0].score or 0.0) < Ranking().min_score - Ranking().rule_slack
+    assert search([gate, weight], q, ranking=Ranking(unjudged=False)) == []
+    # A lesson of the call in the request's own language shares nothing with it either: the
+    # text could compare that one and found it wanting, so nothing fits.
+    fragile = lesson(
+        "fragile",
+        "易碎物品要在备注里写清楚，并提醒用户用泡沫纸包好。",
+        task_type="courier",
+        tools=("schedule_pickup",),
+    )
+    assert search([gate, weight, fragile], q) == []
+    # Weak rule matches are not offered on the rules alone: a lesson naming a tool the call
+    # does not have, a lesson for any task type, a lesson that has been hurting its tasks.
+    partial = dataclasses.replace(gate, features=Features(tools=["schedule_pickup", "cancel"]))
+    anywhere = dataclasses.replace(gate, task_type="*")
+    hurting = dataclasses.replace(gate, value_score=0.3)
+    for weak in (partial, anywhere, hurting):
+        assert search([weak], q) == [], weak
+    # In the request's language a request sharing nothing with the lesson still gets nothing.
+    q.query = "Pick up the two boxes at nine tomorrow morning"
+    assert search([gate, weight], q) == []

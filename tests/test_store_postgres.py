@@ -494,6 +494,20 @@ def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
         )
         for i, word in enumerate(("key", "quota"))
     ]
+    # English lessons of one call for a Chinese request sharing nothing with them: none
+    # reaches its floor, and the one offered on its rules alone (``Ranking.unjudged``) is read
+    # past the stage's bound.
+    book += [
+        Lesson(
+            lesson_id=f"les_pickup{i}",
+            task_type="courier",
+            advice=f"Before you call schedule_pickup, ask for the {word}.",
+            features=Features(tools=["schedule_pickup"]),
+            value_score=value,
+            valid_until=iso(utcnow() + timedelta(days=30)),
+        )
+        for i, (word, value) in enumerate((("gate code", 0.55), ("box weight", 0.6)))
+    ]
     vectors = embedder.embed([x.advice for x in book])  # any stored vectors of the model
     stores = {"sqlite": open_store(str(tmp_path / "book.db")), "postgres": open_store(pg_url)}
     for store in stores.values():
@@ -517,6 +531,8 @@ def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
         RecallQuery(task_type="web", tools=["upload_file"], query="put report.pdf in the bucket"),
         # An error named in the request: lessons learned on another one rank lower.
         RecallQuery(task_type="csv", tools=["read_csv"], query="read failed: UnicodeDecodeError"),
+        # Nothing in the request's language fits: the best rule match in the other one.
+        RecallQuery(task_type="courier", tools=["schedule_pickup"], query="明早让师傅上门取件"),
     ]
     nonempty = 0
     for q in queries:
@@ -528,6 +544,7 @@ def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
         for x in got["postgres"]:
             assert x.is_live() and x.task_type in (q.task_type, "*") or q.task_type is None
     assert nonempty >= 6
+    assert caches["postgres"].search(queries[-1], limit=3).ids == ["les_pickup1"]
     pg_cache = caches["postgres"]
     assert pg_cache._stage is not None and pg_cache._index is None  # the store's stage served
     plan = (

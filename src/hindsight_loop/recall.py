@@ -138,6 +138,20 @@ class Ranking:
     (``bench/real_runs.py``, τ-bench) it left out a tool's other error lessons, which warn of
     other failures of the same call: errors anticipated 78% -> 56% of seen patterns."""
 
+    unjudged: bool = True
+    """When no lesson reaches its floor, and the lessons the rules tie wholly to the call
+    (written for its task type, every tool they name among the call's tools) are all in the
+    other language than the request, offer the best of them by the rules alone (scenario,
+    boosts and track record). The hashed embedder and BM25 compare English with Chinese only
+    through identifiers and the concept lexicon, so there a low text score is no evidence
+    against a lesson, as it is in the request's own language. One lesson at most; none when one
+    of those lessons is in the request's language (the text could judge it and found it
+    wanting: nothing fits), or when the best one's rule score is below ``unjudged_min``."""
+    unjudged_min: float = 1.0
+    """The rule score (``_fuse`` without the text) a lesson offered on its rules alone needs:
+    1.0 is a whole scenario match with a neutral track record (value score 0.5); a lesson that
+    has been hurting its tasks is not offered without text to back it."""
+
     def __post_init__(self) -> None:
         if self.vector < 0 or self.bm25 < 0 or self.vector + self.bm25 <= 0:
             raise ValueError("Ranking needs non-negative vector and bm25 weights, not both 0")
@@ -695,7 +709,7 @@ class LessonIndex:
             tool_hit = np.zeros(idx.size, bool)
             for j in np.flatnonzero((strong[0] > 0) & (strong[1] > 0)).tolist():
                 tool_hit[j] = _tools_named(self._tool_names[idx[j]], tags)
-        return _choose(
+        chosen = _choose(
             rk,
             score,
             lambda j: self.lessons[idx[j]],
@@ -705,6 +719,18 @@ class LessonIndex:
             strong=None if strong is None else _strong(*strong, bm25, tool_hit),
             matched=matched,
         )
+        if chosen or strong is None or cosine is None or not rk.unjudged:
+            return chosen
+        rules = _rules_only(
+            rk,
+            _full_match(strong[0], strong[1], self._tool_count[idx]),
+            scenario,
+            step_hit,
+            error_hit,
+            self._value[idx],
+            error_miss,
+        )
+        return _unjudged(rk, score, rules, lambda j: self.lessons[idx[j]], text)
 
     def _matched(self, idx: np.ndarray, cover: list[int]) -> Callable[[int], frozenset[int]]:
         """The ``cover`` terms (ids) the survivor at position ``j`` of ``idx`` holds."""
@@ -768,6 +794,55 @@ def _strong(
             evidence = evidence | tool_hit
         strong &= evidence
     return strong
+
+
+def _full_match(specific: np.ndarray | float, shared: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The survivors the rules tie wholly to the call: written for its task type (not for
+    any), naming at least one tool and every tool they name among the call's."""
+    count = np.asarray(count)
+    return (np.asarray(specific) > 0) & (count > 0) & (np.asarray(shared) == count)
+
+
+def _rules_only(
+    rk: Ranking,
+    full: np.ndarray,
+    scenario: np.ndarray | float,
+    step_hit: np.ndarray | None,
+    error_hit: np.ndarray | None,
+    value: np.ndarray,
+    error_miss: np.ndarray | None,
+) -> np.ndarray | None:
+    """What the rules alone say of the ``full`` matches (``_fuse`` without the text; ``-inf``
+    for the other survivors), or ``None`` when there is none."""
+    if not full.any():
+        return None
+    n = full.size
+    rules = _fuse(rk, n, scenario, None, None, step_hit, error_hit, value, error_miss)
+    return np.where(full, rules, -np.inf)
+
+
+def _unjudged(
+    rk: Ranking,
+    score: np.ndarray,
+    rules: np.ndarray | None,
+    lesson_at: Callable[[int], Lesson],
+    query: str,
+) -> LessonSet:
+    """The lesson offered when none reached its floor (``Ranking.unjudged``): the best by
+    ``rules`` (then by ``score``) of the full rule matches, when all of them are in the other
+    language than the request."""
+    if rules is None:
+        return LessonSet()
+    full = np.flatnonzero(np.isfinite(rules)).tolist()
+    # Best first; equal keys keep the survivors' order, as every candidate stage has it.
+    full.sort(key=lambda j: (-float(rules[j]), -float(score[j])))
+    language = detect_language(query)
+    if any(_language(lesson_at(j)) == language for j in full):
+        return LessonSet()  # the text could compare it with the request, and did: nothing fits
+    best = full[0]
+    if float(rules[best]) < rk.unjudged_min - 1e-6:
+        return LessonSet()
+    return LessonSet([_with_score(lesson_at(best), round(float(score[best]), 4))])
 
 
 def _tool_key(tools: Iterable[str]) -> tuple[str, ...]:
@@ -1051,8 +1126,13 @@ class StoreStage:
 
         cover = frozenset(t for t in idf32 if _covers(t)) if text else None
 
-        def score(rows: list[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray | None]:
+        def scored(
+            rows: list[tuple[Any, ...]],
+        ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
             return self._score(rows, q, task, query_tools, qvec, cos_floor, idf32, reference, avgdl)
+
+        def score(rows: list[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray | None]:
+            return scored(rows)[:2]
 
         def bound(at_least: float) -> lesson_keys.ScoreBound:
             return lesson_keys.ScoreBound(
@@ -1108,10 +1188,27 @@ class StoreStage:
                     more = self.store.recall_bounded(rules, bound(bar))
         seen = {r[1] for r in rows}
         rows += [r for r in more if r[1] not in seen]
+        if rows:
+            rows.sort(key=self._tie_order(task))
+            found = self._choose(rows, *score(rows), limit=limit, min_score=min_score, cover=cover)
+            if found:
+                return found
+        if not (text and task is not None and query_tools and rk.unjudged):
+            return LessonSet()
+        # Nothing reached its floor: the lesson offered on its rules alone (``_unjudged``) may
+        # score anywhere, so every lesson passing the rules is read (rare: only then).
+        seen = {r[1] for r in rows}
+        rows += [r for r in self.store.recall_bounded(rules, bound(0.0)) if r[1] not in seen]
         if not rows:
             return LessonSet()
         rows.sort(key=self._tie_order(task))
-        return self._choose(rows, *score(rows), limit=limit, min_score=min_score, cover=cover)
+        all_scores, _, rules_score = scored(rows)
+        bodies = self.store.lesson_bodies(
+            [rows[j][1] for j in np.flatnonzero(np.isfinite(rules_score)).tolist()]
+            if rules_score is not None
+            else []
+        )
+        return _unjudged(rk, all_scores, rules_score, lambda j: bodies[rows[j][1]], text)
 
     @staticmethod
     def _tie_order(task: str | None) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
@@ -1133,8 +1230,9 @@ class StoreStage:
         idf32: dict[str, np.float32],
         reference: float,
         avgdl: np.float64,
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """The rows' scores (``_fuse``) and which are strong rule matches (``_strong``)."""
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The rows' scores (``_fuse``), which are strong rule matches (``_strong``), and what
+        the rules alone say of the full matches (``_rules_only``)."""
         n = len(rows)
         rk = self.ranking
         specific = (
@@ -1142,6 +1240,7 @@ class StoreStage:
         )
         tool_fit: np.ndarray | float = 0.5
         strong: tuple[np.ndarray, np.ndarray] | None = None
+        count = np.zeros(n, np.int32)
         if query_tools:
             wanted = set(query_tools)
             shared = np.fromiter((len(wanted.intersection(r[3])) for r in rows), np.int32, n)
@@ -1183,11 +1282,14 @@ class StoreStage:
         value = np.fromiter((r[6] for r in rows), np.float32, n)
         score = _fuse(rk, n, scenario, cosine, bm25, step_hit, error_hit, value, error_miss)
         if strong is None:
-            return score, None
+            return score, None, None
         tool_hit = None
         if tags := _query_tags(q.query.strip()):
             tool_hit = np.fromiter((_tools_named(_tool_key(r[3]), tags) for r in rows), bool, n)
-        return score, _strong(*strong, bm25, tool_hit)
+        rules = _rules_only(
+            rk, _full_match(*strong, count), scenario, step_hit, error_hit, value, error_miss
+        )
+        return score, _strong(*strong, bm25, tool_hit), rules
 
     def _vectors(self, rows: list[tuple[Any, ...]]) -> np.ndarray:
         """The rows' stored vectors; one missing or of another model is embedded here, in
