@@ -752,3 +752,29 @@ def test_a_rule_match_in_the_other_language_is_offered_when_nothing_reaches_its_
     # In the request's language a request sharing nothing with the lesson still gets nothing.
     q.query = "Pick up the two boxes at nine tomorrow morning"
     assert search([gate, weight], q) == []
+
+
+def test_a_lesson_for_the_other_act_than_the_request_reads_as_ranks_lower() -> None:
+    """No intent given: a request that reads as looking something up holds a lesson learned
+    for changing something against it (and the other way round), by ``intent_miss``: a
+    penalty, since the reading is keyword rules. An analysis request, or one that reads as
+    nothing, holds no lesson against its intent; a given intent filters instead."""
+    advice = "Check the order status with order_lookup before you answer the customer."
+    read = lesson("read", advice, task_type="support", tools=("order_lookup",), intent="query")
+    change = dataclasses.replace(
+        read, lesson_id="change", features=Features(tools=["order_lookup"], intent="operation")
+    )
+
+    def scores(text: str, **kwargs: Any) -> dict[str, float]:
+        q = RecallQuery(task_type="support", tools=["order_lookup"], query=text, **kwargs)
+        found = LessonIndex([read, change], embedder=HashEmbedder(), ranking=ALL).search(q, now=NOW)
+        return {x.lesson_id: x.score or 0.0 for x in found}
+
+    lookup = scores("What is the status of my order?")
+    assert lookup["read"] - lookup["change"] == pytest.approx(Ranking().intent_miss, abs=2e-4)
+    act = scores("Cancel my order and refund the card")
+    assert act["change"] - act["read"] == pytest.approx(Ranking().intent_miss, abs=2e-4)
+    for neutral in ("Compare my order with last month's", "the parcel from Lisbon"):
+        both = scores(neutral)
+        assert both["read"] == both["change"], neutral
+    assert list(scores("What is the status of my order?", intent="operation")) == ["change"]

@@ -531,6 +531,8 @@ def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
         RecallQuery(task_type="web", tools=["upload_file"], query="put report.pdf in the bucket"),
         # An error named in the request: lessons learned on another one rank lower.
         RecallQuery(task_type="csv", tools=["read_csv"], query="read failed: UnicodeDecodeError"),
+        # No intent given, the request reads as a lookup: lessons for an operation rank lower.
+        RecallQuery(task_type="csv", tools=["read_csv"], query="which encoding is the csv in?"),
         # Nothing in the request's language fits: the best rule match in the other one.
         RecallQuery(task_type="courier", tools=["schedule_pickup"], query="明早让师傅上门取件"),
     ]

@@ -109,6 +109,12 @@ class Ranking:
     error_miss: float = 0.15
     """Taken off when the request is about an error (its error type, or an error it names:
     "failed with the same FileNotFoundError") and the lesson was learned on another one."""
+    intent_miss: float = 0.15
+    """Taken off when the caller gives no intent, the request reads as looking something up
+    or as changing something (``read_intent``), and the lesson was learned for the other of
+    the two. Only a penalty, not the rule stage's filter: the reading is keyword rules and can
+    be wrong. An analysis request (compare, explain) is held against no lesson: it often
+    looks things up too ("compare flight prices")."""
     value_floor: float = 0.7
     """The score is relevance x (value_floor + value_span x value_score): a lesson's track
     record moves its rank, but cannot carry a lesson that does not match."""
@@ -321,6 +327,12 @@ def classify_intent(text: str, *, model: Callable[[str], str] | None = None) -> 
         for intent in _INTENTS:
             if answer.startswith(intent):
                 return intent
+    return _read_intent(text) or "query"
+
+
+def _read_intent(text: str) -> Intent | None:
+    """What ``classify_intent``'s rules read in a request; ``None`` when nothing points
+    anywhere (its "query" then is a default, not a reading)."""
     low = (text or "").lower()
     words = set(_WORD_RE.findall(low))
     scores: dict[Intent, float] = {}
@@ -331,7 +343,21 @@ def classify_intent(text: str, *, model: Callable[[str], str] | None = None) -> 
     if low.rstrip().endswith(("?", "？")):
         scores["query"] += 0.5
     best = max(_INTENTS[::-1], key=lambda i: scores[i])  # ties go to the more specific class
-    return best if scores[best] > 0 else "query"
+    return best if scores[best] > 0 else None
+
+
+#: Reading and changing: a request read as one is held against a lesson learned for the other
+#: (``Ranking.intent_miss``).
+_OTHER_ACT: dict[str, str] = {"query": "operation", "operation": "query"}
+
+
+def intent_missed(q: RecallQuery) -> str | None:
+    """The intent key a lesson must not have for ``q`` (``Ranking.intent_miss``): the other
+    act than the one its text reads as, when the caller gives no intent; else ``None``."""
+    if q.intent or not q.query:
+        return None
+    read = _read_intent(q.query)
+    return _OTHER_ACT.get(read) if read else None
 
 
 # -- the index ------------------------------------------------------------------------------
@@ -700,8 +726,20 @@ class LessonIndex:
             ids = [i for e, i in self._errors.items() if _error_stem(e) in named]
             error = self._error[idx]
             error_miss = (error != 0) & ~np.isin(error, ids)
+        intent_miss = None
+        if (other := intent_missed(q)) and (other_id := self._intents.get(other)):
+            intent_miss = self._intent[idx] == other_id
         score = _fuse(
-            rk, idx.size, scenario, cosine, bm25, step_hit, error_hit, self._value[idx], error_miss
+            rk,
+            idx.size,
+            scenario,
+            cosine,
+            bm25,
+            step_hit,
+            error_hit,
+            self._value[idx],
+            error_miss,
+            intent_miss,
         )
         tool_hit = None
         if strong is not None and (tags := _query_tags(text)):
@@ -813,7 +851,9 @@ def _rules_only(
     error_miss: np.ndarray | None,
 ) -> np.ndarray | None:
     """What the rules alone say of the ``full`` matches (``_fuse`` without the text; ``-inf``
-    for the other survivors), or ``None`` when there is none."""
+    for the other survivors), or ``None`` when there is none. ``Ranking.intent_miss`` is left
+    out: it is read from the request's words by keyword rules, a guess that should not decide
+    what the text cannot ("can you get it running?" reads as a question)."""
     if not full.any():
         return None
     n = full.size
@@ -883,6 +923,7 @@ def _fuse(
     error_hit: np.ndarray | None,
     value: np.ndarray,
     error_miss: np.ndarray | None = None,
+    intent_miss: np.ndarray | None = None,
 ) -> np.ndarray:
     """The rank stage's score of ``n`` survivors from their signals (``cosine`` is ``None``
     when the query has no text). One function for every candidate stage, so an index in
@@ -899,6 +940,8 @@ def _fuse(
         relevance = relevance + rk.error_boost * error_hit
     if error_miss is not None:
         relevance = relevance - rk.error_miss * error_miss
+    if intent_miss is not None:
+        relevance = relevance - rk.intent_miss * intent_miss
     return relevance * (rk.value_floor + rk.value_span * value)
 
 
@@ -1280,14 +1323,25 @@ class StoreStage:
                 (r[5] != "" and _error_stem(r[5]) not in named for r in rows), bool, n
             )
         value = np.fromiter((r[6] for r in rows), np.float32, n)
-        score = _fuse(rk, n, scenario, cosine, bm25, step_hit, error_hit, value, error_miss)
+        intent_miss = None
+        if other := intent_missed(q):
+            intent_miss = np.fromiter((r[10] == other for r in rows), bool, n)
+        score = _fuse(
+            rk, n, scenario, cosine, bm25, step_hit, error_hit, value, error_miss, intent_miss
+        )
         if strong is None:
             return score, None, None
         tool_hit = None
         if tags := _query_tags(q.query.strip()):
             tool_hit = np.fromiter((_tools_named(_tool_key(r[3]), tags) for r in rows), bool, n)
         rules = _rules_only(
-            rk, _full_match(*strong, count), scenario, step_hit, error_hit, value, error_miss
+            rk,
+            _full_match(*strong, count),
+            scenario,
+            step_hit,
+            error_hit,
+            value,
+            error_miss,
         )
         return score, _strong(*strong, bm25, tool_hit), rules
 

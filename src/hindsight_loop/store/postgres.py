@@ -123,7 +123,8 @@ _BOUND_TERMS = 5
 
 #: Columns the candidate stage reads per lesson (``recall.StoreStage`` unpacks them in order).
 RECALL_COLUMNS = (
-    "id, lesson_id, task_key, tools, step_key, error_key, value, tokens, embedding, embed_model"
+    "id, lesson_id, task_key, tools, step_key, error_key, value, tokens, embedding, embed_model, "
+    "intent_key"
 )
 
 
