@@ -20,10 +20,11 @@ Metrics (micro-averaged over queries):
 - recall@3: of the relevant lessons, the share returned.
 - wrong-injection rate: the share of queries where at least one returned lesson is neither.
 
-Four splits, each reported on its own (``--split`` picks): ``tuning`` (the set the ranking and
-the hashed embedder were shaped on), ``heldout``, ``blind`` and ``blind2`` (``heldout/``,
-``blind/``, ``blind2/``: their own lessons added to the tuning book, and queries written before
-the changes they measure; ``blind2`` by another engineer without seeing the code).
+Five splits, each reported on its own (``--split`` picks): ``tuning`` (the set the ranking and
+the hashed embedder were shaped on), ``heldout``, ``blind``, ``blind2`` and ``blind3``
+(``heldout/``, ``blind/``, ``blind2/``, ``blind3/``: their own lessons added to the tuning book,
+and queries written before the changes they measure; ``blind2`` and ``blind3`` by other
+engineers without seeing the code).
 
 Run: ``python bench/retrieval/run.py`` (``--embedder concept|hash|st:MODEL|openai:MODEL``,
 ``--verbose`` lists every miss, ``--sweep`` shows how the hybrid numbers move with its
@@ -267,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--split",
         action="append",
         choices=SPLITS,
-        help="tuning, heldout, blind and/or blind2 (default: all four, each reported on its own)",
+        help="tuning, heldout, blind, blind2 and/or blind3 (default: all, each on its own)",
     )
     parser.add_argument("--verbose", action="store_true", help="list every query with a miss")
     parser.add_argument("--json", action="store_true", help="print results as JSON")

@@ -10,9 +10,12 @@ So recall is rules first, ranking second (DESIGN.md):
    task), and of the same intent class when both are known.
 2. The rank stage scores the survivors by a fusion of cosine similarity, BM25 over a CJK-aware
    tokenization and the lesson's value score, plus boosts for an exact step / error-type match
-   (and less for a lesson learned on another error than the one the request names). Below a
-   minimum score nothing is returned: no advice is better than wrong advice. A lesson close
-   behind a better one is returned only when it speaks to another part of the request.
+   (and less for a lesson learned on another error than the one the request names, or for the
+   other act than the one the request reads as: a lookup or a change). Below a minimum score
+   nothing is returned: no advice is better than wrong advice. One exception: when the text
+   cannot judge (the lessons of the very call are all in the other language than the request,
+   which the hashed embedder and BM25 compare only through identifiers and a small lexicon),
+   the best of them by the rules alone is offered.
 3. At most one of two conflicting lessons is returned.
 
 ``LessonIndex`` is built once per version of the lesson book and queried many times: it keeps
@@ -111,7 +114,7 @@ class Ranking:
     "failed with the same FileNotFoundError") and the lesson was learned on another one."""
     intent_miss: float = 0.15
     """Taken off when the caller gives no intent, the request reads as looking something up
-    or as changing something (``read_intent``), and the lesson was learned for the other of
+    or as changing something (``intent_missed``), and the lesson was learned for the other of
     the two. Only a penalty, not the rule stage's filter: the reading is keyword rules and can
     be wrong. An analysis request (compare, explain) is held against no lesson: it often
     looks things up too ("compare flight prices")."""
@@ -302,6 +305,11 @@ _INTENT_PHRASES: dict[str, tuple[str, ...]] = {
         "|",
     ),
 }
+#: The phrases written in ASCII, per intent: all an ASCII request can hold (recall reads every
+#: request's intent, so the Chinese phrases are not tried on English text).
+_INTENT_PHRASES_ASCII = {
+    intent: tuple(p for p in phrases if p.isascii()) for intent, phrases in _INTENT_PHRASES.items()
+}
 # Analysis words are the most specific, then operation verbs; question words alone say least.
 _INTENT_WEIGHT = {"analysis": 1.5, "operation": 1.2, "query": 1.0}
 _WORD_RE = re.compile(r"[a-z]+")
@@ -335,10 +343,11 @@ def _read_intent(text: str) -> Intent | None:
     anywhere (its "query" then is a default, not a reading)."""
     low = (text or "").lower()
     words = set(_WORD_RE.findall(low))
+    table = _INTENT_PHRASES_ASCII if low.isascii() else _INTENT_PHRASES
     scores: dict[Intent, float] = {}
     for intent in _INTENTS:
         hits = len(words & _INTENT_WORDS[intent])
-        hits += sum(phrase in low for phrase in _INTENT_PHRASES[intent])
+        hits += sum([phrase in low for phrase in table[intent]])
         scores[intent] = hits * _INTENT_WEIGHT[intent]
     if low.rstrip().endswith(("?", "？")):
         scores["query"] += 0.5
