@@ -81,7 +81,9 @@ class Case:
 #: ``blind2``: written by another engineer without seeing the code, before the 2026-12-01 (fourth
 #: session) changes to the cut-offs, and run only once that code was final; its book is the
 #: tuning book plus its own lessons.
-SPLITS = ("tuning", "heldout", "blind", "blind2", "blind3")
+#: ``blind3`` and ``blind4``: written by other engineers who never opened ``src/``, during the
+#: sixth and seventh sessions, each run once on that session's final recall.
+SPLITS = ("tuning", "heldout", "blind", "blind2", "blind3", "blind4")
 
 
 def load(split: str = "tuning") -> tuple[list[Lesson], list[Case]]:
