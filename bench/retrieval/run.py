@@ -20,7 +20,7 @@ Metrics (micro-averaged over queries):
 - recall@3: of the relevant lessons, the share returned.
 - wrong-injection rate: the share of queries where at least one returned lesson is neither.
 
-Five splits, each reported on its own (``--split`` picks): ``tuning`` (the set the ranking and
+Six splits, each reported on its own (``--split`` picks): ``tuning`` (the set the ranking and
 the hashed embedder were shaped on), ``heldout``, ``blind``, ``blind2`` and ``blind3``
 (``heldout/``, ``blind/``, ``blind2/``, ``blind3/``: their own lessons added to the tuning book,
 and queries written before the changes they measure; ``blind2`` and ``blind3`` by other
@@ -270,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--split",
         action="append",
         choices=SPLITS,
-        help="tuning, heldout, blind, blind2 and/or blind3 (default: all, each on its own)",
+        help="tuning, heldout, blind, blind2, blind3 and/or blind4 (default: all, each on its own)",
     )
     parser.add_argument("--verbose", action="store_true", help="list every query with a miss")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
