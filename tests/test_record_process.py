@@ -503,3 +503,33 @@ def test_overloaded_agent_side_spills_the_oldest_lines_and_loses_nothing(tmp_pat
         assert max(spilled) < max(stored)
     finally:
         hs.close()
+
+
+def test_the_writer_process_imports_only_what_it_writes_with() -> None:
+    """``python -m hindsight_loop.writer`` imports the package first: its public names load on
+    first use, so the writer starts without the facade, curation or numpy; every public name
+    still resolves, for ``from hindsight_loop import *`` too."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import hindsight_loop.writer, hindsight_loop.triggers, hindsight_loop.store
+        heavy = sorted(m for m in ("numpy", "hindsight_loop.worker", "hindsight_loop.lessons",
+                                   "hindsight_loop.hindsight") if m in sys.modules)
+        assert not heavy, heavy
+        import hindsight_loop
+        from hindsight_loop import *
+        names = {n: getattr(hindsight_loop, n) for n in hindsight_loop.__all__}
+        assert names["Hindsight"].__module__ == "hindsight_loop.hindsight"
+        assert issubclass(names["HindsightWarning"], Warning)
+        assert set(hindsight_loop.__all__) <= set(dir(hindsight_loop))
+        try:
+            hindsight_loop.NoSuchName
+        except AttributeError as exc:
+            assert "NoSuchName" in str(exc)
+        else:
+            raise AssertionError("no AttributeError")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
