@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -397,3 +398,138 @@ def test_an_unreadable_line_between_events_is_dead_lettered_and_counted_once(
     assert [r[0] for r in rows] == [event_id_for(session, own) for own in range(1, 2002)]
     dead = (tmp_path / "dead.jsonl").read_text()
     assert "unreadable recorder line" in dead and "not a line the agent writes" in dead
+
+
+def test_agent_threads_lines_and_pages_of_every_size_arrive_in_order(tmp_path: Path) -> None:
+    """The agent's side copies lines into pages (``PAGE``) that the sender writes whole: four
+    threads recording at once, lines of a few bytes to several pages (a line bigger than a
+    page goes on its own), flushes between bursts (a page sent before it is full), a writer
+    killed mid-run (the unacknowledged pages sent again): every event stored once, each
+    thread's in the order it recorded them, with the bodies the thread writer stores."""
+    import threading
+
+    from hindsight_loop.writer import PAGE
+
+    sizes = [0, 10, 900, PAGE // 3, PAGE - 200, PAGE + 1, 2 * PAGE + 17]
+    bodies: dict[str, list[tuple[str, str]]] = {}
+    for mode in ("thread", "process"):
+        db = tmp_path / f"{mode}.db"
+        hs = Hindsight(db, writer=mode, background=False, triggers=False)  # type: ignore[arg-type]
+        tasks = [hs.task(f"t{k}", recall=False).__enter__() for k in range(4)]
+
+        def run(k: int, hs: Hindsight = hs, tasks: list = tasks) -> None:  # type: ignore[type-arg]
+            for i in range(1500):
+                size = sizes[(i * (k + 1)) % len(sizes)] if i % 13 == 0 else 40 + i % 300
+                tasks[k].record_action("put", {"k": k, "i": i}, output="数" * (size // 3))
+                if i % 400 == 399:
+                    assert hs.flush(timeout=60) is True
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        if mode == "process":
+            deadline = time.monotonic() + 30
+            while hs.recorder.pid is None and time.monotonic() < deadline:  # type: ignore[attr-defined]
+                time.sleep(0.01)
+            time.sleep(0.2)
+            _kill(hs.recorder.pid)  # type: ignore[attr-defined]
+        for t in threads:
+            t.join()
+        for task in tasks:
+            task.__exit__(None, None, None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HindsightWarning)
+            assert hs.flush(timeout=120) is True
+        hs.close()
+        rows = _rows(db)
+        by_task: dict[str, list[tuple[str, str]]] = {}
+        for _id, etype, body in rows:
+            if etype == "action_executed":
+                args = orjson.loads(body)["input"]["args"]
+                by_task.setdefault(str(args["k"]), []).append((etype, body))
+        for k in range(4):
+            seen = [orjson.loads(b)["input"]["args"]["i"] for _t, b in by_task[str(k)]]
+            assert seen == list(range(1500)), (mode, k)
+        bodies[mode] = sorted(b for k in sorted(by_task) for b in by_task[k])
+    assert bodies["process"] == bodies["thread"]
+
+
+def test_overloaded_agent_side_spills_the_oldest_lines_and_loses_nothing(tmp_path: Path) -> None:
+    """The writer process stopped (SIGSTOP): the pipe fills, lines wait in the agent's pages
+    up to ``queue_bound``, then the oldest are spilled to the dead letter within
+    ``block_seconds``. Once it runs again, every event is stored or dead-lettered, never both,
+    and the call never raised."""
+    db = tmp_path / "o.db"
+    hs = Hindsight(db, writer="process", background=False, triggers=False, queue_bound=500)
+    hs.recorder.block_seconds = 0.05
+    try:
+        hs.record({"type": "task_start", "task_id": "tsk_o", "task_type": "t"})
+        assert hs.flush(timeout=60) is True
+        pid = hs.recorder.pid  # type: ignore[attr-defined]
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", HindsightWarning)
+                for i in range(40_000):
+                    hs.record(
+                        {
+                            "type": "user_input",
+                            "task_id": "tsk_o",
+                            "input": {"i": i, "t": "x" * 200},
+                        }
+                    )
+                assert hs.recorder.backlog <= 500 + 1
+                assert hs.recorder.stats["spilled"] > 0
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HindsightWarning)
+            assert hs.flush(timeout=120) is True
+        stored = {
+            orjson.loads(body)["input"]["i"]
+            for _id, etype, body in _rows(db)
+            if etype == "user_input"
+        }
+        spilled = {
+            orjson.loads(x)["input"]["i"]
+            for x in hs.recorder.dead_letter.read_bytes().splitlines()
+            if orjson.loads(x).get("type") == "user_input"
+        }
+        assert stored | spilled == set(range(40_000))
+        assert not stored & spilled
+        assert len(spilled) == hs.recorder.stats["spilled"]
+        # The oldest waiting were spilled: every spilled event is older than the last stored.
+        assert max(spilled) < max(stored)
+    finally:
+        hs.close()
+
+
+def test_the_writer_process_imports_only_what_it_writes_with() -> None:
+    """``python -m hindsight_loop.writer`` imports the package first: its public names load on
+    first use, so the writer starts without the facade, curation or numpy; every public name
+    still resolves, for ``from hindsight_loop import *`` too."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import hindsight_loop.writer, hindsight_loop.triggers, hindsight_loop.store
+        heavy = sorted(m for m in ("numpy", "hindsight_loop.worker", "hindsight_loop.lessons",
+                                   "hindsight_loop.hindsight") if m in sys.modules)
+        assert not heavy, heavy
+        import hindsight_loop
+        from hindsight_loop import *
+        names = {n: getattr(hindsight_loop, n) for n in hindsight_loop.__all__}
+        assert names["Hindsight"].__module__ == "hindsight_loop.hindsight"
+        assert issubclass(names["HindsightWarning"], Warning)
+        assert set(hindsight_loop.__all__) <= set(dir(hindsight_loop))
+        try:
+            hindsight_loop.NoSuchName
+        except AttributeError as exc:
+            assert "NoSuchName" in str(exc)
+        else:
+            raise AssertionError("no AttributeError")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
