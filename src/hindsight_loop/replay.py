@@ -1431,16 +1431,16 @@ _KIND_ORDER: dict[str, int] = {kind: n for n, kind in enumerate(_KIND_OF.values(
 def _detect(run: StoredRun) -> list[KeyNode]:
     """Every detector over a run's projections (indices into the run): one pass sorts the
     events out to the detectors that read them, then each detector scans its own in one go."""
-    projections = run.projections()
-    # The bodies the projection says some detector will read, in one go.
-    run.prefetch(i for i, p in enumerate(projections) if p[_FLAGS])
     detectors = [factory() for factory in DETECTORS]
+    feeds, flagged = _feeds(detectors, run.projections())
+    # The bodies the projection says some detector will read, in one go.
+    run.prefetch(flagged)
 
     def at(i: int, p: list[Any]) -> Seen:
         return Seen(i, projection=p, run=run)
 
     nodes: list[KeyNode] = []
-    for detector, fed in zip(detectors, _feeds(detectors, projections), strict=True):
+    for detector, fed in zip(detectors, feeds, strict=True):
         nodes.extend(detector.scan(fed, at))
     for detector in detectors:
         nodes.extend(detector.finish())
@@ -1455,27 +1455,35 @@ def _detect(run: StoredRun) -> list[KeyNode]:
 
 def _feeds(
     detectors: Sequence[Detector], projections: list[list[Any]]
-) -> list[list[tuple[int, list[Any]]]]:
+) -> tuple[list[list[tuple[int, list[Any]]]], list[int]]:
     """Each detector's events, ``(position, projection)`` in run order (``Detector.types`` and
-    ``flag``): detectors that read the same events share one list."""
+    ``flag``; detectors that read the same events share one list), and the positions of the
+    events whose projection has a flag (their bodies will be read)."""
     shared: dict[tuple[frozenset[str] | None, int], list[tuple[int, list[Any]]]] = {}
     feeds = [shared.setdefault((d.types, d.flag), []) for d in detectors]
-    into: dict[Any, tuple[list[tuple[int, list[Any]]], ...]] = {}
+    flagged: list[int] = []
+    # (type, flags) -> the appends of the lists such an event goes to; keyed by the type alone
+    # where the flags are 0 (most events: no tuple to build for the lookup).
+    into: dict[Any, tuple[Callable[[tuple[int, list[Any]]], None], ...]] = {}
     get = into.get
     for fed in enumerate(projections):
         p = fed[1]
         etype, flags = p[1], p[7]
-        # Keyed by the type alone where the flags are 0 (most events: no tuple to build).
-        lists = get((etype, flags) if flags else etype)
-        if lists is None:
-            lists = into[(etype, flags) if flags else etype] = tuple(
-                feed
+        if flags:
+            flagged.append(fed[0])
+            key: Any = (etype, flags)
+        else:
+            key = etype
+        adds = get(key)
+        if adds is None:
+            adds = into[key] = tuple(
+                feed.append
                 for (types, flag), feed in shared.items()
                 if (types is None or etype in types) and (not flag or flags & flag)
             )
-        for feed in lists:
-            feed.append(fed)
-    return feeds
+        for add in adds:
+            add(fed)
+    return feeds, flagged
 
 
 class _Routes(dict[Any, list[Detector]]):
