@@ -6,8 +6,9 @@ a recovery, the user getting annoyed …), each summarised in at most 50 charact
 run makes a small prompt. ``AnomalyWatch`` runs the live subset of the same rules one event at a
 time in the recorder's writer thread, so a local review can start before the run ends.
 
-Key nodes (``KeyNode.kind``) are found in one linear pass by one small detector per kind, each
-holding the per-run state it needs (``Detector``: ``scan(fed, at)``, ``finish()``):
+Key nodes (``KeyNode.kind``) are found by one small detector per kind, each holding the per-run
+state it needs and scanning the events it reads in order, in one loop (``Detector``:
+``scan(fed, at)``, ``finish()``; one pass over the run hands each its events):
 
 - ``FirstFailure``: the first tool call that failed.
 - ``ConsecutiveFailures``: two tool calls in a row failed (one node per streak).
