@@ -6,9 +6,8 @@ a recovery, the user getting annoyed …), each summarised in at most 50 charact
 run makes a small prompt. ``AnomalyWatch`` runs the live subset of the same rules one event at a
 time in the recorder's writer thread, so a local review can start before the run ends.
 
-Key nodes (``KeyNode.kind``) are found by one small detector per kind, each holding the per-run
-state it needs and scanning the events it reads in order, in one loop (``Detector``:
-``scan(fed, at)``, ``finish()``; one pass over the run hands each its events):
+Key nodes (``KeyNode.kind``) are found in one linear pass by one small detector per kind, each
+holding the per-run state it needs (``Detector``: ``observe(seen)``, ``finish()``):
 
 - ``FirstFailure``: the first tool call that failed.
 - ``ConsecutiveFailures``: two tool calls in a row failed (one node per streak).
@@ -315,24 +314,15 @@ class AnomalyWatch:
         recorder made): it is not worked out again.
         """
         p = projection or _event_projection(event) or _bare(event)
-        i = self._count
+        seen = Seen(self._count, event, projection=p)
         self._count += 1
-        etype, flags = p[1], p[7]
-        readers = self._routes.get((etype, flags) if flags else etype)
-        if readers is None:
-            readers = self._routes.of(etype, flags)
-        if not readers:
-            return []
-
-        def at(j: int, q: list[Any]) -> Seen:
-            # The watch holds only the event in hand: the live detectors word their nodes
-            # from it alone.
-            return Seen(j, event if j == i else None, projection=q)
-
         found: list[KeyNode] = []
-        fed = ((i, p),)
-        for detector in readers:
-            nodes = detector.scan(fed, at)
+        etype, flags = p[1], p[7]
+        observers = self._routes.get((etype, flags) if flags else etype)
+        if observers is None:
+            observers = self._routes.of(etype, flags)
+        for observe in observers:
+            nodes = observe(seen)
             if nodes:
                 found.extend(nodes)
         return found
@@ -860,11 +850,10 @@ def _bare(ev: Event | None) -> list[Any]:
 
 
 class Seen:
-    """One event a detector keeps or points a key node at: its projection's fields by name.
+    """One event as the detectors read it: its projection, shared by them all.
 
-    Made only for those (detectors read the projections themselves); the full event
-    (``event``) is decoded only when a detector needs more than the projection says, to word
-    a key node.
+    The full event (``event``) is decoded only when a detector needs more than the projection
+    says, to word a key node.
     """
 
     __slots__ = (
@@ -943,31 +932,18 @@ class Seen:
         return self._run.event_id(self.index) if self._run is not None else ""
 
 
-#: What a detector is fed: ``(position, projection)`` of each event it reads, in run order.
-Fed = Iterable[tuple[int, list[Any]]]
-#: Makes the ``Seen`` of a position and its projection: what a key node points at (made only
-#: when a detector words a node or must keep the event, not for every event it reads).
-At = Callable[[int, list[Any]], Seen]
-
-
 class Detector(Protocol):
-    """Finds the key nodes of one kind in one run, fed its events in order.
-
-    ``scan`` takes the events in batches: replay hands each detector every event it reads at
-    once (one loop per detector over its own events, no call per event), the live watch one
-    event at a time. Either way the rule is this one method.
-    """
+    """Finds the key nodes of one kind in one run, fed its events in order."""
 
     kind: KeyNodeKind
-    #: The event types it reads (None: all); it is fed only those, in order (``scan`` does
-    #: not check them again: thousands of events per run).
+    #: The event types it reads (None: all); it is fed only those, in order (``observe`` does
+    #: not check them again: thousands of calls per run).
     types: frozenset[str] | None
     #: When not 0, it is fed only events whose projection has this flag.
     flag: int
 
-    def scan(self, fed: Fed, at: At) -> Sequence[KeyNode]:
-        """The key nodes these events complete (usually none), given the next events it reads
-        as ``(position, projection)`` (``project``'s fields), in order."""
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        """The key nodes this event completes (usually none)."""
         ...
 
     def finish(self) -> Sequence[KeyNode]:
@@ -977,9 +953,6 @@ class Detector(Protocol):
 
 _NONE: tuple[KeyNode, ...] = ()
 _ACTION = frozenset({"action_executed"})
-
-# Fields of a projection (``project``), by position: the detectors read them straight from it.
-_TYPE, _STATUS, _NAME, _LABEL, _SIG, _WEIGH, _FLAGS, _AGENT, _ERROR = range(1, 10)
 
 
 class FirstFailure:
@@ -993,30 +966,20 @@ class FirstFailure:
     def __init__(self) -> None:
         self._seen = False
 
-    def scan(self, fed: Fed, at: At) -> Sequence[KeyNode]:
-        if self._seen:
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        if not seen.failed or self._seen:
             return _NONE
-        failed = FAILED_STATUSES
-        for i, p in fed:
-            # Fed tool calls only: a failed status is a failed call (``Seen.failed``).
-            if p[_STATUS] in failed:
-                self._seen = True
-                seen = at(i, p)
-                why = (
-                    seen.error_type
-                    or _text((seen.event.result or {}).get("error_message"))
-                    or "error"
-                )
-                return (
-                    _node(
-                        "first_failure",
-                        seen,
-                        f"{_name(seen.name)} failed: {why}",
-                        action=seen.name,
-                        error_type=seen.error_type,
-                    ),
-                )
-        return _NONE
+        self._seen = True
+        why = seen.error_type or _text((seen.event.result or {}).get("error_message")) or "error"
+        return (
+            _node(
+                "first_failure",
+                seen,
+                f"{_name(seen.name)} failed: {why}",
+                action=seen.name,
+                error_type=seen.error_type,
+            ),
+        )
 
     def finish(self) -> Sequence[KeyNode]:
         return _NONE
@@ -1036,35 +999,29 @@ class ConsecutiveFailures:
         self._prev_index = -1
         self._reported = False
 
-    def scan(self, fed: Fed, at: At) -> Sequence[KeyNode]:
-        found: list[KeyNode] = []
-        failed_statuses = FAILED_STATUSES
-        prev_failed, prev, prev_index = self._prev_failed, self._prev_name, self._prev_index
-        reported = self._reported
-        for i, p in fed:
-            failed = p[_STATUS] in failed_statuses  # fed tool calls only
-            name = p[_NAME]
-            if not failed:
-                reported = False
-            elif prev_failed and not reported:
-                reported = True
-                if prev == name:
-                    text = f"{_name(name)} failed twice in a row"
-                else:
-                    text = f"{_name(prev, 15)}, {_name(name, 15)} failed in a row"
-                found.append(
-                    _node(
-                        "consecutive_failures",
-                        at(i, p),
-                        text,
-                        action=name,
-                        error_type=p[_ERROR],
-                        related=[prev_index, i],
-                    )
-                )
-            prev_failed, prev, prev_index = failed, name, i
-        self._prev_failed, self._prev_name, self._prev_index = prev_failed, prev, prev_index
-        self._reported = reported
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        found = _NONE
+        name, i = seen.name, seen.index
+        if not seen.failed:
+            self._reported = False
+        elif self._prev_failed and not self._reported:
+            self._reported = True
+            prev = self._prev_name
+            if prev == name:
+                text = f"{_name(name)} failed twice in a row"
+            else:
+                text = f"{_name(prev, 15)}, {_name(name, 15)} failed in a row"
+            found = (
+                _node(
+                    "consecutive_failures",
+                    seen,
+                    text,
+                    action=name,
+                    error_type=seen.error_type,
+                    related=[self._prev_index, i],
+                ),
+            )
+        self._prev_failed, self._prev_name, self._prev_index = seen.failed, name, i
         return found
 
     def finish(self) -> Sequence[KeyNode]:
@@ -1086,36 +1043,28 @@ class Recovery:
     def __init__(self) -> None:
         self._unresolved: dict[Any, _Unresolved] = {}
 
-    def scan(self, fed: Fed, at: At) -> Sequence[KeyNode]:
-        found: list[KeyNode] = []
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
         unresolved = self._unresolved
-        failed_statuses, ok_statuses = FAILED_STATUSES, OK_STATUSES
-        for i, p in fed:
-            # The status is normal_status already: is_failure's and is_success's own sets,
-            # without normalizing twice (and fed tool calls only).
-            status = p[_STATUS]
-            if status in failed_statuses:
-                label = p[_LABEL]
-                pending = unresolved.get(label)
-                if pending is None:
-                    unresolved[label] = _Unresolved(at(i, p))
-                elif pending.other is None and p[_SIG] != pending.first.sig:
-                    pending.other = at(i, p)
-                continue
-            if not unresolved or status not in ok_statuses:
-                continue
-            pending = unresolved.pop(p[_LABEL], None)
+        if seen.failed:
+            pending = unresolved.get(seen.label)
             if pending is None:
-                continue
-            sig = p[_SIG]
-            if sig != pending.first.sig:
-                fixed = pending.first
-            elif pending.other is not None and sig != pending.other.sig:
-                fixed = pending.other
-            else:
-                continue  # the same call that failed, now working: no change of course
-            found.append(_recovery_node(fixed, at(i, p)))
-        return found
+                unresolved[seen.label] = _Unresolved(seen)
+            elif pending.other is None and seen.sig != pending.first.sig:
+                pending.other = seen
+            return _NONE
+        # The status is normal_status already: is_success's own set, without normalizing twice.
+        if not unresolved or seen.status not in OK_STATUSES:
+            return _NONE
+        pending = unresolved.pop(seen.label, None)
+        if pending is None:
+            return _NONE
+        if seen.sig != pending.first.sig:
+            fixed = pending.first
+        elif pending.other is not None and seen.sig != pending.other.sig:
+            fixed = pending.other
+        else:
+            return _NONE  # the same call that failed, now working: no change of course
+        return (_recovery_node(fixed, seen),)
 
     def finish(self) -> Sequence[KeyNode]:
         return _NONE
@@ -1160,47 +1109,42 @@ class Loop:
         self._run_sig: int | None = None
         self._run_len = 0
 
-    def scan(self, fed: Fed, at: At) -> Sequence[KeyNode]:
-        found: list[KeyNode] = []
-        chains, once, live = self._chains, self._once, self.live
-        ordinal, run_sig, run_len = self._ordinal, self._run_sig, self._run_len
-        for i, p in fed:
-            sig = p[_SIG]
-            if sig is None:
-                run_sig = None
-                continue
-            ordinal += 1
-            chain = chains.get(sig)
-            if chain is not None and ordinal - chain.last <= LOOP_SPAN:
-                chain.last = ordinal
-                chain.indices.append(i)
-            else:
-                if chain is not None:  # too long ago: that chain has ended
-                    if chain.at is not None:
-                        self._ended.append(chain)
-                    del chains[sig]
-                first = once.get(sig)
-                if first is None or ordinal - first[0] > LOOP_SPAN:
-                    once[sig] = (ordinal, i, p[_NAME])
-                    # The call before this one was another (else it would be in a chain).
-                    run_sig, run_len = sig, 1
-                    continue
-                del once[sig]
-                chain = chains[sig] = _Chain(first[2] or "", first[0], first[1])
-                chain.last = ordinal
-                chain.indices.append(i)
-            if sig == run_sig:
-                run_len += 1
-                if run_len == LOOP_REPEATS:
-                    chain.row = True
-            else:
-                run_sig, run_len = sig, 1
-            if len(chain.indices) == LOOP_REPEATS:
-                chain.at = at(i, p)
-                if live:
-                    found.append(_loop_node(chain, LOOP_REPEATS))
-        self._ordinal, self._run_sig, self._run_len = ordinal, run_sig, run_len
-        return found
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        sig = seen.sig
+        if sig is None:
+            self._run_sig = None
+            return _NONE
+        ordinal = self._ordinal = self._ordinal + 1
+        chain = self._chains.get(sig)
+        if chain is not None and ordinal - chain.last <= LOOP_SPAN:
+            chain.last = ordinal
+            chain.indices.append(seen.index)
+        else:
+            if chain is not None:  # too long ago: that chain has ended
+                if chain.at is not None:
+                    self._ended.append(chain)
+                del self._chains[sig]
+            first = self._once.get(sig)
+            if first is None or ordinal - first[0] > LOOP_SPAN:
+                self._once[sig] = (ordinal, seen.index, seen.name)
+                # The call before this one was another (else it would be in a chain).
+                self._run_sig, self._run_len = sig, 1
+                return _NONE
+            del self._once[sig]
+            chain = self._chains[sig] = _Chain(first[2] or "", first[0], first[1])
+            chain.last = ordinal
+            chain.indices.append(seen.index)
+        if sig == self._run_sig:
+            self._run_len += 1
+            if self._run_len == LOOP_REPEATS:
+                chain.row = True
+        else:
+            self._run_sig, self._run_len = sig, 1
+        if len(chain.indices) == LOOP_REPEATS:
+            chain.at = seen
+            if self.live:
+                return (_loop_node(chain, LOOP_REPEATS),)
+        return _NONE
 
     def finish(self) -> Sequence[KeyNode]:
         if self.live:
@@ -1243,51 +1187,44 @@ class Hesitation:
         self._last_at: dict[Any, tuple[str, int, Any, bool, str | None, int, Any]] = {}
         self._found: dict[tuple[Any, frozenset[str]], KeyNode] = {}
 
-    def scan(self, fed: Fed, at: At) -> Sequence[KeyNode]:
-        found: list[KeyNode] = []
-        weighing, last_at = self._weighing, self._last_at
-        failed_statuses = FAILED_STATUSES
-        for i, p in fed:
-            if p[_TYPE] == "llm_decision":
-                if p[_WEIGH] is not None:
-                    weighing[p[_LABEL]] = p[_WEIGH]
-                continue
-            name = p[_NAME]
-            if name is None:  # (an action: the only other type it is fed)
-                continue
-            label, sig = p[_LABEL], p[_SIG]
-            failed = p[_STATUS] in failed_statuses
-            weighed = weighing.pop(label, None) if weighing else None
-            if p[_WEIGH] is not None:
-                weighed = p[_WEIGH]
-            last = last_at.get(label)
-            if last is None:
-                last_at[label] = (name, i, sig, failed, None, -1, None)
-                continue
-            if last[0] == name:
-                last_at[label] = (name, i, sig, failed, last[4], last[5], last[6])
-                continue
-            last_name, last_index, last_sig, last_failed, before, before_index, before_sig = last
-            last_at[label] = (name, i, sig, failed, last_name, last_index, last_sig)
-            related: list[int] | None = None
-            if weighed is not None and _wavered(weighed, last_name, name):
-                related = [last_index, i]
-            elif before == name and (sig == before_sig or last_failed):
-                related = [before_index, last_index, i]  # A, B, A
-            if related is None:
-                continue
-            key = (label, frozenset((last_name, name)))
-            node = self._found.get(key)
-            if node is not None:
-                node.related.append(i)
-                continue
-            where = f" at {label}" if label is not None else ""
-            text = f"wavered {_name(last_name, 15)} ↔ {_name(name, 15)}{where}"
-            node = self._found[key] = _node(
-                "hesitation", at(i, p), text, action=name, related=related
-            )
-            found.append(node)
-        return found
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        etype = seen.type
+        if etype == "llm_decision":
+            if seen.weigh is not None:
+                self._weighing[seen.label] = seen.weigh
+            return _NONE
+        name = seen.name
+        if name is None:  # (an action: the only other type it is fed)
+            return _NONE
+        label, i, sig = seen.label, seen.index, seen.sig
+        weighed = self._weighing.pop(label, None) if self._weighing else None
+        if seen.weigh is not None:
+            weighed = seen.weigh
+        last = self._last_at.get(label)
+        if last is None:
+            self._last_at[label] = (name, i, sig, seen.failed, None, -1, None)
+            return _NONE
+        if last[0] == name:
+            self._last_at[label] = (name, i, sig, seen.failed, last[4], last[5], last[6])
+            return _NONE
+        last_name, last_index, last_sig, last_failed, before, before_index, before_sig = last
+        self._last_at[label] = (name, i, sig, seen.failed, last_name, last_index, last_sig)
+        related: list[int] | None = None
+        if weighed is not None and _wavered(weighed, last_name, name):
+            related = [last_index, i]
+        elif before == name and (sig == before_sig or last_failed):
+            related = [before_index, last_index, i]  # A, B, A
+        if related is None:
+            return _NONE
+        key = (label, frozenset((last_name, name)))
+        node = self._found.get(key)
+        if node is not None:
+            node.related.append(i)
+            return _NONE
+        where = f" at {label}" if label is not None else ""
+        text = f"wavered {_name(last_name, 15)} ↔ {_name(name, 15)}{where}"
+        node = self._found[key] = _node("hesitation", seen, text, action=name, related=related)
+        return (node,)
 
     def finish(self) -> Sequence[KeyNode]:
         return _NONE
@@ -1304,19 +1241,14 @@ class Anomaly:
     flag: int = _ODD  # only the events whose projection says so
     __slots__ = ()
 
-    def scan(self, fed: Fed, at: At) -> Sequence[KeyNode]:
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
         # Fed only the events whose projection flags them (most results are plain successes
         # and failures): the full event says what is odd.
-        found: list[KeyNode] = []
-        for i, p in fed:
-            seen = at(i, p)
-            ev = seen.event
-            reason = _anomaly(ev, ev.result or {})
-            if reason is not None:
-                found.append(
-                    _node("anomaly", seen, reason, action=ev.action, error_type=seen.error_type)
-                )
-        return found
+        ev = seen.event
+        reason = _anomaly(ev, ev.result or {})
+        if reason is None:
+            return _NONE
+        return (_node("anomaly", seen, reason, action=ev.action, error_type=seen.error_type),)
 
     def finish(self) -> Sequence[KeyNode]:
         return _NONE
@@ -1337,32 +1269,27 @@ class Dissatisfaction:
         self._last_action: str | None = None
         self._last_index = -1
 
-    def scan(self, fed: Fed, at: At) -> Sequence[KeyNode]:
-        found: list[KeyNode] = []
-        last_action, last = self._last_action, self._last_index
-        for i, p in fed:
-            etype = p[_TYPE]
-            if etype == "action_executed":
-                last_action, last = p[_NAME], i
-                continue
-            if not p[_FLAGS] & _UNHAPPY or (etype != "feedback" and etype != "user_input"):
-                continue
-            seen = at(i, p)
-            ev = seen.event
-            reason = _dissatisfaction(etype, ev.input, ev.extra.get("score"))
-            if reason is None:
-                continue
-            found.append(
-                _node(
-                    "dissatisfaction",
-                    seen,
-                    reason,
-                    action=last_action,
-                    related=[last, i] if last >= 0 else [],
-                )
-            )
-        self._last_action, self._last_index = last_action, last
-        return found
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        etype = seen.type
+        if etype == "action_executed":
+            self._last_action, self._last_index = seen.name, seen.index
+            return _NONE
+        if not seen.flags & _UNHAPPY or (etype != "feedback" and etype != "user_input"):
+            return _NONE
+        ev = seen.event
+        reason = _dissatisfaction(etype, ev.input, ev.extra.get("score"))
+        if reason is None:
+            return _NONE
+        i, last = seen.index, self._last_index
+        return (
+            _node(
+                "dissatisfaction",
+                seen,
+                reason,
+                action=self._last_action,
+                related=[last, i] if last >= 0 else [],
+            ),
+        )
 
     def finish(self) -> Sequence[KeyNode]:
         return _NONE
@@ -1384,27 +1311,24 @@ class Handoff:
         self._agent: str | None = None
         self._index = -1
 
-    def scan(self, fed: Fed, at: At) -> Sequence[KeyNode]:
-        found: list[KeyNode] = []
-        for i, p in fed:
-            agent = p[_AGENT]
-            if agent is None:
-                continue
-            before = self._agent
-            self._agent = agent
-            prev, self._index = self._index, i
-            if before is None or before == agent:
-                continue
-            found.append(
-                _node(
-                    "handoff",
-                    at(i, p),
-                    f"{_name(before, 22)} → {_name(agent, 22)}",
-                    action=p[_NAME],
-                    related=[prev, i],
-                )
-            )
-        return found
+    def observe(self, seen: Seen) -> Sequence[KeyNode]:
+        agent = seen.agent
+        if agent is None:
+            return _NONE
+        before, i = self._agent, seen.index
+        self._agent = agent
+        prev, self._index = self._index, i
+        if before is None or before == agent:
+            return _NONE
+        return (
+            _node(
+                "handoff",
+                seen,
+                f"{_name(before, 22)} → {_name(agent, 22)}",
+                action=seen.name,
+                related=[prev, i],
+            ),
+        )
 
     def finish(self) -> Sequence[KeyNode]:
         return _NONE
@@ -1430,19 +1354,38 @@ _KIND_ORDER: dict[str, int] = {kind: n for n, kind in enumerate(_KIND_OF.values(
 
 
 def _detect(run: StoredRun) -> list[KeyNode]:
-    """Every detector over a run's projections (indices into the run): one pass sorts the
-    events out to the detectors that read them, then each detector scans its own in one go."""
-    detectors = [factory() for factory in DETECTORS]
-    feeds, flagged = _feeds(detectors, run.projections())
+    """One pass over a run's projections running every detector (indices into the run)."""
+    projections = run.projections()
     # The bodies the projection says some detector will read, in one go.
-    run.prefetch(flagged)
-
-    def at(i: int, p: list[Any]) -> Seen:
-        return Seen(i, projection=p, run=run)
-
+    run.prefetch(i for i, p in enumerate(projections) if p[7])
+    detectors = [factory() for factory in DETECTORS]
+    route = _Routes(detectors)
     nodes: list[KeyNode] = []
-    for detector, fed in zip(detectors, feeds, strict=True):
-        nodes.extend(detector.scan(fed, at))
+    get, new, failed_statuses = route.get, Seen.__new__, FAILED_STATUSES
+    for i, p in enumerate(projections):
+        etype, flags = p[1], p[7]
+        observers = get((etype, flags) if flags else etype)
+        if observers is None:
+            observers = route.of(etype, flags)
+        if not observers:
+            continue  # a step no detector reads (a state change, a plain task start …)
+        # Seen(i, projection=p, run=run), inlined: thousands of events per run.
+        seen = new(Seen)
+        seen.index, seen._event, seen._run, seen.type, seen.flags = i, None, run, etype, flags
+        seen.status, seen.name, seen.label, seen.sig, seen.weigh, seen.agent, seen.error_type = (
+            p[2],
+            p[3],
+            p[4],
+            p[5],
+            p[6],
+            p[8],
+            p[9],
+        )
+        seen.failed = etype == "action_executed" and p[2] in failed_statuses
+        for observe in observers:
+            found = observe(seen)
+            if found:
+                nodes.extend(found)
     for detector in detectors:
         nodes.extend(detector.finish())
     run.settle()
@@ -1454,55 +1397,22 @@ def _detect(run: StoredRun) -> list[KeyNode]:
     return nodes
 
 
-def _feeds(
-    detectors: Sequence[Detector], projections: list[list[Any]]
-) -> tuple[list[list[tuple[int, list[Any]]]], list[int]]:
-    """Each detector's events, ``(position, projection)`` in run order (``Detector.types`` and
-    ``flag``; detectors that read the same events share one list), and the positions of the
-    events whose projection has a flag (their bodies will be read)."""
-    shared: dict[tuple[frozenset[str] | None, int], list[tuple[int, list[Any]]]] = {}
-    feeds = [shared.setdefault((d.types, d.flag), []) for d in detectors]
-    flagged: list[int] = []
-    # (type, flags) -> the appends of the lists such an event goes to; keyed by the type alone
-    # where the flags are 0 (most events: no tuple to build for the lookup).
-    into: dict[Any, tuple[Callable[[tuple[int, list[Any]]], None], ...]] = {}
-    get = into.get
-    for fed in enumerate(projections):
-        p = fed[1]
-        etype, flags = p[1], p[7]
-        if flags:
-            flagged.append(fed[0])
-            key: Any = (etype, flags)
-        else:
-            key = etype
-        adds = get(key)
-        if adds is None:
-            adds = into[key] = tuple(
-                feed.append
-                for (types, flag), feed in shared.items()
-                if (types is None or etype in types) and (not flag or flags & flag)
-            )
-        for add in adds:
-            add(fed)
-    return feeds, flagged
-
-
-class _Routes(dict[Any, list[Detector]]):
-    """(event type, projection flags) -> the detectors that read such events (the live watch:
-    one lookup per event, not one check per detector). Keyed by the type alone where the flags
-    are 0 (most events: no tuple to build for the lookup)."""
+class _Routes(dict[Any, list[Callable[[Seen], Sequence[KeyNode]]]]):
+    """(event type, projection flags) -> the observers of the detectors that read such events:
+    a run's thousands of events pay one lookup each, not one call per detector. Keyed by the
+    type alone where the flags are 0 (most events: no tuple to build for the lookup)."""
 
     def __init__(self, detectors: Sequence[Detector]) -> None:
         super().__init__()
         self._detectors = detectors
 
-    def of(self, etype: str, flags: int) -> list[Detector]:
-        readers = self[(etype, flags) if flags else etype] = [
-            d
+    def of(self, etype: str, flags: int) -> list[Callable[[Seen], Sequence[KeyNode]]]:
+        observers = self[(etype, flags) if flags else etype] = [
+            d.observe
             for d in self._detectors
             if (d.types is None or etype in d.types) and (not d.flag or flags & d.flag)
         ]
-        return readers
+        return observers
 
 
 def _wavered(weighed: list[Any], before: str, after: str) -> bool:
