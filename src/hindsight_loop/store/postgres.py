@@ -363,7 +363,9 @@ class PostgresStore:
                 "SELECT id, type, projection FROM events WHERE task_id=%s ORDER BY ts, seq, id",
                 (task_id,),
             ).fetchall()
-            return StoredRun.from_rows(rows, partial(self._events_by_key, task_id))
+            run = StoredRun.from_rows(rows, partial(self._events_by_key, task_id))
+            del rows  # freed while collection is paused: see SQLiteStore.stored_run
+        return run
 
     def _events_by_key(self, task_id: str, keys: list[int]) -> dict[int, Event]:
         """The events of these row ids of one task (the bodies a replay shows)."""

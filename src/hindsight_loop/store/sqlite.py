@@ -386,7 +386,11 @@ class SQLiteStore:
     def stored_run(self, task_id: str) -> StoredRun:
         with no_gc():
             rows = self._db.execute(_PROJECTIONS, (task_id,)).fetchall()
-            return StoredRun.from_rows(rows, partial(self._events_by_key, task_id))
+            run = StoredRun.from_rows(rows, partial(self._events_by_key, task_id))
+            # The row tuples freed while collection is paused: the collection its end sets off
+            # would otherwise walk all of them.
+            del rows
+        return run
 
     def _events_by_key(self, task_id: str, keys: list[int]) -> dict[int, Event]:
         """The events of these row ids of one task (the bodies a replay shows)."""
