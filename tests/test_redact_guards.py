@@ -454,3 +454,88 @@ def test_a_batch_prepared_in_one_scan_is_the_batch_prepared_event_by_event(
     assert rows_a == rows_b
     assert keep_a == keep_b
     assert sum(a[5] != orjson.dumps(b) for a, b in zip(rows_a, keep_a, strict=True) if b) > 100
+
+
+# -- the compiled databases kept between processes ----------------------------------------------
+
+
+def _cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    pytest.importorskip("hyperscan")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "hindsight"
+
+
+def _finds_every_guard(scanner: redact_scan.Scanner | None) -> None:
+    assert scanner is not None
+    for blob in (
+        b'{"api_key": "x"}',
+        b"Authorization: Bearer abcdefghijklmnopqrstu",
+        R.__doc__.encode() if R.__doc__ else b"",
+    ):
+        assert sorted(scanner.scan(blob)) == sorted(_reference_guards(blob))
+    assert scanner.check()
+
+
+def _reference_guards(blob: bytes) -> list[int]:
+    """The guards a freshly compiled database finds in ``blob``."""
+    import hyperscan
+
+    db, batch = redact_scan._compile(hyperscan, R._WORD_CORES.pattern)
+    return redact_scan.Scanner(hyperscan, db, batch).scan(blob)
+
+
+def test_compiled_guards_are_kept_for_the_user_and_loaded_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first load compiles and keeps the databases in the user's cache directory (only
+    the user may read or write them); the next load takes them as they are (the file is not
+    written again) and finds every guard the compiled ones find."""
+    folder = _cached(tmp_path, monkeypatch)
+    _finds_every_guard(redact_scan.load(R._WORD_CORES.pattern))
+    (kept,) = folder.iterdir()
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert kept.stat().st_mode & 0o777 == 0o600
+    first = kept.stat().st_ino, kept.stat().st_mtime_ns
+    _finds_every_guard(redact_scan.load(R._WORD_CORES.pattern))
+    assert (kept.stat().st_ino, kept.stat().st_mtime_ns) == first  # loaded, not compiled again
+
+
+@pytest.mark.parametrize("damage", ["cut short", "garbage", "finds less", "others can write"])
+def test_a_kept_database_that_is_not_whole_or_not_the_users_is_compiled_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """A database that fails to load, or loads and misses a guard (planted: it would let
+    secrets through), or sits where others can write, is not used: the guards are compiled
+    again and find everything."""
+    import hyperscan
+
+    folder = _cached(tmp_path, monkeypatch)
+    redact_scan.load(R._WORD_CORES.pattern)
+    (kept,) = folder.iterdir()
+    data = kept.read_bytes()
+    if damage == "cut short":
+        kept.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        kept.write_bytes(b"\0" * len(data))
+    elif damage == "finds less":  # a valid pair of databases that knows only the PEM guard
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        db.compile(expressions=[rb"PRIVATE KEY-----"], ids=[0], elements=1, flags=[0])
+        one = hyperscan.dumpb(db)
+        kept.write_bytes(len(one).to_bytes(8, "little") + one + one)
+    else:
+        kept.chmod(0o666)
+    if damage == "others can write":
+        assert redact_scan._load_cached(hyperscan, kept) is None
+    _finds_every_guard(redact_scan.load(R._WORD_CORES.pattern))
+
+
+def test_no_cache_where_the_folder_is_not_the_users_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache folder others can write is left alone: the guards are compiled each time."""
+    folder = _cached(tmp_path, monkeypatch)
+    folder.mkdir(parents=True)
+    folder.chmod(0o777)
+    assert redact_scan._cache_dir() is None
+    _finds_every_guard(redact_scan.load(R._WORD_CORES.pattern))
+    assert list(folder.iterdir()) == []

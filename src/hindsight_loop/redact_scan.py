@@ -10,14 +10,24 @@ the GIL, which beside a CPU-busy agent's thread may cost the writer a switch int
 
 Without the package (or on a CPU Hyperscan does not run on), ``SCANNER`` is None and redaction
 uses its own scans: the core install does not depend on it.
+
+Compiling the two databases takes 130-280 ms, paid by every process that redacts (each writer
+process, on its first event): they are kept compiled in the user's cache directory
+(``$XDG_CACHE_HOME/hindsight``, else ``~/.cache/hindsight``; a directory only the user can
+write, since a database that matched less would let secrets through) and loaded in
+microseconds, then checked against a probe every guard must find.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import platform
 import threading
 from bisect import bisect_right
 from collections.abc import Collection, Sequence
 from itertools import accumulate
+from pathlib import Path
 from typing import Any
 
 #: After each event's body in a batch scan: orjson's output never holds a raw control
@@ -39,6 +49,8 @@ RUN_TABLE = bytes(
 RUN_NEEDLE = b"a" * 16
 #: A body where no guard holds (shared: most bodies, and nothing changes it).
 NONE: frozenset[int] = frozenset()
+#: Text every guard finds (``Scanner.check``): a loaded database must find them all.
+PROBE = '-----BEGIN PRIVATE KEY----- a=b c:d \\":x y is z 密码：w password Authorization: Bearer x abcdefghijklmnopq u@v.w http://h 4111 1111'.encode()
 
 
 def _expressions(word_cores: bytes) -> list[tuple[bytes, bool]]:
@@ -86,29 +98,36 @@ def _hit(guard: int, _start: int, _end: int, _flags: int, hits: list[int]) -> No
     hits.append(guard)
 
 
+def _compile(hyperscan: Any, word_cores: bytes) -> tuple[Any, Any]:
+    """The single-event database and the batch one (every guard but RUN, which ``scan_many``
+    looks for with ``RUN_TABLE``)."""
+    expressions = _expressions(word_cores)
+    db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    single = hyperscan.HS_FLAG_SINGLEMATCH
+    db.compile(
+        expressions=[e for e, _ in expressions],
+        ids=list(range(len(expressions))),
+        elements=len(expressions),
+        flags=[single | (hyperscan.HS_FLAG_CASELESS if c else 0) for _, c in expressions],
+    )
+    batch = [(i, e, c) for i, (e, c) in enumerate(_batch_expressions(word_cores)) if i != RUN]
+    batch_db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    batch_db.compile(
+        expressions=[e for _, e, _ in batch],
+        ids=[i for i, _, _ in batch],
+        elements=len(batch),
+        flags=[hyperscan.HS_FLAG_CASELESS if c else 0 for _, _, c in batch],
+    )
+    return db, batch_db
+
+
 class Scanner:
     """Every guard of an event in one Hyperscan pass (each reported at most once)."""
 
-    def __init__(self, hyperscan: Any, word_cores: bytes) -> None:
-        expressions = _expressions(word_cores)
+    def __init__(self, hyperscan: Any, db: Any, batch_db: Any) -> None:
         self._hs = hyperscan
-        self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        single = hyperscan.HS_FLAG_SINGLEMATCH
-        self._db.compile(
-            expressions=[e for e, _ in expressions],
-            ids=list(range(len(expressions))),
-            elements=len(expressions),
-            flags=[single | (hyperscan.HS_FLAG_CASELESS if c else 0) for _, c in expressions],
-        )
-        # Every guard but RUN, which ``scan_many`` looks for with ``RUN_TABLE``.
-        batch = [(i, e, c) for i, (e, c) in enumerate(_batch_expressions(word_cores)) if i != RUN]
-        self._batch_db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        self._batch_db.compile(
-            expressions=[e for _, e, _ in batch],
-            ids=[i for i, _, _ in batch],
-            elements=len(batch),
-            flags=[hyperscan.HS_FLAG_CASELESS if c else 0 for _, _, c in batch],
-        )
+        self._db = db
+        self._batch_db = batch_db
         self._prototype = hyperscan.Scratch(self._db)
         self._batch_prototype = hyperscan.Scratch(self._batch_db)
         # A scratch space per thread: the writer, a spilling agent thread and a gateway may
@@ -165,6 +184,74 @@ class Scanner:
             at = runs.find(RUN_NEEDLE, ends[i])
         return hits
 
+    def check(self) -> bool:
+        """Whether both databases find every guard in ``PROBE``, alone and between others."""
+        every = set(range(len(_expressions(b"x"))))
+        return set(self.scan(PROBE)) == every and [
+            set(h) for h in self.scan_many([b"probe", PROBE, b"probe"])
+        ] == [set(), every, set()]
+
+
+def _cache_dir() -> Path | None:
+    """The user's own cache directory for compiled databases, or None where there is none
+    that only the user can write (a database planted there could let secrets through)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = Path(base) / "hindsight"
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.stat()
+    except OSError:
+        return None
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    return path
+
+
+def _cache_file(hyperscan: Any, word_cores: bytes) -> Path | None:
+    """Where the databases for these expressions, this Hyperscan and this machine are kept."""
+    folder = _cache_dir()
+    if folder is None:
+        return None
+    key = repr(
+        (
+            _expressions(word_cores),
+            getattr(hyperscan, "__version__", ""),
+            platform.machine(),
+            platform.python_implementation(),
+        )
+    )
+    return folder / f"guards-{hashlib.sha256(key.encode()).hexdigest()[:24]}.hsdb"
+
+
+def _load_cached(hyperscan: Any, path: Path) -> Scanner | None:
+    try:
+        st = path.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return None
+        data = path.read_bytes()
+        size = int.from_bytes(data[:8], "little")
+        db = hyperscan.loadb(data[8 : 8 + size], hyperscan.HS_MODE_BLOCK)
+        batch_db = hyperscan.loadb(data[8 + size :], hyperscan.HS_MODE_BLOCK)
+        for loaded in (db, batch_db):  # as compile() leaves it: a scan may omit its scratch
+            loaded.scratch = hyperscan.Scratch(loaded)
+        scanner = Scanner(hyperscan, db, batch_db)
+    except Exception:  # noqa: BLE001 - absent, cut short, another CPU's: compile instead
+        return None
+    return scanner if scanner.check() else None
+
+
+def _store(hyperscan: Any, path: Path, db: Any, batch_db: Any) -> None:
+    try:
+        single = hyperscan.dumpb(db)
+        data = len(single).to_bytes(8, "little") + single + hyperscan.dumpb(batch_db)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)  # whole or not at all, for processes loading it at once
+    except Exception:  # noqa: BLE001 - a cache that cannot be written is only slower
+        return
+
 
 def load(word_cores: bytes) -> Scanner | None:
     """A scanner, or None without the ``hyperscan`` package or where it cannot run."""
@@ -172,10 +259,16 @@ def load(word_cores: bytes) -> Scanner | None:
         import hyperscan
     except ImportError:
         return None
+    path = _cache_file(hyperscan, word_cores)
+    if path is not None and (scanner := _load_cached(hyperscan, path)) is not None:
+        return scanner
     try:
-        scanner = Scanner(hyperscan, word_cores)
-        scanner.scan(b"probe")
-        scanner.scan_many([b"probe", b"probe"])
+        db, batch_db = _compile(hyperscan, word_cores)
+        scanner = Scanner(hyperscan, db, batch_db)
+        if not scanner.check():
+            return None
     except Exception:  # noqa: BLE001 - an unsupported CPU: the pure-Python guards serve
         return None
+    if path is not None:
+        _store(hyperscan, path, db, batch_db)
     return scanner
