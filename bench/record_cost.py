@@ -26,6 +26,7 @@ a rotating order. The garbage collector is left on, as in an agent: its pauses a
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import sys
 import tempfile
@@ -133,6 +134,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for h in instances.values():
         h.flush()
 
+    # Page faults on the agent's thread per call: memory handed back to the system and faulted
+    # in again is part of a call's cost (and of its p99) that per-call timers hide in noise.
+    by_thread = getattr(resource, "RUSAGE_THREAD", None)
+    faults = {n: 0 for n in names}
     per_run: list[dict[str, dict[str, float]]] = []
     backlog_max = 0
     for r in range(runs):
@@ -141,7 +146,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             k = b % len(names)
             order = names[k:] + names[:k]  # rotate who goes first
             for n in order:
+                f0 = resource.getrusage(by_thread).ru_minflt if by_thread is not None else 0
                 subjects[n](samples[n], (r * blocks + b) * BLOCK)
+                if by_thread is not None:
+                    faults[n] += resource.getrusage(by_thread).ru_minflt - f0
             backlog_max = max(backlog_max, *(h.recorder.backlog for h in instances.values()))
         stats = {}
         for n, s in samples.items():
@@ -176,6 +184,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for n in names:
         for q in ("p50", "p99", "p999"):
             out[f"{n}_{q}_ns"] = spread([s[n][q] for s in per_run])
+    calls = runs * blocks * BLOCK
+    for n in names:
+        out[f"{n}_faults_per_1k_calls"] = (
+            1000 * faults[n] / calls if by_thread is not None else None
+        )
     for n in ("record_action", "hs.record", "record_action/process", "hs.record/process"):
         out[f"otel_over_{n}_p50"] = spread([s["otel_span"]["p50"] / s[n]["p50"] for s in per_run])
         out[f"otel_over_{n}_p99"] = spread([s["otel_span"]["p99"] / s[n]["p99"] for s in per_run])
@@ -199,6 +212,11 @@ def render(r: dict[str, Any]) -> str:
         lines.append(
             f"{n:22s} p50 {p50['median']:7.0f} ({p50['min']:.0f}-{p50['max']:.0f})  "
             f"p99 {p99['median']:7.0f} ({p99['min']:.0f}-{p99['max']:.0f})"
+            + (
+                f"  page faults {faults:.1f} per 1,000 calls"
+                if (faults := r.get(f"{n}_faults_per_1k_calls")) is not None
+                else ""
+            )
         )
     for n in ("record_action", "hs.record", "record_action/process", "hs.record/process"):
         lines.append(
