@@ -464,3 +464,71 @@ def test_a_dismissal_before_its_act_avoids_the_act(text, avoided):
     signs = stance(text)
     assert any(avoided in term and sign < 0 for term, sign in signs.items()), signs
     assert not any(sign < 0 for term, sign in signs.items() if "部署" in term), signs
+
+
+# -- readings of agreement (2026-12-01, eighth round; sentences of no benchmark) ------------------
+
+
+def _action(a: str, b: str, tools: tuple[str, ...] = ()) -> str:
+    features = Features(tools=list(tools))
+    first = curate(
+        LessonDraft(task_type="t", advice=a, features=features), [], embedder=EMBEDDER, now=NOW
+    ).lesson
+    second = LessonDraft(task_type="t", advice=b, features=features)
+    return curate(second, [first], embedder=EMBEDDER, now=NOW).action
+
+
+def test_dont_until_asks_for_what_follows_until_and_holds_the_act_back():
+    """ "Don't A until B" is "B, then A": B asked for, A neither asked for nor forbidden."""
+    held = "Don't issue the refund until the parcel is scanned back at the warehouse."
+    signs = stance(held)
+    assert signs["warehouse"] > 0 and signs["xwait"] > 0, signs
+    assert "refund" not in signs, signs
+    in_order = "Scan the returned parcel at the warehouse first, then issue the refund."
+    assert agreement_shown(held, in_order)
+    assert _action(held, in_order) == "merge"
+    hasty = (
+        "Issue the refund right away; do not wait for the parcel to be scanned at the warehouse."
+    )
+    assert _action(held, hasty) == "conflict"
+    assert _action(in_order, hasty) == "conflict"
+    # "until" after an act that is not held back is when it stops, not a step before it.
+    assert stance("Poll get_status until it returns done.")["poll"] > 0
+
+
+def test_a_purpose_after_so_is_a_clause_of_its_own():
+    signs = stance("Always set a timeout on fetch_page so it does not hang forever.")
+    assert signs.get("timeout", 0) > 0 and "hang" not in signs, signs
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (
+            "Look up the customer's plan before calling change_plan.",
+            "Confirm which plan the customer is on before you call change_plan.",
+        ),
+        ("调用 ship_order 前先查一下库存。", "发货之前先确认库存够不够，再调用 ship_order。"),
+    ],
+)
+def test_a_look_before_the_act_is_asking(a, b):
+    assert agreement_shown(a, b)
+
+
+def test_a_look_and_an_ask_about_different_things_do_not_merge():
+    # Looks are read as asking for what advice tells the agent to do, never to make two texts
+    # more alike: asking first about two different things before one tool is no repeat.
+    approval = "Get the user's approval of the draft before calling post_update."
+    channel = "Check the channel name with the user before calling post_update."
+    assert _action(approval, channel, ("post_update",)) != "merge"
+
+
+def test_a_value_both_name_whole_is_agreement():
+    semicolons = "Pass sep=';' to read_csv for these exports."
+    assert agreement_shown(semicolons, "These exports use semicolons: call read_csv with sep=';'.")
+    # The same argument with another value is no agreement.
+    assert not agreement_shown(semicolons, "These exports use commas: call read_csv with sep=','.")
+    assert agreement_shown(
+        "Add a LIMIT to ad-hoc queries in run_sql.",
+        "Ad-hoc SELECTs sent to run_sql must carry a LIMIT so they do not scan everything.",
+    )

@@ -270,7 +270,7 @@ def _term_weight(term: str) -> float:
 _ADVICE_WORDS = frozenset(
     # "alway": the tokenizer folds plurals, and takes "always" for one.
     {"user", "call", "calling", "called", "before", "after", "first", "always", "alway", "never"}
-    | {"make"}
+    | {"make", "xuntil"}
     | {"sure", "need", "tool", "用户", "调用", "之前", "之后", "务必", "总是", "一定"}
 )
 
@@ -339,7 +339,10 @@ _CONCEPTS_EN = (
     # Filling a value in by default is guessing it: the opposite of asking (``_ANTONYMS``).
     (re.compile(r"\b(?:assum(?:e|es|ed|ing)|guess(?:es|ed|ing)?|by default|default(?:s|ed|ing)? to|"
                 r"fall(?:s|ing)? back to)\b", re.I), " xguess "),
-    (re.compile(r"\b(?:wait(?:s|ed|ing)?|back(?:ing)? off|sleep|hold(?:s|ing)? off|until|"
+    # "don't approve it until you've checked": a wait, and a mark (``xuntil``, no term of its
+    # own) where the step to take first begins (``_until``).
+    (re.compile(r"\buntil\b", re.I), " xwait xuntil "),
+    (re.compile(r"\b(?:wait(?:s|ed|ing)?|back(?:ing)? off|sleep|hold(?:s|ing)? off|"
                 r"paus(?:e|es|ed|ing))\b", re.I),
      " xwait "),
     # "leave it unassigned": the act negated ("not assign"), read by ``_EXCLUDE_RE``.
@@ -383,7 +386,10 @@ _CONCEPTS_ZH = (
     ),
 )
 _CLAUSE_SPLIT_RE = re.compile(
-    r"[;；。!?！？,，:：\n]+|\.(?=\s|$)|\s+(?:but|then|and then)\s+", re.I
+    r"[;；。!?！？,，:：\n]+|\.(?=\s|$)|\s+(?:but|then|and then)\s+"
+    # "put a LIMIT on it so they do not scan the whole table": the purpose is a clause of its own.
+    r"|\s+(?=so\s+(?:that\b|(?:you|we|it|they|he|she|this|these|those|there|nothing)\b))",
+    re.I,
 )
 # A clause that sets the situation, not the act.
 _CONDITION_EN = re.compile(
@@ -439,7 +445,10 @@ _NOW_RE = re.compile(r"\bxnow\b")
 
 #: The tokens the concept lexicon folds acts to (``xask``, ``xwait``...).
 _CONCEPT_TOKENS = frozenset(
-    token.strip() for _, token in (*_CONCEPTS_EN, *_CONCEPTS_ZH) if token.strip().startswith("x")
+    word
+    for _, token in (*_CONCEPTS_EN, *_CONCEPTS_ZH)
+    for word in token.split()
+    if word.startswith("x") and word != "xuntil"
 )
 
 
@@ -456,6 +465,24 @@ def _fold_concepts(text: str) -> str:
     for pattern, token in (*_CONCEPTS_EN, *_CONCEPTS_ZH):
         text = pattern.sub(token, text)
     return text
+
+
+# Checking a fact first is the act of asking for it ("check the policy" / "confirm the loss
+# date" / "look up the time zone" / "先查一下" / "看看座位够不够"): read as ``xask`` where advice
+# is read for what it tells the agent to do (``stance``, ``_order``), not where texts are
+# compared for likeness (``term_overlap``): there every "check" would bring unrelated checks
+# before one tool closer.
+_LOOK_RE = re.compile(
+    r"\b(?:(?:double-)?check(?:s|ed|ing)?(?!\s+(?:out|in|with)\b)|look(?:s|ed|ing)?\s+(?:\w+\s+)?up)\b"
+    r"|检查|核验|校验|查一下|查一查|查清|查看|看一下|看一眼|看看",
+    re.I,
+)
+
+
+@functools.lru_cache(maxsize=8192)
+def _fold_acts(text: str) -> str:
+    """``_fold_concepts`` with a look (check, look up, 查一下, 看看) read as asking."""
+    return _fold_concepts(_LOOK_RE.sub(" xask ", text))
 
 
 def _signed_terms(text: str, sign: float, out: dict[str, float]) -> None:
@@ -480,7 +507,7 @@ def stance(text: str) -> dict[str, float]:
     """
     out: dict[str, float] = {}
     previous = ""
-    for clause in _CLAUSE_SPLIT_RE.split(_fold_concepts(text)):
+    for clause in _CLAUSE_SPLIT_RE.split(_fold_acts(text)):
         clause = clause.strip()
         if not clause:
             continue
@@ -499,6 +526,12 @@ def stance(text: str) -> dict[str, float]:
             clause[: mid.start()]
         ):
             clause = clause[mid.end() :]
+        if gated := _until(clause):
+            # "don't approve the claim until you've checked the policy": wait, and do what
+            # follows "until"; the act held back is neither asked for nor forbidden.
+            out["xwait"] = out.get("xwait", 0.0) + 1.0
+            _signed_terms(gated[1], 1.0, out)
+            continue
         if _PURPOSE_RE.match(clause):
             # "so you don't create a duplicate", "以免重复扣款", "不然最后一天会漏掉": why, not
             # which act (one lesson's purpose is another's "otherwise"): read neither way.
@@ -542,6 +575,22 @@ def stance(text: str) -> dict[str, float]:
     return signs
 
 
+_UNTIL_RE = re.compile(r"\bxwait\s+xuntil\b")
+_HELD_RE = re.compile(r"\bxwait\b")
+
+
+def _until(clause: str) -> tuple[str, str] | None:
+    """(the act held back, the step to take first) of "don't A until B" / "hold off on A until
+    B" (a folded clause); None for any other clause ("poll until it is done" asks for the poll)."""
+    m = _UNTIL_RE.search(clause)
+    if m is None:
+        return None
+    head, tail = clause[: m.start()], clause[m.end() :]
+    if not (_FORBID_RE.search(head) or _HELD_RE.search(head)) or not _terms(tail):
+        return None
+    return _FORBID_RE.sub(" ", _HELD_RE.sub(" ", head)), tail
+
+
 def _avoid(text: str, out: dict[str, float]) -> None:
     if _NOW_RE.search(text):
         # "never retry immediately", "不要立即重试": what is forbidden is the haste, not the
@@ -553,7 +602,8 @@ def _avoid(text: str, out: dict[str, float]) -> None:
 
 # A clause of purpose or of what happens otherwise: what the advice is for, not an act.
 _PURPOSE_RE = re.compile(
-    r"^\s*(?:so(?:\s+that)?\s+(?:you|we|it|they|the)\b|in\s+order\s+(?:to|not\s+to)\b|to\s+avoid\b"
+    r"^\s*(?:so(?:\s+that)?\s+(?:you|we|it|they|the|he|she|this|these|those|there|nothing)\b"
+    r"|in\s+order\s+(?:to|not\s+to)\b|to\s+avoid\b"
     r"|otherwise\b|or\s+else\b|否则|不然|要不然|以免|免得|以防|防止)",
     re.IGNORECASE,
 )
@@ -599,6 +649,11 @@ def _order(text: str) -> tuple[set[str], set[str]]:
     pending: set[str] | None = None  # where the clause after a "before …" / "… 之后" clause goes
     for clause in _order_clauses(text):
         target, pending = pending, None
+        if gated := _until(clause):
+            # "hold off on tm_commit until review sign-off": the review first.
+            later |= _content(gated[0])
+            first |= _content(gated[1])
+            continue
         if m := _BEFORE_ZH_MID.search(clause):
             # "执行 rm 之前先用 ls 看一下": the head comes later.
             later |= _content(clause[: m.start()])
@@ -652,7 +707,7 @@ def _order_clauses(text: str) -> list[str]:
     """Clauses of advice, for ``_order``; an English clause with two order words is two steps
     ("add the new record first and remove the old one only after traffic moved")."""
     out: list[str] = []
-    for clause in re.split(r"[;；。!?！？,，:：\n]+|\.(?=\s|$)", _fold_concepts(text)):
+    for clause in re.split(r"[;；。!?！？,，:：\n]+|\.(?=\s|$)", _fold_acts(text)):
         clause = clause.strip()
         if not clause:
             continue
@@ -718,7 +773,7 @@ _CUES = (
 def stance_cues(text: str) -> frozenset[str]:
     """The kinds of stance-bearing words advice uses (``_CUES``), outside its outcome clauses."""
     found: set[str] = set()
-    for clause in _CLAUSE_SPLIT_RE.split(_fold_concepts(text)):
+    for clause in _CLAUSE_SPLIT_RE.split(_fold_acts(text)):
         clause = clause.strip()
         if not clause or _OUTCOME_RE.match(clause) or _CONDITION_EN.match(clause):
             continue  # "否则会失败", "otherwise it times out": why, not which way; "if …": when
@@ -726,6 +781,21 @@ def stance_cues(text: str) -> frozenset[str]:
             continue
         found |= {name for name, pattern in _CUES if pattern.search(clause)}
     return frozenset(found)
+
+
+# Values the tokenizer does not keep whole: an argument set (``sep=';'``, ``thousands=','``:
+# the name is kept, the value dropped) and a keyword written in capitals (``LIMIT``, ``NOT NULL``).
+_ASSIGNED_RE = re.compile(r"([A-Za-z_][\w.-]*)\s*=\s*(?:'[^']*'|\"[^\"]*\"|[^\s,;，。；]+)")
+_CAPITALS_RE = re.compile(r"(?<![\w$])[A-Z]{2,}(?:\s+[A-Z]{2,})*(?![\w$])")
+
+
+@functools.lru_cache(maxsize=8192)
+def _named_values(text: str) -> frozenset[str]:
+    """The argument values (whole: ``sep=';'`` is not ``sep=','``) and capitalised keywords
+    advice names: the same one asked for by two lessons is a concrete value they share
+    (``agreement_shown``)."""
+    found = {re.sub(r"\s+", "", m[0]).lower() for m in _ASSIGNED_RE.finditer(text)}
+    return frozenset(found | {m[0] for m in _CAPITALS_RE.finditer(text)})
 
 
 def _readable(term: str) -> bool:
@@ -748,8 +818,13 @@ def agreement_shown(a: str, b: str) -> bool:
     (Terms one prefers and the other avoids are weighed before, by ``stance_relation``.)
     """
     sa, sb = stance(a), stance(b)
+    # A value both name (``sep=';'``, ``LIMIT``) is readable even where the tokenizer kept only
+    # part of it.
+    named = {t for value in _named_values(a) & _named_values(b) for t in _terms(value)}
     shared = sum(
-        _term_weight(t) ** 2 for t in sa.keys() & sb.keys() if sa[t] == sb[t] and _readable(t)
+        _term_weight(t) ** 2
+        for t in sa.keys() & sb.keys()
+        if sa[t] == sb[t] and (_readable(t) or t in named)
     )
     if shared >= MIN_AGREEMENT:
         return True
