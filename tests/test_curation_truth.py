@@ -24,6 +24,7 @@ from hindsight_loop.lessons import (
     source_count,
     stance,
     stance_relation,
+    values_agree,
     variants,
 )
 from hindsight_loop.models import Features, LessonDraft
@@ -532,3 +533,44 @@ def test_a_value_both_name_whole_is_agreement():
         "Add a LIMIT to ad-hoc queries in run_sql.",
         "Ad-hoc SELECTs sent to run_sql must carry a LIMIT so they do not scan everything.",
     )
+
+
+def test_the_same_values_asked_for_merge_with_fewer_words_in_common():
+    canary = "Set the canary to 10% of traffic before calling promote_release."
+    reworded = "Route 10% of the traffic to the new build first, and promote_release once it looks healthy."
+    assert values_agree(canary, reworded)
+    assert _action(canary, reworded, ("promote_release",)) == "merge"
+    other = "Route 25% of the traffic to the new build first, and promote_release once it looks healthy."
+    assert not values_agree(canary, other)
+    assert _action(canary, other, ("promote_release",)) != "merge"
+    # A value one of them asks for and the other does not: no longer the same advice.
+    assert not values_agree(
+        "Retry the upload 3 times, then give up.", "Wait 3 seconds, then retry the upload 5 times."
+    )
+
+
+def test_stop_forbids_only_what_it_stops():
+    assert stance("Stop and tell the user.")["tell"] > 0
+    assert stance("Stop calling retry_payment after the third failure.")["retry_payment"] < 0
+
+
+def test_shi_bu_shi_asks_whether_and_excludes_nothing():
+    assert stance("先问用户是不是三个卧室。")["卧室"] > 0
+
+
+def test_ascii_punctuation_inside_a_value_ends_no_clause():
+    assert stance("Pin the image tag; never rely on :latest.")["latest"] < 0
+    assert agreement_shown(
+        "European exports: pass sep=';' to read_csv.",
+        "Call read_csv with sep=';' for these exports.",
+    )
+
+
+def test_a_shared_value_does_not_excuse_an_act_taken_both_ways():
+    skip = (
+        "Ship 100% translation matches straight to the client; re-reviewing them just wastes time."
+    )
+    look = "Even 100% translation matches deserve a second look before they go to the client."
+    assert stance(skip)["xask"] < 0 < stance(look)["xask"]
+    assert _action(skip, look) == "conflict"
+    assert _action(look, skip) == "conflict"

@@ -385,8 +385,11 @@ _CONCEPTS_ZH = (
         " xboth ",
     ),
 )
+# Clause ends: ASCII ``;``, ``,`` and ``:`` only before a space or the end, so a value keeps
+# them (``sep=';'``, ``postgres:16.2``, ``1,234``); a dash (``——``) ends a clause too.
+_ORDER_SPLIT_RE = re.compile(r"[；。!?！？，：\n]+|[;,:](?=\s|$)|\.(?=\s|$)|\s*—+\s*")
 _CLAUSE_SPLIT_RE = re.compile(
-    r"[;；。!?！？,，:：\n]+|\.(?=\s|$)|\s+(?:but|then|and then)\s+"
+    r"[；。!?！？，：\n]+|[;,:](?=\s|$)|\.(?=\s|$)|\s*—+\s*|\s+(?:but|then|and then)\s+"
     # "put a LIMIT on it so they do not scan the whole table": the purpose is a clause of its own.
     r"|\s+(?=so\s+(?:that\b|(?:you|we|it|they|he|she|this|these|those|there|nothing)\b))",
     re.I,
@@ -399,7 +402,9 @@ _CONDITION_MID_EN = re.compile(
     r"\s(?:before|after|when|whenever|if|unless|once|as\s+soon\s+as)\s", re.I
 )
 _CONDITION_ZH = re.compile(
-    r"^\s*(?:如果|若|当|一旦|对于|在|没有|无)|(?:时|之前|以前|前|之后|以后|后|的话)\s*$"
+    # Not 小时 / 及时 / 同时 ... at the end: "至少隔 48 小时" is a value, not a when.
+    r"^\s*(?:如果|若|当|一旦|对于|在|没有|无)"
+    r"|(?:(?<![小按准及同临实定计])时|之前|以前|前|之后|以后|后|的话)\s*$"
 )
 _CONDITION_MID_ZH = re.compile(
     r"(?:时(?![区间候刻长效段差])|之前|以前|之后|以后)(?=\s*\S)|[前后](?=\s*(?:先|再|要|请|务必|应|xnow|就))"
@@ -409,7 +414,8 @@ _CONDITION_MID_ZH = re.compile(
 # Prohibitions: what follows is avoided; what precedes is the subject (neutral) ...
 _FORBID_RE = re.compile(
     r"\b(?:do\s+not|does\s+not|don't|don’t|doesn't|never|avoid(?:s|ing)?|refrain\s+from|"
-    r"stop|must\s+not|should\s+not|shouldn't|mustn't|no\s+longer|skip|omit)\b"
+    # "stop calling it" forbids; "stop and tell the user" is the act of stopping.
+    r"stop(?=\s+(?:\w+ing|x[a-z]+)\b)|must\s+not|should\s+not|shouldn't|mustn't|no\s+longer|skip|omit)\b"
     r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略"
     # 别 is "don't" except inside a word: 别的 / 别人 (other), 区别, 告别, 分别, 类别, 特别, 级别 ...
     r"|(?<![区告分类特级性识个差辨派道离鉴])别(?![的人处称名致扭])",
@@ -430,7 +436,8 @@ _DISMISS_RE = re.compile(
 )
 # ... exclusions: what precedes is what to do ("X instead of Y", "X without Y", "X, not Y").
 _EXCLUDE_RE = re.compile(
-    r"\b(?:instead\s+of|rather\s+than|without|not)\b|而不是|不是|不用|不必|无需|不需要",
+    # 是不是 asks whether, excluding nothing.
+    r"\b(?:instead\s+of|rather\s+than|without|not)\b|而不是|(?<!是)不是(?!不)|不用|不必|无需|不需要",
     re.IGNORECASE,
 )
 _GENERIC_ACTS = frozenset(
@@ -473,8 +480,10 @@ def _fold_concepts(text: str) -> str:
 # compared for likeness (``term_overlap``): there every "check" would bring unrelated checks
 # before one tool closer.
 _LOOK_RE = re.compile(
-    r"\b(?:(?:double-)?check(?:s|ed|ing)?(?!\s+(?:out|in|with)\b)|look(?:s|ed|ing)?\s+(?:\w+\s+)?up)\b"
-    r"|检查|核验|校验|查一下|查一查|查清|查看|看一下|看一眼|看看",
+    r"\b(?:(?:double-)?check(?:s|ed|ing)?(?!\s+(?:out|in|with)\b)|look(?:s|ed|ing)?\s+(?:\w+\s+)?up"
+    # A second look is a look: "re-reviewing them wastes time" / "they deserve a second look".
+    r"|re-?review(?:s|ed|ing)?|(?:second|another|closer)\s+look)\b"
+    r"|检查|核验|校验|查一下|查一查|查清|查看|看一下|看一眼|看看|复核|复查|再看一遍",
     re.I,
 )
 
@@ -707,7 +716,7 @@ def _order_clauses(text: str) -> list[str]:
     """Clauses of advice, for ``_order``; an English clause with two order words is two steps
     ("add the new record first and remove the old one only after traffic moved")."""
     out: list[str] = []
-    for clause in re.split(r"[;；。!?！？,，:：\n]+|\.(?=\s|$)", _fold_acts(text)):
+    for clause in _ORDER_SPLIT_RE.split(_fold_acts(text)):
         clause = clause.strip()
         if not clause:
             continue
@@ -794,8 +803,13 @@ def _named_values(text: str) -> frozenset[str]:
     """The argument values (whole: ``sep=';'`` is not ``sep=','``) and capitalised keywords
     advice names: the same one asked for by two lessons is a concrete value they share
     (``agreement_shown``)."""
-    found = {re.sub(r"\s+", "", m[0]).lower() for m in _ASSIGNED_RE.finditer(text)}
-    return frozenset(found | {m[0] for m in _CAPITALS_RE.finditer(text)})
+    return _assigned_values(text) | {m[0] for m in _CAPITALS_RE.finditer(text)}
+
+
+@functools.lru_cache(maxsize=8192)
+def _assigned_values(text: str) -> frozenset[str]:
+    """The arguments advice sets, whole (``sep=';'``, ``thousands=','``)."""
+    return frozenset(re.sub(r"\s+", "", m[0]).lower() for m in _ASSIGNED_RE.finditer(text))
 
 
 def _readable(term: str) -> bool:
@@ -831,6 +845,34 @@ def agreement_shown(a: str, b: str) -> bool:
     a_first, a_later = _order(a)
     b_first, b_later = _order(b)
     return bool(a_first & b_first) and bool(a_later & b_later)
+
+
+def _values_asked(text: str) -> frozenset[str]:
+    """The concrete values advice asks for: terms it takes as +1 (``stance``) that are values
+    (``utf-8-sig``, 5%, -16) or part of a value it names whole (``sep=';'``, ``LIMIT``)."""
+    named = {t for value in _named_values(text) for t in _terms(value)}
+    return frozenset(
+        t
+        for t, sign in stance(text).items()
+        if sign > 0 and (_WEIGHTED_TERM_RE.search(t) or t in named)
+    )
+
+
+def values_agree(a: str, b: str) -> bool:
+    """Whether two pieces of advice ask for the same concrete values, at least
+    ``MIN_AGREEMENT`` of weight of them, and neither asks for a value (a number, a quoted or
+    assigned one) the other does not: "retry 3 times" and "wait 3 seconds, retry 5 times" share
+    a 3 and are not one lesson."""
+    va, vb = _values_asked(a), _values_asked(b)
+    if any(_WEIGHTED_TERM_RE.search(t) for t in va ^ vb):
+        return False
+    # A keyword in capitals (UTC, LIMIT) is a value two near lessons can share; with fewer words
+    # in common it is as often the object both speak of ("stored in UTC").
+    assigned = {t for value in _assigned_values(a) & _assigned_values(b) for t in _terms(value)}
+    shared = sum(
+        _term_weight(t) ** 2 for t in va & vb if t in assigned or _WEIGHTED_TERM_RE.search(t)
+    )
+    return shared >= MIN_AGREEMENT
 
 
 # Stance-bearing words that come in opposite pairs (a direction, a switch, a fate), EN and ZH:
@@ -903,6 +945,13 @@ def poles_flipped(a: str, b: str) -> bool:
     automatic, fresh)."""
     pa, pb = poles(a), poles(b)
     return any(len(pa[k]) == len(pb[k]) == 1 and pa[k] != pb[k] for k in pa.keys() & pb.keys())
+
+
+def _acts_opposed(a: str, b: str) -> bool:
+    """One piece of advice takes an act of the concept lexicon (``xask``, ``xwait``...) that the
+    other declines."""
+    sa, sb = stance(a), stance(b)
+    return any(sa[t] != sb[t] for t in sa.keys() & sb.keys() if t in _CONCEPT_TOKENS)
 
 
 def _same_values(a: str, b: str) -> bool:
@@ -1138,6 +1187,10 @@ def _relations(
                     # ("先扩新版本再把旧版本缩到 0" / "先把旧版本缩到 0 再扩"): no excuse.
                     order_opposition(draft.advice, lesson.advice) >= MIN_OPPOSITION
                     or not _same_values(draft.advice, lesson.advice)
+                    # A shared value does not excuse an act of the lexicon taken both ways
+                    # ("100% matches: accept as-is, re-reviewing wastes time" / "deserve a
+                    # second look"): asking or not, waiting or not is what the advice is.
+                    or _acts_opposed(draft.advice, lesson.advice)
                 )
             )
         ):
@@ -1161,6 +1214,15 @@ def _relations(
             # Close to the threshold on either side: the words alone do not settle it.
             open_pairs.append((sim, lesson))
         if sim < threshold:
+            if (
+                sim >= threshold - JUDGE_MARGIN
+                and not opposed
+                and values_agree(draft.advice, lesson.advice)
+            ):
+                # Fewer words in common, the same concrete values asked for and nothing read
+                # against the other: a rewording ("open it to 5% of users first" / "begin the
+                # staged rollout at 5%").
+                same.append((sim, lesson))
             continue
         if not agreement_shown(draft.advice, lesson.advice):
             # Merge only what agrees: near text whose stance-bearing words differ ("太慢，不值得",
