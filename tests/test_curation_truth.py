@@ -110,8 +110,11 @@ def test_rewordings_merge_or_wait_for_a_person(lang):
     of the concept lexicon, the same steps in the same order); otherwise a near one waits for a
     person (or the judge) beside the lesson it repeats, which keeps serving. Issue 11's target
     (>= 90% merged) was met here before the merge guard (18/20); with it, 13/20 of the tuning
-    pairs merge (the guard trades rewordings the rules cannot read for opposites that merged on
-    unseen pairs): this checks that floor and that no rewording is lost to a wrong verdict."""
+    pairs merged (the guard trades rewordings the rules cannot read for opposites that merged on
+    unseen pairs); the readings of agreement of the eighth round (a value named whole, "don't A
+    until B", a look as asking, the same values with fewer words in common) bring it to 17/20
+    (EN 9/10, ZH 8/10): this checks that floor and that no rewording is lost to a wrong
+    verdict."""
     pairs = [p for p in PAIRS if p["kind"] == "rewording" and p["lang"] == lang]
     actions = []
     for pair in pairs:
@@ -120,7 +123,7 @@ def test_rewordings_merge_or_wait_for_a_person(lang):
         actions.append(change.action)
         if change.action == "conflict":
             assert change.other is not None and change.other.status == "active"
-    assert actions.count("merge") >= 0.6 * len(pairs), actions
+    assert actions.count("merge") >= 0.8 * len(pairs), actions
     assert actions.count("add") <= 0.1 * len(pairs), actions
 
 
