@@ -577,3 +577,9 @@ def test_a_shared_value_does_not_excuse_an_act_taken_both_ways():
     assert stance(skip)["xask"] < 0 < stance(look)["xask"]
     assert _action(skip, look) == "conflict"
     assert _action(look, skip) == "conflict"
+
+
+def test_a_look_inside_a_quoted_value_is_no_act():
+    # A recorded value is quoted: its words are what a run saw, not what the advice asks.
+    assert "xask" not in stance("Call clean_rows with query='check rows and look them up' first.")
+    assert stance("Check the rows with clean_rows first.")["xask"] > 0

@@ -488,10 +488,20 @@ _LOOK_RE = re.compile(
 )
 
 
+# A quoted span is a recorded value (``query='check rows …'``), not words of advice.
+_QUOTED_RE = re.compile(r"'[^']*'|\"[^\"]*\"|‘[^’]*’|“[^”]*”")
+
+
 @functools.lru_cache(maxsize=8192)
 def _fold_acts(text: str) -> str:
-    """``_fold_concepts`` with a look (check, look up, 查一下, 看看) read as asking."""
-    return _fold_concepts(_LOOK_RE.sub(" xask ", text))
+    """``_fold_concepts`` with a look (check, look up, 查一下, 看看) outside quotes read as
+    asking."""
+    parts, at = [], 0
+    for m in _QUOTED_RE.finditer(text):
+        parts += [_LOOK_RE.sub(" xask ", text[at : m.start()]), m[0]]
+        at = m.end()
+    parts.append(_LOOK_RE.sub(" xask ", text[at:]))
+    return _fold_concepts("".join(parts))
 
 
 def _signed_terms(text: str, sign: float, out: dict[str, float]) -> None:
