@@ -583,3 +583,19 @@ def test_a_look_inside_a_quoted_value_is_no_act():
     # A recorded value is quoted: its words are what a run saw, not what the advice asks.
     assert "xask" not in stance("Call clean_rows with query='check rows and look them up' first.")
     assert stance("Check the rows with clean_rows first.")["xask"] > 0
+
+
+@pytest.mark.parametrize(
+    ("floor", "ceiling"),
+    [
+        ("两场比赛之间至少隔 48 小时。", "两场比赛之间的间隔不能超过 48 小时。"),
+        ("Keep at least 4 replicas running.", "Keep no more than 4 replicas running."),
+    ],
+)
+def test_a_bound_is_a_value_and_a_floor_and_a_ceiling_are_opposed(floor, ceiling):
+    # "不能短于 48 小时" asks for 48 hours, it forbids nothing.
+    assert stance("两场比赛的间隔不能短于 48 小时。")["48"] > 0
+    assert stance(floor)["xmin"] > 0 > stance(ceiling)["xmin"]
+    opposed, _ = stance_relation(floor, ceiling)
+    assert opposed >= 1
+    assert _action(floor, ceiling) != "merge"

@@ -450,13 +450,36 @@ _GENERIC_ACTS = frozenset(
 _NOW_RE = re.compile(r"\bxnow\b")
 
 
+# A bound is a value, not a prohibition: "不能短于 48 小时" / "至少隔 48 小时" / "no fewer than 4"
+# ask for the same floor; a floor and a ceiling are opposed (``_ANTONYMS``).
+_BOUNDS = (
+    (
+        re.compile(
+            r"\b(?:at\s+least|no\s+(?:fewer|less|shorter|lower|sooner|earlier)\s+than|"
+            r"not\s+(?:fewer|less|shorter|lower)\s+than|a\s+minimum\s+of)\b"
+            r"|(?:不能|不得|不可|不应|不要)?(?:少于|短于|低于|小于|早于)|不少于|不低于|不短于|至少|起码",
+            re.I,
+        ),
+        " xmin ",
+    ),
+    (
+        re.compile(
+            r"\b(?:at\s+most|no\s+(?:more|longer|higher|later)\s+than|"
+            r"not\s+(?:more|longer|higher)\s+than|a\s+maximum\s+of)\b"
+            r"|(?:不能|不得|不可|不应|不要)(?:超过|多于|长于|高于|大于|晚于)|不超过|不多于|不高于|至多|最多",
+            re.I,
+        ),
+        " xmax ",
+    ),
+)
+
 #: The tokens the concept lexicon folds acts to (``xask``, ``xwait``...).
 _CONCEPT_TOKENS = frozenset(
     word
     for _, token in (*_CONCEPTS_EN, *_CONCEPTS_ZH)
     for word in token.split()
     if word.startswith("x") and word != "xuntil"
-)
+) | {token.strip() for _, token in _BOUNDS}
 
 
 def _expand_not(text: str) -> str:
@@ -501,7 +524,10 @@ def _fold_acts(text: str) -> str:
         parts += [_LOOK_RE.sub(" xask ", text[at : m.start()]), m[0]]
         at = m.end()
     parts.append(_LOOK_RE.sub(" xask ", text[at:]))
-    return _fold_concepts("".join(parts))
+    text = "".join(parts)
+    for pattern, token in _BOUNDS:
+        text = pattern.sub(token, text)
+    return _fold_concepts(text)
 
 
 def _signed_terms(text: str, sign: float, out: dict[str, float]) -> None:
@@ -630,7 +656,7 @@ _WITHOUT_RE = re.compile(r"\bwithout\b|未经|没有经过|没经过", re.I)
 _WITHOUT_END_RE = re.compile(r"就|的情况下|之前")
 
 #: Acts where taking one is declining the other.
-_ANTONYMS = (("xask", "xguess"), ("xnow", "xwait"), ("xbatch", "xeach"))
+_ANTONYMS = (("xask", "xguess"), ("xnow", "xwait"), ("xbatch", "xeach"), ("xmin", "xmax"))
 
 # Consequences: what precedes is avoided ("immediate retries get the sender flagged").
 _RISK_RE = re.compile(
