@@ -242,11 +242,12 @@ def test_a_near_pair_the_rules_cannot_read_waits_and_a_person_merges_it(
 ) -> None:
     db = str(db_path)
     rows = [
-        {"task_type": "sql", "advice": "Add a LIMIT clause to exploratory SELECT queries in run_sql.",
-         "tools": ["run_sql"]},
+        {"task_type": "web", "advice": "fetch_url 连续两次超时就停止，并告诉用户。",
+         "tools": ["fetch_url"]},
         # The same advice; the rules read no value or act both take the same way: it waits.
-        {"task_type": "sql", "advice": "Always put a LIMIT on exploratory SELECTs you send to "
-         "run_sql so they do not scan the whole table.", "tools": ["run_sql"]},
+        # (The LIMIT pair once here is read now: a LIMIT both name, the purpose after "so".)
+        {"task_type": "web", "advice": "如果 fetch_url 两次都超时，不要一直重试，直接告知用户。",
+         "tools": ["fetch_url"]},
     ]  # fmt: skip
     out = run_json("lessons", "import", str(write_lines(tmp_path / "r.jsonl", rows)), "--db", db)
     [old_id], [new_id] = out["added"], out["conflicts"]

@@ -24,6 +24,7 @@ from hindsight_loop.lessons import (
     source_count,
     stance,
     stance_relation,
+    values_agree,
     variants,
 )
 from hindsight_loop.models import Features, LessonDraft
@@ -109,8 +110,11 @@ def test_rewordings_merge_or_wait_for_a_person(lang):
     of the concept lexicon, the same steps in the same order); otherwise a near one waits for a
     person (or the judge) beside the lesson it repeats, which keeps serving. Issue 11's target
     (>= 90% merged) was met here before the merge guard (18/20); with it, 13/20 of the tuning
-    pairs merge (the guard trades rewordings the rules cannot read for opposites that merged on
-    unseen pairs): this checks that floor and that no rewording is lost to a wrong verdict."""
+    pairs merged (the guard trades rewordings the rules cannot read for opposites that merged on
+    unseen pairs); the readings of agreement of the eighth round (a value named whole, "don't A
+    until B", a look as asking, the same values with fewer words in common) bring it to 17/20
+    (EN 9/10, ZH 8/10): this checks that floor and that no rewording is lost to a wrong
+    verdict."""
     pairs = [p for p in PAIRS if p["kind"] == "rewording" and p["lang"] == lang]
     actions = []
     for pair in pairs:
@@ -119,7 +123,7 @@ def test_rewordings_merge_or_wait_for_a_person(lang):
         actions.append(change.action)
         if change.action == "conflict":
             assert change.other is not None and change.other.status == "active"
-    assert actions.count("merge") >= 0.6 * len(pairs), actions
+    assert actions.count("merge") >= 0.8 * len(pairs), actions
     assert actions.count("add") <= 0.1 * len(pairs), actions
 
 
@@ -464,3 +468,134 @@ def test_a_dismissal_before_its_act_avoids_the_act(text, avoided):
     signs = stance(text)
     assert any(avoided in term and sign < 0 for term, sign in signs.items()), signs
     assert not any(sign < 0 for term, sign in signs.items() if "部署" in term), signs
+
+
+# -- readings of agreement (2026-12-01, eighth round; sentences of no benchmark) ------------------
+
+
+def _action(a: str, b: str, tools: tuple[str, ...] = ()) -> str:
+    features = Features(tools=list(tools))
+    first = curate(
+        LessonDraft(task_type="t", advice=a, features=features), [], embedder=EMBEDDER, now=NOW
+    ).lesson
+    second = LessonDraft(task_type="t", advice=b, features=features)
+    return curate(second, [first], embedder=EMBEDDER, now=NOW).action
+
+
+def test_dont_until_asks_for_what_follows_until_and_holds_the_act_back():
+    """ "Don't A until B" is "B, then A": B asked for, A neither asked for nor forbidden."""
+    held = "Don't issue the refund until the parcel is scanned back at the warehouse."
+    signs = stance(held)
+    assert signs["warehouse"] > 0 and signs["xwait"] > 0, signs
+    assert "refund" not in signs, signs
+    in_order = "Scan the returned parcel at the warehouse first, then issue the refund."
+    assert agreement_shown(held, in_order)
+    assert _action(held, in_order) == "merge"
+    hasty = (
+        "Issue the refund right away; do not wait for the parcel to be scanned at the warehouse."
+    )
+    assert _action(held, hasty) == "conflict"
+    assert _action(in_order, hasty) == "conflict"
+    # "until" after an act that is not held back is when it stops, not a step before it.
+    assert stance("Poll get_status until it returns done.")["poll"] > 0
+
+
+def test_a_purpose_after_so_is_a_clause_of_its_own():
+    signs = stance("Always set a timeout on fetch_page so it does not hang forever.")
+    assert signs.get("timeout", 0) > 0 and "hang" not in signs, signs
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (
+            "Look up the customer's plan before calling change_plan.",
+            "Confirm which plan the customer is on before you call change_plan.",
+        ),
+        ("调用 ship_order 前先查一下库存。", "发货之前先确认库存够不够，再调用 ship_order。"),
+    ],
+)
+def test_a_look_before_the_act_is_asking(a, b):
+    assert agreement_shown(a, b)
+
+
+def test_a_look_and_an_ask_about_different_things_do_not_merge():
+    # Looks are read as asking for what advice tells the agent to do, never to make two texts
+    # more alike: asking first about two different things before one tool is no repeat.
+    approval = "Get the user's approval of the draft before calling post_update."
+    channel = "Check the channel name with the user before calling post_update."
+    assert _action(approval, channel, ("post_update",)) != "merge"
+
+
+def test_a_value_both_name_whole_is_agreement():
+    semicolons = "Pass sep=';' to read_csv for these exports."
+    assert agreement_shown(semicolons, "These exports use semicolons: call read_csv with sep=';'.")
+    # The same argument with another value is no agreement.
+    assert not agreement_shown(semicolons, "These exports use commas: call read_csv with sep=','.")
+    assert agreement_shown(
+        "Add a LIMIT to ad-hoc queries in run_sql.",
+        "Ad-hoc SELECTs sent to run_sql must carry a LIMIT so they do not scan everything.",
+    )
+
+
+def test_the_same_values_asked_for_merge_with_fewer_words_in_common():
+    canary = "Set the canary to 10% of traffic before calling promote_release."
+    reworded = "Route 10% of the traffic to the new build first, and promote_release once it looks healthy."
+    assert values_agree(canary, reworded)
+    assert _action(canary, reworded, ("promote_release",)) == "merge"
+    other = "Route 25% of the traffic to the new build first, and promote_release once it looks healthy."
+    assert not values_agree(canary, other)
+    assert _action(canary, other, ("promote_release",)) != "merge"
+    # A value one of them asks for and the other does not: no longer the same advice.
+    assert not values_agree(
+        "Retry the upload 3 times, then give up.", "Wait 3 seconds, then retry the upload 5 times."
+    )
+
+
+def test_stop_forbids_only_what_it_stops():
+    assert stance("Stop and tell the user.")["tell"] > 0
+    assert stance("Stop calling retry_payment after the third failure.")["retry_payment"] < 0
+
+
+def test_shi_bu_shi_asks_whether_and_excludes_nothing():
+    assert stance("先问用户是不是三个卧室。")["卧室"] > 0
+
+
+def test_ascii_punctuation_inside_a_value_ends_no_clause():
+    assert stance("Pin the image tag; never rely on :latest.")["latest"] < 0
+    assert agreement_shown(
+        "European exports: pass sep=';' to read_csv.",
+        "Call read_csv with sep=';' for these exports.",
+    )
+
+
+def test_a_shared_value_does_not_excuse_an_act_taken_both_ways():
+    skip = (
+        "Ship 100% translation matches straight to the client; re-reviewing them just wastes time."
+    )
+    look = "Even 100% translation matches deserve a second look before they go to the client."
+    assert stance(skip)["xask"] < 0 < stance(look)["xask"]
+    assert _action(skip, look) == "conflict"
+    assert _action(look, skip) == "conflict"
+
+
+def test_a_look_inside_a_quoted_value_is_no_act():
+    # A recorded value is quoted: its words are what a run saw, not what the advice asks.
+    assert "xask" not in stance("Call clean_rows with query='check rows and look them up' first.")
+    assert stance("Check the rows with clean_rows first.")["xask"] > 0
+
+
+@pytest.mark.parametrize(
+    ("floor", "ceiling"),
+    [
+        ("两场比赛之间至少隔 48 小时。", "两场比赛之间的间隔不能超过 48 小时。"),
+        ("Keep at least 4 replicas running.", "Keep no more than 4 replicas running."),
+    ],
+)
+def test_a_bound_is_a_value_and_a_floor_and_a_ceiling_are_opposed(floor, ceiling):
+    # "不能短于 48 小时" asks for 48 hours, it forbids nothing.
+    assert stance("两场比赛的间隔不能短于 48 小时。")["48"] > 0
+    assert stance(floor)["xmin"] > 0 > stance(ceiling)["xmin"]
+    opposed, _ = stance_relation(floor, ceiling)
+    assert opposed >= 1
+    assert _action(floor, ceiling) != "merge"

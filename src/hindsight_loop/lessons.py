@@ -270,7 +270,7 @@ def _term_weight(term: str) -> float:
 _ADVICE_WORDS = frozenset(
     # "alway": the tokenizer folds plurals, and takes "always" for one.
     {"user", "call", "calling", "called", "before", "after", "first", "always", "alway", "never"}
-    | {"make"}
+    | {"make", "xuntil"}
     | {"sure", "need", "tool", "用户", "调用", "之前", "之后", "务必", "总是", "一定"}
 )
 
@@ -339,7 +339,10 @@ _CONCEPTS_EN = (
     # Filling a value in by default is guessing it: the opposite of asking (``_ANTONYMS``).
     (re.compile(r"\b(?:assum(?:e|es|ed|ing)|guess(?:es|ed|ing)?|by default|default(?:s|ed|ing)? to|"
                 r"fall(?:s|ing)? back to)\b", re.I), " xguess "),
-    (re.compile(r"\b(?:wait(?:s|ed|ing)?|back(?:ing)? off|sleep|hold(?:s|ing)? off|until|"
+    # "don't approve it until you've checked": a wait, and a mark (``xuntil``, no term of its
+    # own) where the step to take first begins (``_until``).
+    (re.compile(r"\buntil\b", re.I), " xwait xuntil "),
+    (re.compile(r"\b(?:wait(?:s|ed|ing)?|back(?:ing)? off|sleep|hold(?:s|ing)? off|"
                 r"paus(?:e|es|ed|ing))\b", re.I),
      " xwait "),
     # "leave it unassigned": the act negated ("not assign"), read by ``_EXCLUDE_RE``.
@@ -382,8 +385,14 @@ _CONCEPTS_ZH = (
         " xboth ",
     ),
 )
+# Clause ends: ASCII ``;``, ``,`` and ``:`` only before a space or the end, so a value keeps
+# them (``sep=';'``, ``postgres:16.2``, ``1,234``); a dash (``——``) ends a clause too.
+_ORDER_SPLIT_RE = re.compile(r"[；。!?！？，：\n]+|[;,:](?=\s|$)|\.(?=\s|$)|\s*—+\s*")
 _CLAUSE_SPLIT_RE = re.compile(
-    r"[;；。!?！？,，:：\n]+|\.(?=\s|$)|\s+(?:but|then|and then)\s+", re.I
+    r"[；。!?！？，：\n]+|[;,:](?=\s|$)|\.(?=\s|$)|\s*—+\s*|\s+(?:but|then|and then)\s+"
+    # "put a LIMIT on it so they do not scan the whole table": the purpose is a clause of its own.
+    r"|\s+(?=so\s+(?:that\b|(?:you|we|it|they|he|she|this|these|those|there|nothing)\b))",
+    re.I,
 )
 # A clause that sets the situation, not the act.
 _CONDITION_EN = re.compile(
@@ -393,7 +402,9 @@ _CONDITION_MID_EN = re.compile(
     r"\s(?:before|after|when|whenever|if|unless|once|as\s+soon\s+as)\s", re.I
 )
 _CONDITION_ZH = re.compile(
-    r"^\s*(?:如果|若|当|一旦|对于|在|没有|无)|(?:时|之前|以前|前|之后|以后|后|的话)\s*$"
+    # Not 小时 / 及时 / 同时 ... at the end: "至少隔 48 小时" is a value, not a when.
+    r"^\s*(?:如果|若|当|一旦|对于|在|没有|无)"
+    r"|(?:(?<![小按准及同临实定计])时|之前|以前|前|之后|以后|后|的话)\s*$"
 )
 _CONDITION_MID_ZH = re.compile(
     r"(?:时(?![区间候刻长效段差])|之前|以前|之后|以后)(?=\s*\S)|[前后](?=\s*(?:先|再|要|请|务必|应|xnow|就))"
@@ -403,7 +414,8 @@ _CONDITION_MID_ZH = re.compile(
 # Prohibitions: what follows is avoided; what precedes is the subject (neutral) ...
 _FORBID_RE = re.compile(
     r"\b(?:do\s+not|does\s+not|don't|don’t|doesn't|never|avoid(?:s|ing)?|refrain\s+from|"
-    r"stop|must\s+not|should\s+not|shouldn't|mustn't|no\s+longer|skip|omit)\b"
+    # "stop calling it" forbids; "stop and tell the user" is the act of stopping.
+    r"stop(?=\s+(?:\w+ing|x[a-z]+)\b)|must\s+not|should\s+not|shouldn't|mustn't|no\s+longer|skip|omit)\b"
     r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略"
     # 别 is "don't" except inside a word: 别的 / 别人 (other), 区别, 告别, 分别, 类别, 特别, 级别 ...
     r"|(?<![区告分类特级性识个差辨派道离鉴])别(?![的人处称名致扭])",
@@ -424,7 +436,8 @@ _DISMISS_RE = re.compile(
 )
 # ... exclusions: what precedes is what to do ("X instead of Y", "X without Y", "X, not Y").
 _EXCLUDE_RE = re.compile(
-    r"\b(?:instead\s+of|rather\s+than|without|not)\b|而不是|不是|不用|不必|无需|不需要",
+    # 是不是 asks whether, excluding nothing.
+    r"\b(?:instead\s+of|rather\s+than|without|not)\b|而不是|(?<!是)不是(?!不)|不用|不必|无需|不需要",
     re.IGNORECASE,
 )
 _GENERIC_ACTS = frozenset(
@@ -437,10 +450,36 @@ _GENERIC_ACTS = frozenset(
 _NOW_RE = re.compile(r"\bxnow\b")
 
 
+# A bound is a value, not a prohibition: "不能短于 48 小时" / "至少隔 48 小时" / "no fewer than 4"
+# ask for the same floor; a floor and a ceiling are opposed (``_ANTONYMS``).
+_BOUNDS = (
+    (
+        re.compile(
+            r"\b(?:at\s+least|no\s+(?:fewer|less|shorter|lower|sooner|earlier)\s+than|"
+            r"not\s+(?:fewer|less|shorter|lower)\s+than|a\s+minimum\s+of)\b"
+            r"|(?:不能|不得|不可|不应|不要)?(?:少于|短于|低于|小于|早于)|不少于|不低于|不短于|至少|起码",
+            re.I,
+        ),
+        " xmin ",
+    ),
+    (
+        re.compile(
+            r"\b(?:at\s+most|no\s+(?:more|longer|higher|later)\s+than|"
+            r"not\s+(?:more|longer|higher)\s+than|a\s+maximum\s+of)\b"
+            r"|(?:不能|不得|不可|不应|不要)(?:超过|多于|长于|高于|大于|晚于)|不超过|不多于|不高于|至多|最多",
+            re.I,
+        ),
+        " xmax ",
+    ),
+)
+
 #: The tokens the concept lexicon folds acts to (``xask``, ``xwait``...).
 _CONCEPT_TOKENS = frozenset(
-    token.strip() for _, token in (*_CONCEPTS_EN, *_CONCEPTS_ZH) if token.strip().startswith("x")
-)
+    word
+    for _, token in (*_CONCEPTS_EN, *_CONCEPTS_ZH)
+    for word in token.split()
+    if word.startswith("x") and word != "xuntil"
+) | {token.strip() for _, token in _BOUNDS}
 
 
 def _expand_not(text: str) -> str:
@@ -456,6 +495,39 @@ def _fold_concepts(text: str) -> str:
     for pattern, token in (*_CONCEPTS_EN, *_CONCEPTS_ZH):
         text = pattern.sub(token, text)
     return text
+
+
+# Checking a fact first is the act of asking for it ("check the policy" / "confirm the loss
+# date" / "look up the time zone" / "先查一下" / "看看座位够不够"): read as ``xask`` where advice
+# is read for what it tells the agent to do (``stance``, ``_order``), not where texts are
+# compared for likeness (``term_overlap``): there every "check" would bring unrelated checks
+# before one tool closer.
+_LOOK_RE = re.compile(
+    r"\b(?:(?:double-)?check(?:s|ed|ing)?(?!\s+(?:out|in|with)\b)|look(?:s|ed|ing)?\s+(?:\w+\s+)?up"
+    # A second look is a look: "re-reviewing them wastes time" / "they deserve a second look".
+    r"|re-?review(?:s|ed|ing)?|(?:second|another|closer)\s+look)\b"
+    r"|检查|核验|校验|查一下|查一查|查清|查看|看一下|看一眼|看看|复核|复查|再看一遍",
+    re.I,
+)
+
+
+# A quoted span is a recorded value (``query='check rows …'``), not words of advice.
+_QUOTED_RE = re.compile(r"'[^']*'|\"[^\"]*\"|‘[^’]*’|“[^”]*”")
+
+
+@functools.lru_cache(maxsize=8192)
+def _fold_acts(text: str) -> str:
+    """``_fold_concepts`` with a look (check, look up, 查一下, 看看) outside quotes read as
+    asking."""
+    parts, at = [], 0
+    for m in _QUOTED_RE.finditer(text):
+        parts += [_LOOK_RE.sub(" xask ", text[at : m.start()]), m[0]]
+        at = m.end()
+    parts.append(_LOOK_RE.sub(" xask ", text[at:]))
+    text = "".join(parts)
+    for pattern, token in _BOUNDS:
+        text = pattern.sub(token, text)
+    return _fold_concepts(text)
 
 
 def _signed_terms(text: str, sign: float, out: dict[str, float]) -> None:
@@ -480,7 +552,7 @@ def stance(text: str) -> dict[str, float]:
     """
     out: dict[str, float] = {}
     previous = ""
-    for clause in _CLAUSE_SPLIT_RE.split(_fold_concepts(text)):
+    for clause in _CLAUSE_SPLIT_RE.split(_fold_acts(text)):
         clause = clause.strip()
         if not clause:
             continue
@@ -499,6 +571,12 @@ def stance(text: str) -> dict[str, float]:
             clause[: mid.start()]
         ):
             clause = clause[mid.end() :]
+        if gated := _until(clause):
+            # "don't approve the claim until you've checked the policy": wait, and do what
+            # follows "until"; the act held back is neither asked for nor forbidden.
+            out["xwait"] = out.get("xwait", 0.0) + 1.0
+            _signed_terms(gated[1], 1.0, out)
+            continue
         if _PURPOSE_RE.match(clause):
             # "so you don't create a duplicate", "以免重复扣款", "不然最后一天会漏掉": why, not
             # which act (one lesson's purpose is another's "otherwise"): read neither way.
@@ -542,6 +620,22 @@ def stance(text: str) -> dict[str, float]:
     return signs
 
 
+_UNTIL_RE = re.compile(r"\bxwait\s+xuntil\b")
+_HELD_RE = re.compile(r"\bxwait\b")
+
+
+def _until(clause: str) -> tuple[str, str] | None:
+    """(the act held back, the step to take first) of "don't A until B" / "hold off on A until
+    B" (a folded clause); None for any other clause ("poll until it is done" asks for the poll)."""
+    m = _UNTIL_RE.search(clause)
+    if m is None:
+        return None
+    head, tail = clause[: m.start()], clause[m.end() :]
+    if not (_FORBID_RE.search(head) or _HELD_RE.search(head)) or not _terms(tail):
+        return None
+    return _FORBID_RE.sub(" ", _HELD_RE.sub(" ", head)), tail
+
+
 def _avoid(text: str, out: dict[str, float]) -> None:
     if _NOW_RE.search(text):
         # "never retry immediately", "不要立即重试": what is forbidden is the haste, not the
@@ -553,7 +647,8 @@ def _avoid(text: str, out: dict[str, float]) -> None:
 
 # A clause of purpose or of what happens otherwise: what the advice is for, not an act.
 _PURPOSE_RE = re.compile(
-    r"^\s*(?:so(?:\s+that)?\s+(?:you|we|it|they|the)\b|in\s+order\s+(?:to|not\s+to)\b|to\s+avoid\b"
+    r"^\s*(?:so(?:\s+that)?\s+(?:you|we|it|they|the|he|she|this|these|those|there|nothing)\b"
+    r"|in\s+order\s+(?:to|not\s+to)\b|to\s+avoid\b"
     r"|otherwise\b|or\s+else\b|否则|不然|要不然|以免|免得|以防|防止)",
     re.IGNORECASE,
 )
@@ -561,7 +656,7 @@ _WITHOUT_RE = re.compile(r"\bwithout\b|未经|没有经过|没经过", re.I)
 _WITHOUT_END_RE = re.compile(r"就|的情况下|之前")
 
 #: Acts where taking one is declining the other.
-_ANTONYMS = (("xask", "xguess"), ("xnow", "xwait"), ("xbatch", "xeach"))
+_ANTONYMS = (("xask", "xguess"), ("xnow", "xwait"), ("xbatch", "xeach"), ("xmin", "xmax"))
 
 # Consequences: what precedes is avoided ("immediate retries get the sender flagged").
 _RISK_RE = re.compile(
@@ -599,6 +694,11 @@ def _order(text: str) -> tuple[set[str], set[str]]:
     pending: set[str] | None = None  # where the clause after a "before …" / "… 之后" clause goes
     for clause in _order_clauses(text):
         target, pending = pending, None
+        if gated := _until(clause):
+            # "hold off on tm_commit until review sign-off": the review first.
+            later |= _content(gated[0])
+            first |= _content(gated[1])
+            continue
         if m := _BEFORE_ZH_MID.search(clause):
             # "执行 rm 之前先用 ls 看一下": the head comes later.
             later |= _content(clause[: m.start()])
@@ -652,7 +752,7 @@ def _order_clauses(text: str) -> list[str]:
     """Clauses of advice, for ``_order``; an English clause with two order words is two steps
     ("add the new record first and remove the old one only after traffic moved")."""
     out: list[str] = []
-    for clause in re.split(r"[;；。!?！？,，:：\n]+|\.(?=\s|$)", _fold_concepts(text)):
+    for clause in _ORDER_SPLIT_RE.split(_fold_acts(text)):
         clause = clause.strip()
         if not clause:
             continue
@@ -718,7 +818,7 @@ _CUES = (
 def stance_cues(text: str) -> frozenset[str]:
     """The kinds of stance-bearing words advice uses (``_CUES``), outside its outcome clauses."""
     found: set[str] = set()
-    for clause in _CLAUSE_SPLIT_RE.split(_fold_concepts(text)):
+    for clause in _CLAUSE_SPLIT_RE.split(_fold_acts(text)):
         clause = clause.strip()
         if not clause or _OUTCOME_RE.match(clause) or _CONDITION_EN.match(clause):
             continue  # "否则会失败", "otherwise it times out": why, not which way; "if …": when
@@ -726,6 +826,26 @@ def stance_cues(text: str) -> frozenset[str]:
             continue
         found |= {name for name, pattern in _CUES if pattern.search(clause)}
     return frozenset(found)
+
+
+# Values the tokenizer does not keep whole: an argument set (``sep=';'``, ``thousands=','``:
+# the name is kept, the value dropped) and a keyword written in capitals (``LIMIT``, ``NOT NULL``).
+_ASSIGNED_RE = re.compile(r"([A-Za-z_][\w.-]*)\s*=\s*(?:'[^']*'|\"[^\"]*\"|[^\s,;，。；]+)")
+_CAPITALS_RE = re.compile(r"(?<![\w$])[A-Z]{2,}(?:\s+[A-Z]{2,})*(?![\w$])")
+
+
+@functools.lru_cache(maxsize=8192)
+def _named_values(text: str) -> frozenset[str]:
+    """The argument values (whole: ``sep=';'`` is not ``sep=','``) and capitalised keywords
+    advice names: the same one asked for by two lessons is a concrete value they share
+    (``agreement_shown``)."""
+    return _assigned_values(text) | {m[0] for m in _CAPITALS_RE.finditer(text)}
+
+
+@functools.lru_cache(maxsize=8192)
+def _assigned_values(text: str) -> frozenset[str]:
+    """The arguments advice sets, whole (``sep=';'``, ``thousands=','``)."""
+    return frozenset(re.sub(r"\s+", "", m[0]).lower() for m in _ASSIGNED_RE.finditer(text))
 
 
 def _readable(term: str) -> bool:
@@ -748,14 +868,47 @@ def agreement_shown(a: str, b: str) -> bool:
     (Terms one prefers and the other avoids are weighed before, by ``stance_relation``.)
     """
     sa, sb = stance(a), stance(b)
+    # A value both name (``sep=';'``, ``LIMIT``) is readable even where the tokenizer kept only
+    # part of it.
+    named = {t for value in _named_values(a) & _named_values(b) for t in _terms(value)}
     shared = sum(
-        _term_weight(t) ** 2 for t in sa.keys() & sb.keys() if sa[t] == sb[t] and _readable(t)
+        _term_weight(t) ** 2
+        for t in sa.keys() & sb.keys()
+        if sa[t] == sb[t] and (_readable(t) or t in named)
     )
     if shared >= MIN_AGREEMENT:
         return True
     a_first, a_later = _order(a)
     b_first, b_later = _order(b)
     return bool(a_first & b_first) and bool(a_later & b_later)
+
+
+def _values_asked(text: str) -> frozenset[str]:
+    """The concrete values advice asks for: terms it takes as +1 (``stance``) that are values
+    (``utf-8-sig``, 5%, -16) or part of a value it names whole (``sep=';'``, ``LIMIT``)."""
+    named = {t for value in _named_values(text) for t in _terms(value)}
+    return frozenset(
+        t
+        for t, sign in stance(text).items()
+        if sign > 0 and (_WEIGHTED_TERM_RE.search(t) or t in named)
+    )
+
+
+def values_agree(a: str, b: str) -> bool:
+    """Whether two pieces of advice ask for the same concrete values, at least
+    ``MIN_AGREEMENT`` of weight of them, and neither asks for a value (a number, a quoted or
+    assigned one) the other does not: "retry 3 times" and "wait 3 seconds, retry 5 times" share
+    a 3 and are not one lesson."""
+    va, vb = _values_asked(a), _values_asked(b)
+    if any(_WEIGHTED_TERM_RE.search(t) for t in va ^ vb):
+        return False
+    # A keyword in capitals (UTC, LIMIT) is a value two near lessons can share; with fewer words
+    # in common it is as often the object both speak of ("stored in UTC").
+    assigned = {t for value in _assigned_values(a) & _assigned_values(b) for t in _terms(value)}
+    shared = sum(
+        _term_weight(t) ** 2 for t in va & vb if t in assigned or _WEIGHTED_TERM_RE.search(t)
+    )
+    return shared >= MIN_AGREEMENT
 
 
 # Stance-bearing words that come in opposite pairs (a direction, a switch, a fate), EN and ZH:
@@ -828,6 +981,13 @@ def poles_flipped(a: str, b: str) -> bool:
     automatic, fresh)."""
     pa, pb = poles(a), poles(b)
     return any(len(pa[k]) == len(pb[k]) == 1 and pa[k] != pb[k] for k in pa.keys() & pb.keys())
+
+
+def _acts_opposed(a: str, b: str) -> bool:
+    """One piece of advice takes an act of the concept lexicon (``xask``, ``xwait``...) that the
+    other declines."""
+    sa, sb = stance(a), stance(b)
+    return any(sa[t] != sb[t] for t in sa.keys() & sb.keys() if t in _CONCEPT_TOKENS)
 
 
 def _same_values(a: str, b: str) -> bool:
@@ -1063,6 +1223,10 @@ def _relations(
                     # ("先扩新版本再把旧版本缩到 0" / "先把旧版本缩到 0 再扩"): no excuse.
                     order_opposition(draft.advice, lesson.advice) >= MIN_OPPOSITION
                     or not _same_values(draft.advice, lesson.advice)
+                    # A shared value does not excuse an act of the lexicon taken both ways
+                    # ("100% matches: accept as-is, re-reviewing wastes time" / "deserve a
+                    # second look"): asking or not, waiting or not is what the advice is.
+                    or _acts_opposed(draft.advice, lesson.advice)
                 )
             )
         ):
@@ -1086,6 +1250,15 @@ def _relations(
             # Close to the threshold on either side: the words alone do not settle it.
             open_pairs.append((sim, lesson))
         if sim < threshold:
+            if (
+                sim >= threshold - JUDGE_MARGIN
+                and not opposed
+                and values_agree(draft.advice, lesson.advice)
+            ):
+                # Fewer words in common, the same concrete values asked for and nothing read
+                # against the other: a rewording ("open it to 5% of users first" / "begin the
+                # staged rollout at 5%").
+                same.append((sim, lesson))
             continue
         if not agreement_shown(draft.advice, lesson.advice):
             # Merge only what agrees: near text whose stance-bearing words differ ("太慢，不值得",
