@@ -19,7 +19,7 @@ Also ``--book``: the 42 lessons of ``bench/retrieval`` curated one after another
 right answer is almost always "add" (they are distinct lessons), and the review cost of a lesson
 merged into 1 vs 2,000 times (``--review``).
 
-Eight splits, each reported on its own (``--split`` picks): ``tuning`` (``pairs.jsonl``, what the
+Nine splits, each reported on its own (``--split`` picks): ``tuning`` (``pairs.jsonl``, what the
 rules and thresholds were shaped on), ``heldout`` (``heldout.jsonl``, 32 pairs on other subjects
 written before the 2026-12 changes), ``blind`` (``blind.jsonl``, 24 pairs written before the
 concept lexicon and first run for the final measurement), ``blind2`` (``blind2.jsonl``,
@@ -27,8 +27,10 @@ written by another engineer without seeing the code, first run once the fourth s
 final), ``blind3`` (``blind3.jsonl``, the same, first run once the stance changes of
 2026-12-01 were final) and ``blind4`` (``blind4.jsonl``, the same, first run once the second
 stance round of 2026-12-01 was final) ``blind5`` (``blind5.jsonl``, the same, written before
-the merge guard of 2026-12-01's fifth session) and ``blind6`` (``blind6.jsonl``, the same, first
-run once that session's curation code was final). A gain that shows on ``tuning`` only is not a gain.
+the merge guard of 2026-12-01's fifth session), ``blind6`` (``blind6.jsonl``, the same, first
+run once that session's curation code was final) and ``blind7`` (``blind7.jsonl``, written by
+another engineer who never opened src/, first run once the seventh session's curation code was
+final). A gain that shows on ``tuning`` only is not a gain.
 
 Run: ``python bench/curation/run.py`` (``--embedder hash|concept|e5|st:MODEL|openai:MODEL``,
 repeatable; ``--judge`` adds a run with the model of ``HINDSIGHT_LLM_*`` judging the pairs the
@@ -99,6 +101,8 @@ def make_embedder(spec: str) -> Embedder:
 #: before that change (counts only) and once it was final.
 #: ``blind6`` (``blind6.jsonl``): the same, first run once the fifth session's curation code was
 #: final (its author saw the subject line of the last commit, not the code).
+#: ``blind7`` (``blind7.jsonl``): written by another engineer who never opened src/, first run once
+#: the seventh session's curation code was final.
 SPLITS = {
     "tuning": "pairs.jsonl",
     "heldout": "heldout.jsonl",
@@ -108,6 +112,7 @@ SPLITS = {
     "blind4": "blind4.jsonl",
     "blind5": "blind5.jsonl",
     "blind6": "blind6.jsonl",
+    "blind7": "blind7.jsonl",
 }
 
 
@@ -230,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "--split",
         action="append",
         choices=tuple(SPLITS),
-        help="tuning, heldout, blind, blind2 ... blind6 (default: all, each reported on its own)",
+        help="tuning, heldout, blind, blind2 ... blind7 (default: all, each reported on its own)",
     )
     parser.add_argument("--verbose", action="store_true", help="list every wrong decision")
     parser.add_argument("--book", action="store_true", help="also curate the retrieval book")
