@@ -599,3 +599,19 @@ def test_a_bound_is_a_value_and_a_floor_and_a_ceiling_are_opposed(floor, ceiling
     opposed, _ = stance_relation(floor, ceiling)
     assert opposed >= 1
     assert _action(floor, ceiling) != "merge"
+
+
+@pytest.mark.parametrize(
+    ("text", "avoided"),
+    [
+        ("There's no point letting the dough rest; bake it the moment it is shaped.", "rest"),
+        ("No need to ask the customer for the invoice number again.", "xask"),
+        (
+            "Re-indexing the whole catalogue is a waste of an afternoon; update the one product.",
+            "catalogue",
+        ),
+    ],
+)
+def test_there_is_no_point_and_a_waste_of_anything_dismiss_the_act(text: str, avoided: str) -> None:
+    """ "There's no point X" / "no need to X" avoid X; "X is a waste of <anything>" too."""
+    assert stance(text).get(avoided, 0) < 0

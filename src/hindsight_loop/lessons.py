@@ -415,7 +415,10 @@ _CONDITION_MID_ZH = re.compile(
 _FORBID_RE = re.compile(
     r"\b(?:do\s+not|does\s+not|don't|don’t|doesn't|never|avoid(?:s|ing)?|refrain\s+from|"
     # "stop calling it" forbids; "stop and tell the user" is the act of stopping.
-    r"stop(?=\s+(?:\w+ing|x[a-z]+)\b)|must\s+not|should\s+not|shouldn't|mustn't|no\s+longer|skip|omit)\b"
+    r"stop(?=\s+(?:\w+ing|x[a-z]+)\b)|must\s+not|should\s+not|shouldn't|mustn't|no\s+longer|skip|omit|"
+    # "there's no point letting it soak", "no need to ask again": what follows is not done.
+    r"there(?:'s|’s|\s+is)\s+no\s+(?:point|need|sense)(?:\s+in)?|no\s+need\s+to|"
+    r"need\s+not|needn't|(?:it's|it\s+is)\s+pointless\s+to)\b"
     r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略"
     # 别 is "don't" except inside a word: 别的 / 别人 (other), 区别, 告别, 分别, 类别, 特别, 级别 ...
     r"|(?<![区告分类特级性识个差辨派道离鉴])别(?![的人处称名致扭])",
@@ -423,7 +426,8 @@ _FORBID_RE = re.compile(
 )
 # ... dismissals: what precedes is avoided ("listing the files first is a waste of time").
 _DISMISS_RE = re.compile(
-    r"\b(?:is|are|was)\s+(?:a\s+|just\s+a\s+)?(?:waste\s+of\s+time|unnecessary|pointless|"
+    # "… is a waste of a morning": a waste of anything dismisses what precedes.
+    r"\b(?:is|are|was)\s+(?:a\s+|just\s+a\s+)?(?:(?:complete\s+|total\s+)?waste\s+of|unnecessary|pointless|"
     r"overkill|useless|not\s+needed|not\s+necessary)\b"
     r"|\b(?:(?:is|are|was|'s)\s+)?(?:an?\s+)?(?:overkill|not\s+worth\s+(?:it|the)|too\s+slow|"
     r"too\s+expensive|too\s+risky|more\s+trouble\s+than|not\s+enough|proves?\s+nothing)\b"
