@@ -486,11 +486,13 @@ def test_overloaded_agent_side_spills_the_oldest_lines_and_loses_nothing(tmp_pat
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", HindsightWarning)
             assert hs.flush(timeout=120) is True
-        stored = {
+        order = [
             orjson.loads(body)["input"]["i"]
             for _id, etype, body in _rows(db)
             if etype == "user_input"
-        }
+        ]
+        assert order == sorted(order)  # what a spill left of a page went on first, in order
+        stored = set(order)
         spilled = {
             orjson.loads(x)["input"]["i"]
             for x in hs.recorder.dead_letter.read_bytes().splitlines()

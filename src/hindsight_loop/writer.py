@@ -375,10 +375,12 @@ class ProcessRecorder:
             self._used = self._lines = 0
 
     def _take_pages(
-        self, max_lines: int, *, partial: bool
+        self, max_lines: int, *, partial: bool, exact: bool = False
     ) -> list[tuple[int, bytearray | bytes, int]]:
         """The oldest waiting pages, up to ``max_lines`` lines (at least one page); with
-        ``partial`` and no full page waiting, the page being filled too."""
+        ``partial`` and no full page waiting, the page being filled too; with ``exact``, no
+        more than ``max_lines`` lines: the rest of a page goes back first in line (a spill
+        takes as many lines as it chose, as when each line waited on its own)."""
         taken: list[tuple[int, bytearray | bytes, int]] = []
         lines = 0
         with self._lock:
@@ -389,6 +391,19 @@ class ProcessRecorder:
                 page = out.popleft()
                 taken.append(page)
                 lines += page[0]
+            if exact and lines > max_lines:
+                n, buf, used = taken.pop()
+                keep = max_lines - (lines - n)
+                view = memoryview(buf)[:used]
+                cut = 0
+                for _ in range(keep):
+                    cut = buf.index(b"\n", cut, used) + 1
+                if keep:
+                    taken.append((keep, bytes(view[:cut]), cut))
+                out.appendleft((n - keep, bytes(view[cut:]), used - cut))
+                view.release()  # the page is the agent's again: no view of it may stay
+                lines = max_lines
+                self._reuse(buf)
             self._waiting -= lines
         return taken
 
@@ -483,7 +498,7 @@ class ProcessRecorder:
             take = max(SPILL_FIRST, min(BATCH_SIZE - spilled, take))
             items = [
                 frame_item(frame, self.session)
-                for frame in self._lines_of(self._take_pages(take, partial=True))
+                for frame in self._lines_of(self._take_pages(take, partial=True, exact=True))
             ]
             if not items:
                 break
