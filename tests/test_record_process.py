@@ -300,9 +300,12 @@ def test_writer_policy_from_the_environment(
     monkeypatch.setenv("HINDSIGHT_WRITER", "process")
     with Hindsight(tmp_path / "a.db", background=False) as hs:
         assert isinstance(hs.recorder, ProcessRecorder)
-    monkeypatch.delenv("HINDSIGHT_WRITER")
+    monkeypatch.setenv("HINDSIGHT_WRITER", "thread")
     with Hindsight(tmp_path / "b.db", background=False) as hs:
         assert type(hs.recorder) is Recorder
+    monkeypatch.delenv("HINDSIGHT_WRITER")
+    with Hindsight(tmp_path / "d.db", background=False) as hs:  # the default, here
+        assert isinstance(hs.recorder, ProcessRecorder)
     with pytest.raises(ValueError, match="'thread' or 'process'"):
         Hindsight(tmp_path / "c.db", writer="proc")  # type: ignore[arg-type]
     assert not (tmp_path / "c.db").exists()  # refused before a store file is made
@@ -533,5 +536,38 @@ def test_the_writer_process_imports_only_what_it_writes_with() -> None:
         """
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("executable", "frozen", "kind"),
+    [("/usr/bin/uwsgi", False, "thread"), ("/opt/app/app", True, "thread"), ("", False, "thread")],
+)
+def test_a_program_embedding_python_records_with_the_writer_thread(
+    executable: str, frozen: bool, kind: str
+) -> None:
+    """Where ``sys.executable`` is not a Python (uwsgi, a frozen app) a writer process would
+    start another copy of the program: by default those record with the writer thread, and
+    record as well as any."""
+    code = textwrap.dedent(
+        f"""
+        import os, sys, tempfile
+        sys.executable = {executable!r}
+        if {frozen!r}:
+            sys.frozen = True
+        from hindsight_loop import Hindsight
+        from hindsight_loop.components import writer_kind
+        assert writer_kind(None) == {kind!r}, writer_kind(None)
+        db = os.path.join(tempfile.mkdtemp(), "e.db")
+        with Hindsight(db, background=False) as hs:
+            assert type(hs.recorder).__name__ == "Recorder"
+            hs.record({{"type": "task_start", "task_id": "tsk_e", "task_type": "t"}})
+            assert hs.flush() is True
+            assert hs.store.event_count("tsk_e") == 1
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HINDSIGHT_WRITER"}
+    env["PYTHONPATH"] = str(Path(__file__).parents[1] / "src")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -113,15 +114,31 @@ def dead_letter_base(store: Store, *, readonly: bool) -> str:
 
 
 def writer_kind(writer: str | None) -> Writer:
-    """The writer asked for, else ``$HINDSIGHT_WRITER``, else ``thread``.
+    """The writer asked for, else ``$HINDSIGHT_WRITER``, else ``process`` where this process
+    can start a writer process (``can_start_writer``), else ``thread``.
 
     Raises:
         ValueError: neither ``thread`` nor ``process``.
     """
-    writer = writer or os.environ.get("HINDSIGHT_WRITER") or "thread"
+    writer = writer or os.environ.get("HINDSIGHT_WRITER")
+    if not writer:
+        return "process" if can_start_writer() else "thread"
     if writer not in ("thread", "process"):
         raise ValueError(f"writer must be 'thread' or 'process', not {writer!r}")
     return cast(Writer, writer)
+
+
+def can_start_writer() -> bool:
+    """Whether ``python -m hindsight_loop.writer`` can be started the way ``ProcessRecorder``
+    does: a POSIX system (the writer's pipe) and ``sys.executable`` a Python interpreter. An
+    embedding program (uwsgi, a frozen app) names itself there, and would start another copy
+    of itself: those record with the writer thread."""
+    exe = Path(sys.executable or "").name.lower()
+    return (
+        os.name == "posix"
+        and not getattr(sys, "frozen", False)
+        and exe.startswith(("python", "pypy"))
+    )
 
 
 def make_recorder(
