@@ -97,7 +97,8 @@ def _record_rows(r: dict[str, Any]) -> list[str]:
     ratio = r[f"otel_over_{ra}_p50"]["median"]
     return [
         f"| record one ~{r['avg_body_bytes']:.0f} B tool call, `TaskRun.record_action` (ns/call, "
-        f"agent's thread, writer running) | p50 {_s(r[f'{ra}_p50_ns'])}<br>p99 "
+        f"agent's thread, writer thread running; `/process` rows below for the writer process, the "
+        f"default since 2026-12-01) | p50 {_s(r[f'{ra}_p50_ns'])}<br>p99 "
         f"{_s(r[f'{ra}_p99_ns'])} | OTel span, 5 attributes, BatchSpanProcessor: p50 "
         f"{_s(r[f'{otel}_p50_ns'])}<br>p99 {_s(r[f'{otel}_p99_ns'])} | OTel/Hindsight p50 "
         f"×{ratio:.1f}, p99 ×{r[f'otel_over_{ra}_p99']['median']:.1f} | p50 ≤ 1/10 of OTel: "
@@ -115,7 +116,7 @@ def _ingest_rows(r: dict[str, Any]) -> list[str]:
     last = r["subject_last_run_events_per_s"]
     busy_max = r["busy_pending_max"]["max"]
     return [
-        f"| sustained ingest with the defaults (live anomaly triggers on), {r['events_per_run']:,} mixed events per run (~"
+        f"| sustained ingest, writer thread (live anomaly triggers on), {r['events_per_run']:,} mixed events per run (~"
         f"{r['avg_body_bytes']:.0f} B body), first record → `flush()` (events/s); the store grows "
         f"to {r['rows_at_end']:,} rows | {_s(s)}; last run (at "
         f"{r['rows_at_end'] - r['events_per_run']:,}→{r['rows_at_end']:,} rows) {last:,.0f} | "
