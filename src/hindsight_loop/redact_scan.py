@@ -186,10 +186,16 @@ class Scanner:
 
     def check(self) -> bool:
         """Whether both databases find every guard in ``PROBE``, alone and between others."""
-        every = set(range(len(_expressions(b"x"))))
+        every = set(range(CARD + 1))
         return set(self.scan(PROBE)) == every and [
             set(h) for h in self.scan_many([b"probe", PROBE, b"probe"])
         ] == [set(), every, set()]
+
+
+def _only_ours(path: Path) -> bool:
+    """Whether ``path`` is this user's and nobody else may write it."""
+    st = path.stat()
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 def _cache_dir() -> Path | None:
@@ -199,12 +205,9 @@ def _cache_dir() -> Path | None:
     path = Path(base) / "hindsight"
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = path.stat()
+        return path if _only_ours(path) else None
     except OSError:
         return None
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        return None
-    return path
 
 
 def _cache_file(hyperscan: Any, word_cores: bytes) -> Path | None:
@@ -225,8 +228,7 @@ def _cache_file(hyperscan: Any, word_cores: bytes) -> Path | None:
 
 def _load_cached(hyperscan: Any, path: Path) -> Scanner | None:
     try:
-        st = path.stat()
-        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        if not _only_ours(path):
             return None
         data = path.read_bytes()
         size = int.from_bytes(data[:8], "little")

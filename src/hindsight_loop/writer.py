@@ -543,11 +543,7 @@ class ProcessRecorder:
                     if not self._waiting:
                         continue
                 if self._fallen_back:
-                    self._move_to_local(
-                        self._lines_of(self._take_pages(SEND_CHUNK, partial=True)),
-                        skip=0,
-                        check=False,
-                    )
+                    self._move_waiting_to_local()
                     continue
                 if self._proc is None:
                     if not self._spawn(resend=False):
@@ -571,8 +567,12 @@ class ProcessRecorder:
             with contextlib.suppress(Exception):
                 self._fall_back("the sender thread failed")
                 while self._waiting:
-                    pages = self._take_pages(SEND_CHUNK, partial=True)
-                    self._move_to_local(self._lines_of(pages), skip=0, check=False)
+                    self._move_waiting_to_local()
+
+    def _move_waiting_to_local(self) -> None:
+        """Hand the oldest waiting lines (a chunk) to the in-process writer."""
+        pages = self._take_pages(SEND_CHUNK, partial=True)
+        self._move_to_local(self._lines_of(pages), skip=0, check=False)
 
     def _send(self, data: bytes | memoryview) -> bool:
         proc = self._proc
