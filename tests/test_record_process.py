@@ -158,6 +158,9 @@ def test_live_triggers_run_in_the_writer_process_and_wake_the_agent(tmp_path: Pa
             time.sleep(0.01)  # the trigger's jobs are queued after the batch is written
         kinds = hs.store._db.execute("SELECT kind FROM jobs ORDER BY kind").fetchall()
         jobs[mode] = [k[0] for k in kinds]
+        # The writer process queues them as the agent's own: drain() waits for the jobs it
+        # owns, and returned at once (no lesson yet) when they were the writer's.
+        assert hs.store.pending_jobs(mine=True) == len(kinds)
         hs.close()
     assert "local" in jobs["thread"] and "full" in jobs["thread"]
     assert jobs["process"] == jobs["thread"]

@@ -175,6 +175,7 @@ def make_recorder(
             str(db),
             local=local,
             stored_ids=store.event_ids,
+            owner=store.owner,
             review_min_events=triggers.review_min_events,
             live_triggers=triggers.live,
             on_review=worker.wake,

@@ -178,6 +178,8 @@ class ProcessRecorder:
         db: The store as the writer process opens it (a path or URL).
         local: The in-process recorder (its dead letter, limits and text length are used).
         stored_ids: A task's stored event ids (skips what a dead writer stored, on fallback).
+        owner: The agent's store's job owner: the reviews the writer queues are the agent's,
+            so its ``drain()`` waits for them (``pending_jobs(mine=True)``).
         review_min_events: For the writer's triggers (end-of-task reviews).
         live_triggers: Run the live anomaly rules in the writer.
         on_review: Called when the writer queued a review (wakes the review worker).
@@ -189,6 +191,7 @@ class ProcessRecorder:
         *,
         local: Recorder,
         stored_ids: Callable[[str], set[str]],
+        owner: str | None = None,
         review_min_events: int = 10,
         live_triggers: bool = True,
         on_review: Callable[[], None] | None = None,
@@ -205,6 +208,7 @@ class ProcessRecorder:
             "review_min_events": review_min_events,
             "live": live_triggers,
             "session": self.session,
+            "owner": owner,
         }
         self._seq = count(1)
         self._mark_lock = threading.Lock()
@@ -833,6 +837,9 @@ def main() -> int:
     from hindsight_loop.triggers import Triggers
 
     store = open_store(config["db"])
+    if config.get("owner"):
+        # Reviews queued here are the agent's: its drain() waits for the jobs it owns.
+        store.owner = config["owner"]
     # What the writer allocates is JSON values that die with their batch (no cycles): the
     # collector only walked the modules imported above and the batch in hand, again and again.
     # Those modules are set aside for good, and a collection waits for more new objects.

@@ -45,6 +45,8 @@ class Store(Protocol):
     """What Hindsight needs from a database."""
 
     url: str
+    owner: str
+    """Who queues and claims jobs through this store object (``pending_jobs(mine=True)``)."""
 
     # events ------------------------------------------------------------------------------
     def write_event_batch(self, rows: Sequence[EventRow]) -> list[str]:
