@@ -9,6 +9,7 @@ from typing import Any, get_args
 import orjson
 import pytest
 
+from hindsight_loop.llm.templates import render_chronicle
 from hindsight_loop.models import Chronicle, Event, KeyNodeKind, Task, iso
 from hindsight_loop.replay import (
     DETAIL_TEXT_MAX,
@@ -714,6 +715,49 @@ def test_a_long_run_is_compressed_keeping_every_key_node() -> None:
     assert kept[:5] == [e.event_id for e in run.events[:5]]
     assert kept[-5:] == [e.event_id for e in run.events[-5:]]
     assert chronicle.steps[-1].type == "task_end"
+
+
+def test_a_run_of_many_like_key_nodes_lists_a_few_and_counts_the_rest() -> None:
+    """Hundreds of the same recovery overflow the step budget: a compressed chronicle keeps the
+    first two and the last of each kind, tool and error, the first counting those left out."""
+    run = Run()
+    run.start()
+    for k in range(400):
+        run.call(
+            "read_csv", "failed", step=f"f{k}", error_type="UnicodeDecodeError", encoding="utf-8"
+        )
+        run.call("read_csv", step=f"f{k}", encoding="gbk")
+        run.call("clean", step=f"f{k}", path=f"/d/{k}")
+        if k % 2 == 0:
+            run.say("that's wrong, again?")
+    run.end()
+    full = replay(TASK, run.events, max_steps=10_000)
+    chronicle = replay(TASK, run.events)  # default max_steps=500
+    assert not any(node.repeats for node in full.key_nodes)
+    assert len(nodes_of(full, "recovery")) == 400
+    assert chronicle.compressed and len(chronicle.steps) <= 500
+    assert_consistent(chronicle)
+    whole = {}
+    for node in full.key_nodes:
+        whole.setdefault((node.kind, node.action, node.error_type), []).append(node.event_id)
+    listed = {}
+    for node in chronicle.key_nodes:
+        listed.setdefault((node.kind, node.action, node.error_type), []).append(node)
+    assert listed.keys() == whole.keys()
+    for key, nodes in listed.items():
+        ids = whole[key]
+        if len(ids) <= 3:
+            assert [n.event_id for n in nodes] == ids and not any(n.repeats for n in nodes)
+            continue
+        # The first two and the last, in run order; the first says how many were left out.
+        assert [n.event_id for n in nodes] == [ids[0], ids[1], ids[-1]]
+        assert [n.repeats for n in nodes] == [len(ids) - 3, 0, 0]
+    assert [n.kind for n in nodes_of(chronicle, "first_failure")] == ["first_failure"]
+    # A reviewer is told what was left out.
+    assert "397 more like it later in the run" in render_chronicle(chronicle)
+    # A run whose key nodes fit keeps every one (the 2,000-event run above).
+    shorter, _ = long_run(2000)
+    assert not any(n.repeats for n in replay(TASK, shorter.events).key_nodes)
 
 
 def test_a_huge_loop_compresses_to_a_few_steps() -> None:

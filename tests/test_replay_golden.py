@@ -6,9 +6,11 @@ SHA-256 of everything a chronicle is shown as: its JSON (what ``hindsight replay
 the HTTP API print), each step's detail (the CLI and the web page), the text an LLM reviewer is
 sent (``render_chronicle``) and the run's language. It was written by this module run as a
 script (``python tests/test_replay_golden.py --write``) on main's code before the tuning
-(8a275a0); the test replays the same inputs on SQLite and PostgreSQL, from the stored
-projections, from the decoded events and from bodies alone (projections set to NULL, as rows
-written before them), and compares.
+(8a275a0), and written again when a compressed chronicle began to fold repeated key nodes
+(``replay._fold``), the one intended change: every chronicle that folds nothing was checked to
+be as before but for the new ``KeyNode.repeats`` field. The test replays the same inputs on
+SQLite and PostgreSQL, from the stored projections, from the decoded events and from bodies
+alone (projections set to NULL, as rows written before them), and compares.
 
 The inputs: the benchmark's 10,000-event task (``bench/replay_speed.py``'s mix and seed),
 varied runs (every status spelling, loops, wavering, complaints in English and Chinese, several
@@ -185,7 +187,7 @@ def test_replay_shows_what_the_golden_file_holds(store_url: str, tmp_path: Path)
     hs = Hindsight(store_url, background=False, triggers=False)
     try:
         record_inputs(hs, tmp_path)
-        assert golden["tsk_bench@500"]["steps"] == 2119  # the benchmark's task, as it measures
+        assert golden["tsk_bench@500"]["steps"] == 501  # the benchmark's task, as it measures
         _compare(chronicles(hs), golden, "from the stored projections")
         _compare(in_memory(hs), golden, "from the decoded events")
         _forget_projections(hs)

@@ -328,6 +328,9 @@ class KeyNode:
     error_type: str | None = None
     related: list[int] = field(default_factory=list)
     """Indices of the other steps that make up the node (the loop's repetitions, …)."""
+    repeats: int = 0
+    """More nodes like this one (same kind, tool and error) later in the run that a compressed
+    chronicle left out, keeping this one, the next and the last."""
 
 
 @dataclass(kw_only=True, slots=True)

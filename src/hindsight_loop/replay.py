@@ -135,6 +135,13 @@ _TAIL_STEPS = 5
 # A loop of 5,000 repetitions must not keep 5,000 steps alive through compression: a node keeps
 # the first and last few of its related steps, which is all a reflector can use anyway.
 _RELATED_MAX = 20
+# When a compressed chronicle's key nodes alone would overflow its budget (hundreds of the same
+# recovery or complaint), each repeated kind of node — the same kind, tool and error — keeps its
+# first ``_FOLD_FIRST`` and its last occurrence; the first counts the others (``repeats``). A
+# reviewer learns nothing from the 300th copy, and keeping them all kept thousands of steps.
+_FOLD_FIRST = 2
+#: Kinds never folded: there is one of each per run, or each one matters (a turn passing).
+_NEVER_FOLD = frozenset({"first_failure", "handoff"})
 
 # Bounds of the input / output / context views on a step. Recording already cuts long text
 # (max_text, default 500); these keep a chronicle of hundreds of steps prompt-sized.
@@ -206,7 +213,10 @@ def replay(task: Task, events: Sequence[Event], *, max_steps: int = 500) -> Chro
             steps the chronicle shows are decoded.
         max_steps: A run with more events than this is compressed: every key node, its related
             steps, its neighbours (while they fit) and the first and last few steps are kept, the
-            rest dropped. Key nodes are always kept, so this is a target, not a hard cap.
+            rest dropped. Key nodes are kept, so this is a target, not a hard cap; only when
+            their steps alone overflow it does each repeated kind of node (the same kind, tool
+            and error) keep its first two and its last, the first counting the others
+            (``KeyNode.repeats``).
 
     Returns:
         The chronicle. ``KeyNode.index``, ``KeyNode.related`` and ``Step.index`` are all
@@ -250,7 +260,11 @@ def _replay(task: Task, events: Sequence[Event], max_steps: int) -> Chronicle:
         run = StoredRun.of(_order(list(events)))
     n = len(run)
     nodes = _detect(run)
-    kept = _compress(n, nodes, max_steps) if n > max_steps else list(range(n))
+    if n > max_steps:
+        nodes = _fold(n, nodes, max_steps)
+        kept = _compress(n, nodes, max_steps)
+    else:
+        kept = list(range(n))
     run.prefetch(kept)  # one read for the bodies of every step shown
     for node in nodes:
         if not node.event_id:  # found from the projection alone: its id is in the body
@@ -1664,6 +1678,33 @@ def _team_chronicle(
 
 
 # -- compression ------------------------------------------------------------------------------
+
+
+def _fold(n: int, nodes: list[KeyNode], max_steps: int) -> list[KeyNode]:
+    """The key nodes a compressed chronicle lists: all of them while their steps fit in
+    ``max_steps``; past that, each repeated kind of node (kind, tool, error) keeps its first
+    ``_FOLD_FIRST`` and its last, and the first counts those left out (``KeyNode.repeats``)."""
+    need = bytearray(n)
+    need[: min(_HEAD_STEPS, n)] = b"\1" * min(_HEAD_STEPS, n)
+    for i in range(max(0, n - _TAIL_STEPS), n):
+        need[i] = 1
+    for node in nodes:
+        need[node.index] = 1
+        for r in node.related:
+            need[r] = 1
+    if need.count(1) <= max_steps:
+        return nodes
+    groups: dict[tuple[str, str | None, str | None], list[int]] = {}
+    for i, node in enumerate(nodes):  # in run order: a group's members are too
+        if node.kind not in _NEVER_FOLD:
+            groups.setdefault((node.kind, node.action, node.error_type), []).append(i)
+    dropped: set[int] = set()
+    for members in groups.values():
+        left_out = members[_FOLD_FIRST:-1]
+        if left_out:
+            dropped.update(left_out)
+            nodes[members[0]].repeats = len(left_out)
+    return [node for i, node in enumerate(nodes) if i not in dropped]
 
 
 def _compress(n: int, nodes: list[KeyNode], max_steps: int) -> list[int]:

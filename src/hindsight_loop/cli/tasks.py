@@ -83,7 +83,8 @@ def replay(
     if not chronicle.key_nodes:
         say("  (none)")
     for node in chronicle.key_nodes:
-        say(f"  {node.index:>4} {node.kind:<22} {node.summary}")
+        more = f"  (+{node.repeats} more like it)" if node.repeats else ""
+        say(f"  {node.index:>4} {node.kind:<22} {node.summary}{more}")
 
 
 def _indent(text: str, prefix: str) -> str:

@@ -256,6 +256,8 @@ def _node_lines(nodes: Sequence[KeyNode]) -> list[str]:
             line += f" ({what})"
         if node.related:
             line += f" steps {', '.join(f'#{i}' for i in node.related)}"
+        if node.repeats:
+            line += f"; {node.repeats} more like it later in the run (not shown)"
         out.append(line)
     return out
 
