@@ -183,6 +183,33 @@ def test_record_a_run_and_read_it_back(server: Any) -> None:
     assert "首次失败" in server["anon"].get(f"/runs/{task_id}?lang=zh").text
 
 
+def test_a_long_run_page_counts_the_like_key_nodes_it_leaves_out(server: Any) -> None:
+    agent = server["agent"]
+    events: list[dict[str, Any]] = [{"type": "task_start", "task_type": "etl", "goal": "load"}]
+    for k in range(300):  # 300 like recoveries: their steps alone overflow a chronicle
+        call = {"tool": "read_csv", "args": {"path": f"{k}.csv"}}
+        events.append(
+            {
+                "type": "action_executed",
+                "input": call,
+                "result": {"status": "failed", "error_type": "UnicodeDecodeError"},
+            }
+        )
+        fixed = {"tool": "read_csv", "args": {"path": f"{k}.csv", "encoding": "gbk"}}
+        events.append(
+            {"type": "action_executed", "input": fixed, "result": {"status": "succeeded"}}
+        )
+    answer = agent.post("/api/events", json={"events": events})
+    assert answer.status_code == 201, answer.text
+    task_id = answer.json()["task_id"]
+    nodes = agent.get(f"/api/tasks/{task_id}").json()["chronicle"]["key_nodes"]
+    [first, *_] = [n for n in nodes if n["kind"] == "recovery"]
+    assert first["repeats"] == 297
+    assert "(+297 more like it later in the run)" in server["anon"].get(f"/runs/{task_id}").text
+    zh = server["anon"].get(f"/runs/{task_id}?lang=zh").text
+    assert "之后还有 297 个同类节点未列出" in zh
+
+
 def test_start_recall_and_outcome(server: Any) -> None:
     agent = server["agent"]
     recalled = agent.post(
