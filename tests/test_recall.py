@@ -887,5 +887,10 @@ def test_a_lesson_for_later_dates_ranks_lower_for_a_request_about_today() -> Non
             "Weather today and tomorrow in Paris",
             "下周北京会下雨吗",
             "Weather in Paris",
+            "Now show me the weather in Paris",  # "now" alone speaks of no time
+            "现在查一下巴黎的天气",
         ):
             assert drop(les, other) == 0.0, other
+    # Words of sequence ("after the payment") name an event, not a later day.
+    assert not recall.speaks_of_later("支付以后再发货，接下来通知用户。")
+    assert not recall.speaks_of_later("Ship the order after the payment clears.")

@@ -128,7 +128,7 @@ class Ranking:
     is not a remedy and is not held back."""
     time_miss: float = 0.15
     """Taken off a lesson about later dates ("for any date after today", "用户问明天或下周的天气时")
-    when the request speaks of the present only ("today", "right now", 今天, 现在) and of no
+    when the request speaks of the present only ("today", "right now", 今天, 目前) and of no
     later time: the lesson's own condition does not hold."""
     value_floor: float = 0.7
     """The score is relevance x (value_floor + value_span x value_score): a lesson's track
@@ -884,16 +884,20 @@ _OUTCOME_ZH_RE = re.compile(
 )
 
 
+#: A time after today, as a lesson's condition names it. Dates only: words of sequence (after
+#: the payment, 下单以后, 接下来) say "after an event", not "a later day".
 _LATER_EN = re.compile(
     r"\b(?:tomorrow|after today|upcoming|future|next (?:week|month|year|weekend|days?|"
     r"monday|tuesday|wednesday|thursday|friday|saturday|sunday)|coming (?:week|month|days))\b",
     re.IGNORECASE,
 )
-_LATER_ZH = re.compile(r"明天|明日|后天|下周|下星期|下个星期|下个?月|明年|未来|将来|以后|接下来")
+_LATER_ZH = re.compile(r"明天|明日|后天|下周|下星期|下个星期|下个?月|明年|未来|将来")
+#: The present, as a request speaks of it ("now" and 现在 alone are left out: "now send it" is
+#: not a time).
 _PRESENT_EN = re.compile(
     r"\b(?:today|right now|currently|current|at the moment|as of now)\b", re.IGNORECASE
 )
-_PRESENT_ZH = re.compile(r"今天|今日|现在|目前|当前|此刻|实时")
+_PRESENT_ZH = re.compile(r"今天|今日|目前|当前|此刻|实时|眼下")
 
 
 def speaks_of_later(text: str) -> bool:
