@@ -14,7 +14,7 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from hindsight_loop import Hindsight
+from hindsight_loop import Hindsight, recall
 from hindsight_loop.cli import app
 from hindsight_loop.embed import HashEmbedder, lesson_text
 from hindsight_loop.models import Features, Lesson, iso
@@ -778,3 +778,119 @@ def test_a_lesson_for_the_other_act_than_the_request_reads_as_ranks_lower() -> N
         both = scores(neutral)
         assert both["read"] == both["change"], neutral
     assert list(scores("What is the status of my order?", intent="operation")) == ["change"]
+
+
+def test_a_remedy_is_held_back_until_the_request_reports_something_gone_wrong() -> None:
+    """A lesson whose advice is a remedy ("When read_csv fails with a codec error, …") loses
+    ``remedy_miss`` for a request where nothing has gone wrong yet, in English and Chinese;
+    not once the request reports an error (its words, an error name, or the error type).
+    A precaution learned on an error ("… from the start") is no remedy."""
+    codec = lesson(
+        "codec",
+        "When read_csv fails with a codec error, retry with encoding='gbk'.",
+        task_type="csv_cleaning",
+        tools=("read_csv",),
+        error_type="UnicodeDecodeError",
+    )
+    codec_zh = lesson(
+        "codec_zh",
+        "读取 CSV 报编码错误时，先用 gbk 编码重试。",
+        task_type="csv_cleaning",
+        tools=("read_csv",),
+        language="zh",
+    )
+    bom = lesson(
+        "bom",
+        "Call read_csv with encoding='utf-8-sig' from the start: Excel exports carry a BOM.",
+        task_type="csv_cleaning",
+        tools=("read_csv",),
+        error_type="KeyError",
+    )
+    value = Ranking().value_floor + Ranking().value_span * 0.5
+
+    def score(les: Lesson, text: str, **kwargs: Any) -> float:
+        q = RecallQuery(task_type="csv_cleaning", tools=["read_csv"], query=text, **kwargs)
+        found = LessonIndex([les], embedder=HashEmbedder(), ranking=ALL).search(q, now=NOW)
+        return found[0].score or 0.0
+
+    def no_miss(les: Lesson, text: str, **kwargs: Any) -> float:
+        q = RecallQuery(task_type="csv_cleaning", tools=["read_csv"], query=text, **kwargs)
+        ranking = dataclasses.replace(ALL, remedy_miss=0.0)
+        found = LessonIndex([les], embedder=HashEmbedder(), ranking=ranking).search(q, now=NOW)
+        return found[0].score or 0.0
+
+    for les, calm in ((codec, "How many rows are in data.csv?"), (codec_zh, "data.csv 有多少行？")):
+        assert no_miss(les, calm) - score(les, calm) == pytest.approx(
+            Ranking().remedy_miss * value, abs=2e-4
+        ), les.lesson_id
+    for gone_wrong, kwargs in (
+        ("read_csv failed on data.csv", {}),
+        ("read_csv raised UnicodeDecodeError", {}),
+        ("读取 data.csv 报错了", {}),
+        ("How many rows are in data.csv?", {"error_type": "UnicodeDecodeError"}),
+    ):
+        for les in (codec, codec_zh):
+            assert score(les, gone_wrong, **kwargs) == no_miss(les, gone_wrong, **kwargs)
+    assert score(bom, "How many rows are in data.csv?") == no_miss(
+        bom, "How many rows are in data.csv?"
+    )
+    # Remedies name a call going wrong; a condition on anything else is not one.
+    for advice, remedy in (
+        ("If search_flights returns no results, widen the dates by a day.", True),
+        ("When get_weather returns 404 for a city, call get_weather_v1.", True),
+        ("fetch_url 返回 429 时，等待后重试。", True),
+        ("如果上传失败，先检查网络。", True),
+        ("When a customer returns an item after 30 days, refuse the refund.", False),
+        (
+            "For any date after today call get_forecast: get_weather returns current conditions.",
+            False,
+        ),
+        ("用户问明天的天气时调用 get_forecast，get_weather 只返回实时天气。", False),
+        ("Do not retry book_flight with the same arguments: fix what the error points at.", False),
+    ):
+        assert recall.is_remedy(advice) is remedy, advice
+
+
+def test_a_lesson_for_later_dates_ranks_lower_for_a_request_about_today() -> None:
+    """A lesson about later dates ("for any date after today …") loses ``time_miss`` for a
+    request about the present only ("today", 今天); not for one naming a later time, nor for
+    one naming no time at all."""
+    later = lesson(
+        "later",
+        "For any date after today call get_forecast, not get_weather.",
+        tools=("get_weather", "get_forecast"),
+    )
+    later_zh = lesson(
+        "later_zh",
+        "用户问明天或下周的天气时调用 get_forecast。",
+        tools=("get_weather", "get_forecast"),
+        language="zh",
+    )
+    value = Ranking().value_floor + Ranking().value_span * 0.5
+
+    def drop(les: Lesson, text: str) -> float:
+        q = RecallQuery(
+            task_type="weather_query", tools=["get_weather", "get_forecast"], query=text
+        )
+        got = {}
+        for miss in (0.0, Ranking().time_miss):
+            ranking = dataclasses.replace(ALL, time_miss=miss)
+            found = LessonIndex([les], embedder=HashEmbedder(), ranking=ranking).search(q, now=NOW)
+            got[miss] = found[0].score or 0.0
+        return got[0.0] - got[Ranking().time_miss]
+
+    for les in (later, later_zh):
+        for today in ("How warm is it in Springfield today?", "朝阳今天天气怎么样？"):
+            assert drop(les, today) == pytest.approx(Ranking().time_miss * value, abs=2e-4)
+        for other in (
+            "Will it rain tomorrow?",
+            "Weather today and tomorrow in Paris",
+            "下周北京会下雨吗",
+            "Weather in Paris",
+            "Now show me the weather in Paris",  # "now" alone speaks of no time
+            "现在查一下巴黎的天气",
+        ):
+            assert drop(les, other) == 0.0, other
+    # Words of sequence ("after the payment") name an event, not a later day.
+    assert not recall.speaks_of_later("支付以后再发货，接下来通知用户。")
+    assert not recall.speaks_of_later("Ship the order after the payment clears.")

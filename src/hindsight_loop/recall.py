@@ -10,8 +10,10 @@ So recall is rules first, ranking second (DESIGN.md):
    task), and of the same intent class when both are known.
 2. The rank stage scores the survivors by a fusion of cosine similarity, BM25 over a CJK-aware
    tokenization and the lesson's value score, plus boosts for an exact step / error-type match
-   (and less for a lesson learned on another error than the one the request names, or for the
-   other act than the one the request reads as: a lookup or a change). Below a minimum score
+   (and less for a lesson learned on another error than the one the request names, for the
+   other act than the one the request reads as: a lookup or a change, and for a lesson whose
+   own condition the request does not show: a remedy for a call gone wrong when nothing has,
+   advice for later dates when the request is about today). Below a minimum score
    nothing is returned: no advice is better than wrong advice. One exception: when the text
    cannot judge (the lessons of the very call are all in the other language than the request,
    which the hashed embedder and BM25 compare only through identifiers and a small lexicon),
@@ -118,6 +120,16 @@ class Ranking:
     the two. Only a penalty, not the rule stage's filter: the reading is keyword rules and can
     be wrong. An analysis request (compare, explain) is held against no lesson: it often
     looks things up too ("compare flight prices")."""
+    remedy_miss: float = 0.15
+    """Taken off a lesson whose advice is a remedy for an outcome ("When read_csv fails with
+    a codec error, …", "If search_flights returns no results, …", "…报错时，…") when the request
+    reports no outcome (``reports_outcome``): nothing has gone wrong yet, so the advice's own
+    condition does not hold. A precaution learned on an error ("Call X with … from the start")
+    is not a remedy and is not held back."""
+    time_miss: float = 0.15
+    """Taken off a lesson about later dates ("for any date after today", "用户问明天或下周的天气时")
+    when the request speaks of the present only ("today", "right now", 今天, 目前) and of no
+    later time: the lesson's own condition does not hold."""
     value_floor: float = 0.7
     """The score is relevance x (value_floor + value_span x value_score): a lesson's track
     record moves its rank, but cannot carry a lesson that does not match."""
@@ -447,6 +459,9 @@ class LessonIndex:
         self._specific = np.fromiter(
             (key not in _ANY_TASK_TYPES for key, _ in keyed), np.float32, n
         )
+        flags = [advice_flags(les.advice) for les in self.lessons]
+        self._remedy = np.fromiter((f[0] for f in flags), bool, n)
+        self._later = np.fromiter((f[1] for f in flags), bool, n)
         # Tools as postings: for each tool, the sorted positions of the lessons naming it.
         postings: dict[int, list[int]] = {}
         tool_count = np.zeros(n, np.int32)
@@ -738,6 +753,8 @@ class LessonIndex:
         intent_miss = None
         if (other := intent_missed(q)) and (other_id := self._intents.get(other)):
             intent_miss = self._intent[idx] == other_id
+        remedy_miss = None if reports_outcome(q) else self._remedy[idx]
+        time_miss = self._later[idx] if reads_present(q) else None
         score = _fuse(
             rk,
             idx.size,
@@ -749,6 +766,8 @@ class LessonIndex:
             self._value[idx],
             error_miss,
             intent_miss,
+            remedy_miss,
+            time_miss,
         )
         tool_hit = None
         if strong is not None and (tags := _query_tags(text)):
@@ -821,6 +840,100 @@ def errors_named(q: RecallQuery) -> set[str]:
     else:
         names = [_norm(m) for m in _ERROR_NAME_RE.findall(q.query)] if q.query else []
     return {_error_stem(n) for n in names if n}
+
+
+#: A call going wrong, in a remedy's condition: a failure verb ("fails", "times out", "raises"),
+#: or a call returning nothing or an error ("returns no results", "get_weather returns 404",
+#: "run_sql says …": a tool's name, or "the call" / "it", before "returns" or "says").
+_FAILS_EN = (
+    r"fail(?:s|ed|ing)?|errors?|errored|raises?|raised|throws?|threw|times? out|timed out|"
+    r"crash(?:es|ed)?|rejects?|rejected|refuses?|refused"
+)
+_RETURNS_EN = r"returns?|returned|says|said|reports?|gives?|comes? back"
+_REMEDY_EN = re.compile(
+    r"\b(?:when|whenever|if)\b[^.,;:!?]{0,80}?\b(?:"
+    rf"(?:{_FAILS_EN})\b"
+    rf"|(?:\w+_\w+|call|tool|request|api|it)\s+(?:{_RETURNS_EN})\b"
+    rf"|(?:{_RETURNS_EN})\s+(?:no|nothing|empty|an? error|errors?|null|none|[45]\d\d)\b)",
+    re.IGNORECASE,
+)
+#: The same in Chinese: a failure word, in a clause closed by 时 / 时候 or opened by 如果 / 若 /
+#: 一旦 / 当 ("读取 CSV 报编码错误时，", "如果上传失败"). 时 must close the clause: 实时 and 及时 do not.
+_FAILS_ZH = (
+    r"(?:报错|报[^。；，,;]{0,8}错|出错|错误|失败|超时|异常|拒绝|崩溃|无结果|没有结果|"
+    r"返回(?:空|为空|错误|\s*[45]\d\d))"
+)
+_REMEDY_ZH = re.compile(
+    rf"(?:如果|若|一旦|当)[^。；，,;]{{0,30}}{_FAILS_ZH}"
+    rf"|{_FAILS_ZH}[^。；，,;]{{0,30}}(?:时候|时[，,：:\s])"
+)
+#: What a request says when something has gone wrong: an error, a failure, a refusal, an empty
+#: or missing result, a call that does not work. Read generously: a request taken to report an
+#: outcome only keeps its remedies from being held back.
+_OUTCOME_EN_RE = re.compile(
+    r"(?:error|exception|fail)|\b(?:returned|returns|returning|timed? out|times out|timeout|"
+    r"crash\w*|rejected|refused|denied|forbidden|broken|broke|not found|does ?n[o']t exist|"
+    r"no results?|empty|stuck|hang(?:s|ing)?|can'?t|cannot|couldn'?t|unable|won'?t|"
+    r"does ?n[o']t work|not working|invalid|wrong|bug|issue|problem|missing|"
+    r"(?:http|status|code)\s*[45]\d\d)\b",
+    re.IGNORECASE,
+)
+_OUTCOME_ZH_RE = re.compile(
+    r"报错|报[^。；，,;]{0,8}错|出错|错误|失败|返回|超时|异常|拒绝|崩溃|不存在|找不到|为空|没有结果|"
+    r"挂了|挂掉|宕机|不行|无法|没法|打不开|连不上|卡住|卡死|出问题|问题|不对|错了|无效|失效"
+)
+
+
+#: A time after today, as a lesson's condition names it. Dates only: words of sequence (after
+#: the payment, 下单以后, 接下来) say "after an event", not "a later day".
+_LATER_EN = re.compile(
+    r"\b(?:tomorrow|after today|upcoming|future|next (?:week|month|year|weekend|days?|"
+    r"monday|tuesday|wednesday|thursday|friday|saturday|sunday)|coming (?:week|month|days))\b",
+    re.IGNORECASE,
+)
+_LATER_ZH = re.compile(r"明天|明日|后天|下周|下星期|下个星期|下个?月|明年|未来|将来")
+#: The present, as a request speaks of it ("now" and 现在 alone are left out: "now send it" is
+#: not a time).
+_PRESENT_EN = re.compile(
+    r"\b(?:today|right now|currently|current|at the moment|as of now)\b", re.IGNORECASE
+)
+_PRESENT_ZH = re.compile(r"今天|今日|目前|当前|此刻|实时|眼下")
+
+
+def speaks_of_later(text: str) -> bool:
+    """Whether a text names a time after today ("tomorrow", "next week", 明天, 下周)."""
+    return bool(_LATER_EN.search(text) or _LATER_ZH.search(text))
+
+
+def reads_present(q: RecallQuery) -> bool:
+    """Whether a request speaks of the present ("today", "right now", 今天) and of no later
+    time (``Ranking.time_miss``)."""
+    text = q.query or ""
+    present = _PRESENT_EN.search(text) or _PRESENT_ZH.search(text)
+    return bool(present) and not speaks_of_later(text)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def advice_flags(advice: str) -> tuple[bool, bool]:
+    """What a lesson's advice says of its own condition, as both candidate stages read it:
+    whether it is a remedy (``Ranking.remedy_miss``) and whether it is about later dates
+    (``Ranking.time_miss``)."""
+    return is_remedy(advice), speaks_of_later(advice)
+
+
+def is_remedy(advice: str) -> bool:
+    """Whether a lesson's advice is a remedy: what to do once a call has gone wrong
+    (``Ranking.remedy_miss``)."""
+    return bool(_REMEDY_EN.search(advice) or _REMEDY_ZH.search(advice))
+
+
+def reports_outcome(q: RecallQuery) -> bool:
+    """Whether a request is about something that went wrong: its error type, or words of an
+    error, a failure or an empty result in its text (``Ranking.remedy_miss``)."""
+    if q.error_type or errors_named(q):
+        return True
+    text = q.query or ""
+    return bool(_OUTCOME_EN_RE.search(text) or _OUTCOME_ZH_RE.search(text))
 
 
 def _strong(
@@ -933,6 +1046,8 @@ def _fuse(
     value: np.ndarray,
     error_miss: np.ndarray | None = None,
     intent_miss: np.ndarray | None = None,
+    remedy_miss: np.ndarray | None = None,
+    time_miss: np.ndarray | None = None,
 ) -> np.ndarray:
     """The rank stage's score of ``n`` survivors from their signals (``cosine`` is ``None``
     when the query has no text). One function for every candidate stage, so an index in
@@ -951,6 +1066,10 @@ def _fuse(
         relevance = relevance - rk.error_miss * error_miss
     if intent_miss is not None:
         relevance = relevance - rk.intent_miss * intent_miss
+    if remedy_miss is not None:
+        relevance = relevance - rk.remedy_miss * remedy_miss
+    if time_miss is not None:
+        relevance = relevance - rk.time_miss * time_miss
     return relevance * (rk.value_floor + rk.value_span * value)
 
 
@@ -1114,12 +1233,15 @@ class StoreStage:
         self.version = -1
         self._stats: tuple[int, int, int] = (0, 0, 0)
         self._counts: dict[str, int] = {}
+        #: ``advice_flags`` by lesson id for this book version (the rows carry no advice).
+        self._flags: dict[str, tuple[bool, bool]] = {}
 
     def refresh(self, version: int) -> int:
         """Read the book's BM25 statistics for ``version``; return the number of lessons."""
         if version != self.version:
             self._stats = self.store.recall_stats()
             self._counts = self.store.recall_counts()
+            self._flags = {}
             self.version = version
         return self._stats[0]
 
@@ -1335,8 +1457,27 @@ class StoreStage:
         intent_miss = None
         if other := intent_missed(q):
             intent_miss = np.fromiter((r[10] == other for r in rows), bool, n)
+        remedy_miss = time_miss = None
+        present = reads_present(q)
+        if present or not reports_outcome(q):
+            flags = self._advice_flags(rows)
+            if not reports_outcome(q):
+                remedy_miss = np.fromiter((f[0] for f in flags), bool, n)
+            if present:
+                time_miss = np.fromiter((f[1] for f in flags), bool, n)
         score = _fuse(
-            rk, n, scenario, cosine, bm25, step_hit, error_hit, value, error_miss, intent_miss
+            rk,
+            n,
+            scenario,
+            cosine,
+            bm25,
+            step_hit,
+            error_hit,
+            value,
+            error_miss,
+            intent_miss,
+            remedy_miss,
+            time_miss,
         )
         if strong is None:
             return score, None, None
@@ -1353,6 +1494,16 @@ class StoreStage:
             error_miss,
         )
         return score, _strong(*strong, bm25, tool_hit), rules
+
+    def _advice_flags(self, rows: list[tuple[Any, ...]]) -> list[tuple[bool, bool]]:
+        """``advice_flags`` of the rows' lessons, read once per lesson and book version."""
+        missing = [r[1] for r in rows if r[1] not in self._flags]
+        if missing:
+            bodies = self.store.lesson_bodies(missing)
+            for lesson_id in missing:
+                body = bodies.get(lesson_id)
+                self._flags[lesson_id] = advice_flags(body.advice) if body else (False, False)
+        return [self._flags[r[1]] for r in rows]
 
     def _vectors(self, rows: list[tuple[Any, ...]]) -> np.ndarray:
         """The rows' stored vectors; one missing or of another model is embedded here, in
