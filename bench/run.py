@@ -141,9 +141,14 @@ def _record_rows(r: dict[str, Any]) -> list[str]:
     return rows
 
 
-def _ingest_target(rate: float, at_1m: float | None = None) -> str:
+def _ingest_target(rate: float, last: float | None = None, rows: int = 0) -> str:
+    """50k/s; and 40k/s for the last run when the store has grown to 1M rows by its end."""
     out = f"≥ 50k/s: {_met(rate >= 50_000)}"
-    return out if at_1m is None else f"{out}; ≥ 40k/s at 1M rows: {_met(at_1m >= 40_000)}"
+    if last is None:
+        return out
+    if rows < 1_000_000:
+        return f"{out}; ≥ 40k/s at 1M rows: not reached (the store ends at {rows:,} rows)"
+    return f"{out}; ≥ 40k/s at 1M rows: {_met(last >= 40_000)}"
 
 
 def _ingest_rows(r: dict[str, Any]) -> list[str]:
@@ -162,10 +167,10 @@ def _ingest_rows(r: dict[str, Any]) -> list[str]:
         f"naive synchronous logger (orjson + executemany, no sanitizing): "
         f"{_s(r['baseline_events_per_s'])} | ×{r['ratio_process_over_baseline']['median']:.2f} "
         f"(writer thread's ×{r['ratio_process_over_thread']['median']:.2f}) | "
-        f"{_ingest_target(p['median'], p_last)} |",
+        f"{_ingest_target(p['median'], p_last, r['process_rows_at_end'])} |",
         f'| the same, writer thread (`writer="thread"`) | {_s(s)}; last run (at '
         f"{grown:,}→{r['rows_at_end']:,} rows) {last:,.0f} | (same logger runs) | "
-        f"×{r['ratio_subject_over_baseline']['median']:.2f} | {_ingest_target(s['median'], last)} |",
+        f"×{r['ratio_subject_over_baseline']['median']:.2f} | {_ingest_target(s['median'], last, r['rows_at_end'])} |",
         f"| writer thread with `triggers=False` (no live anomaly rules in the writer) | "
         f"{_s(r['no_triggers_events_per_s'])} | (same logger runs) | "
         f"×{r['ratio_no_triggers_over_baseline']['median']:.2f} | "
