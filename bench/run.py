@@ -499,6 +499,11 @@ def _load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
 
 
+def _load1() -> str:
+    """The 1-minute load average: beside each benchmark's time, what else was running."""
+    return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
+
+
 def _section(script: str, result: Any, err: str) -> str:
     if result is None:
         return f"### `bench/{script}`\n\nfailed:\n\n```\n{err}\n```\n"
@@ -524,8 +529,9 @@ def _run_all(names: list[str] | None, quick: bool) -> tuple[dict, dict, list[str
         if names is not None and script not in names:
             continue
         print(f"running {script} …", file=sys.stderr, flush=True)
+        load = _load1()
         result, err, secs = _run(script, short if quick else full)
-        timings.append(f"{script} {secs:.0f} s")
+        timings.append(f"{script} {secs:.0f} s, load {load}→{_load1()}")
         if result is None:
             rows[script] = [f"| {script} | failed: {err.splitlines()[-1] if err else '?'} | | | |"]
         else:
@@ -540,8 +546,9 @@ def _run_all(names: list[str] | None, quick: bool) -> tuple[dict, dict, list[str
             sections[script] = f"### {script}\n\nskipped by --quick.\n"
             continue
         print(f"running {script} …", file=sys.stderr, flush=True)
+        load = _load1()
         result, err, secs = _run(script, short if quick else full)
-        timings.append(f"{script} {secs:.0f} s")
+        timings.append(f"{script} {secs:.0f} s, load {load}→{_load1()}")
         sections[script] = _section(script, result, err)
     return rows, sections, timings
 
