@@ -403,7 +403,8 @@ NOTES = """\
 
 Written by hand on 2026-12-02, not by the run: a later run changes the rows above, not these
 figures. The record-call, ingest and curation figures are from the `--only` refresh of ad40e55
-(load ~1-3), the others from the full run of 2026-12-01. Each says which writer it is for.
+(load ~1-3, an Intel Xeon), the others from the full run of 2026-12-01 (an AMD EPYC): compare
+across the two by the ratios. Each says which writer it is for.
 
 - **Recording a call with the writer process, the default** (issue 13: p50 ≤ 2 µs and p99 ≤ 5 µs
   on the agent's thread; p50 ≤ 1/10 of an OTel span): `TaskRun.record_action` p50 ~2.7 µs, p99
@@ -427,7 +428,8 @@ figures. The record-call, ingest and curation figures are from the `--only` refr
   tasks of 100, ~42.5k/s (×0.43; the live rules keep reading every watched event of a short
   task). The margin is thin and moves with the machine: the refresh before it, at load 3-5 with
   test suites running, gave ~34k/s (process) and ~31k/s (thread) beside the logger at ~75k/s
-  (×0.43 / ×0.42), and the full run of 2026-12-01 gave the writer thread ~42k/s (×0.46). The
+  (×0.43 / ×0.42), and the full run of 2026-12-01, on the other machine, gave the writer thread
+  ~42k/s beside ~82k/s (×0.46). The
   writer process spends ~33 µs of CPU per ~1 KB tool call with the triggers on (`python
   bench/writer_cpu.py`, fed 50,000 lines from a file, 6 runs, 32-34 µs, this session): on two
   cores shared with the agent that CPU, not the agent's thread, is what bounds its rate.
@@ -697,11 +699,18 @@ def main() -> int:
     kept = [p for p in old["head"] if p.startswith("Written by") or p.startswith("Refreshed by")]
     kept = [p for p in kept if not superseded(p)]
     machine_line = next((p for p in old["head"] if p.startswith("Machine:")), _machine_line(m))
+    here = _machine_line(m).split(". ", 1)[0]
+    # Figures from two machines side by side: say so, the ratios are what compares.
+    elsewhere = (
+        ""
+        if machine_line.startswith(here)
+        else f" {here[len('Machine: ') :]}, not the machine below;"
+    )
     refreshed = (
         f"Refreshed by `python bench/run.py{quick} --only {','.join(names)}` on {m['date']} "
-        f"({commit}; load average {load0} at the start, {_load()} at the end; {', '.join(timings)})"
-        f": the rows and sections of {', '.join(f'`{n}`' for n in names)}; the others are from "
-        "the run above."
+        f"({commit};{elsewhere} load average {load0} at the start, {_load()} at the end; "
+        f"{', '.join(timings)}): the rows and sections of {', '.join(f'`{n}`' for n in names)}; "
+        "the others are from the run above."
     )
     head = [*kept, refreshed, WRITERS, machine_line]
     # The notes are this file's, rewritten with it; the suite time is the full run's.
