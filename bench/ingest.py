@@ -6,19 +6,20 @@ feedback; ~500 B of body on average), recorded with ``TaskRun`` calls on the age
 (``record_action``, ``decision``, ``user_input``, ``state``, ``feedback``). Each run appends to
 the same store, so the last run ends at ``--events`` x runs rows: the rate must hold as the
 table grows. Subjects: the writer process (``writer="process"``: the agent's process serializes,
-another sanitizes, redacts, writes and runs the live triggers) and the writer thread (the
-default), each with the live triggers on; the thread also with them off, and with the events
-in tasks of 100 (the live rules stop reading a task that used up its local reviews, which the
-one long task does early; short tasks keep them at work). Baseline, interleaved
-run by run: a naive synchronous logger on the agent's thread
-that serializes each event with orjson and writes it to the same schema with ``executemany``,
-one transaction per 10,000 events, without sanitizing or redacting: roughly what this disk and
-SQLite can take.
+another sanitizes, redacts, writes and runs the live triggers; the default where one can start)
+and the writer thread (``writer="thread"``), each with the live triggers on; the thread also
+with them off, and with the events in tasks of 100 (the live rules stop reading a task that used
+up its local reviews, which the one long task does early; short tasks keep them at work).
+Baseline, interleaved run by run: a naive synchronous logger on the agent's thread that
+serializes each event with orjson and writes it to the same schema with ``executemany``, one
+transaction per 10,000 events, without sanitizing or redacting: roughly what this disk and SQLite
+can take.
 
-Busy agent: the agent's thread computes (pure Python, ~20 µs of work per event, calibrated)
-and records one event per unit of work; the number of accepted events not yet durable (queue
-plus batches being written) is sampled after every event. The writer must keep up: the maximum
-stays within two batches. Baseline: the same work without recording, for the agent's slowdown.
+Busy agent, with the default writer: the agent's thread computes (pure Python, ~20 µs of work
+per event, calibrated) and records one event per unit of work; the number of accepted events not
+yet durable (queue plus batches being written) is sampled after every event. The writer must
+keep up: the maximum stays within two batches. Baseline: the same work without recording, for
+the agent's slowdown.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def _busy(db: Path, events: list[dict[str, Any]], work: int, record: bool) -> di
     from hindsight_loop import Hindsight
     from hindsight_loop.record import BATCH_SIZE
 
-    hs = Hindsight(db, background=False, triggers=False)
+    hs = Hindsight(db, background=False, triggers=False)  # the default writer
     rec = hs.recorder
     pending_max = 0
     try:
@@ -192,6 +193,8 @@ def _busy(db: Path, events: list[dict[str, Any]], work: int, record: bool) -> di
             "pending_max": pending_max,
             "drain_s": drain,
             "batch": BATCH_SIZE,
+            # after the run: a writer process that could not start or died falls back to a thread
+            "writer": getattr(rec, "mode", "thread"),
         }
     finally:
         hs.close()
@@ -244,6 +247,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "busy_work_us": 20.0,
             "busy_pending_max": spread([b["pending_max"] for b in busy]),
             "busy_batch_size": busy[0]["batch"],
+            "busy_writer": "/".join(sorted({b["writer"] for b in busy})),
             "busy_events_per_s": spread([busy_n / b["elapsed"] for b in busy]),
             "busy_drain_s": spread([b["drain_s"] for b in busy]),
             "busy_agent_slowdown": spread(
@@ -298,7 +302,8 @@ def _render_busy(r: dict[str, Any]) -> str:
         f"{r['busy_batch_size']:,}), {r['busy_events_per_s']['median']:,.0f} events/s, "
         f"agent slowdown x{r['busy_agent_slowdown']['median']:.2f} "
         f"(x{r['busy_agent_slowdown_to_durable']['median']:.2f} to the last event durable), "
-        f"drain {r['busy_drain_s']['median']:.2f} s (writer thread: "
+        f"drain {r['busy_drain_s']['median']:.2f} s (default writer, "
+        f"{r.get('busy_writer', '?')}: "
         + (
             "redaction guards in one Hyperscan scan per 100 events)"
             if r.get("redact_guards") == "hyperscan"

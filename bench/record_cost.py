@@ -8,15 +8,16 @@ distinct payloads, cycled):
   per-event call of the facade;
 - ``hs.record``: the wire-format path, ``hs.record({...})``, building the event dict included.
 
-Each with the writer thread in the agent's process (``writer="thread"``, the default) and with
-the writer process (``writer="process"``: the call serializes the event; the rest happens in
-another process).
+Each with the writer process (``writer="process"``, the default where one can start: the call
+serializes the event; the rest happens in another process) and with the writer thread in the
+agent's process (``writer="thread"``).
 
 Baseline: an OpenTelemetry SDK span with 5 attributes (tool name, arguments and result as JSON
 strings, status, step; the strings prepared beforehand, which favours OpenTelemetry) through a
 ``BatchSpanProcessor`` with an exporter that drops everything, the attributes dict built in the
 timed region as for the subjects. Hindsight's writer thread (sanitizing, redacting and writing
-to SQLite) and OpenTelemetry's export thread both run during the measurement.
+to SQLite), its writer process's sender thread and OpenTelemetry's export thread all run during
+the measurement.
 
 Each run times every call with ``perf_counter_ns`` (its own ~50-100 ns included, reported as
 "timer") in blocks of 1,000 calls, the subjects and the baseline taking turns block by block, in
