@@ -508,6 +508,26 @@ def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
         )
         for i, (word, value) in enumerate((("gate code", 0.55), ("box weight", 0.6)))
     ]
+    # Remedies (advice for when a call went wrong) and advice about later dates: they rank
+    # lower for a request that shows no failure / speaks only of today (``Ranking.remedy_miss``,
+    # ``time_miss``), which the store's stage reads from the advice, as the index does.
+    book += [
+        Lesson(
+            lesson_id=f"les_cond{i}",
+            task_type="ops",
+            advice=advice,
+            features=Features(tools=["deploy"]),
+            valid_until=iso(utcnow() + timedelta(days=30)),
+        )
+        for i, advice in enumerate(
+            (
+                "When deploy fails with a timeout, roll back to the last good release first.",
+                "部署报超时错误时，先回滚到上一个能用的版本。",
+                "Check tomorrow's change freeze before you deploy the release.",
+                "Check the release notes before you deploy the release.",
+            )
+        )
+    ]
     vectors = embedder.embed([x.advice for x in book])  # any stored vectors of the model
     stores = {"sqlite": open_store(str(tmp_path / "book.db")), "postgres": open_store(pg_url)}
     for store in stores.values():
@@ -535,6 +555,10 @@ def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
         RecallQuery(task_type="csv", tools=["read_csv"], query="which encoding is the csv in?"),
         # Nothing in the request's language fits: the best rule match in the other one.
         RecallQuery(task_type="courier", tools=["schedule_pickup"], query="明早让师傅上门取件"),
+        # No failure shown, only today: the remedies and the later-date advice rank lower.
+        RecallQuery(task_type="ops", tools=["deploy"], query="deploy the release today"),
+        RecallQuery(task_type="ops", tools=["deploy"], query="deploy failed with a timeout"),
+        RecallQuery(task_type="ops", tools=["deploy"], query="今天部署新版本"),
     ]
     nonempty = 0
     for q in queries:
@@ -546,7 +570,14 @@ def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
         for x in got["postgres"]:
             assert x.is_live() and x.task_type in (q.task_type, "*") or q.task_type is None
     assert nonempty >= 6
-    assert caches["postgres"].search(queries[-1], limit=3).ids == ["les_pickup1"]
+    courier = next(q for q in queries if q.task_type == "courier")
+    assert caches["postgres"].search(courier, limit=3).ids == ["les_pickup1"]
+    today = next(q for q in queries if q.query == "deploy the release today")
+    failed = next(q for q in queries if q.query == "deploy failed with a timeout")
+    # Today and nothing wrong: the plain advice, not the remedies or tomorrow's freeze; a
+    # failure named: the remedy.
+    assert caches["postgres"].search(today, limit=3).ids == ["les_cond3"]
+    assert caches["postgres"].search(failed, limit=3).ids[0] == "les_cond0"
     pg_cache = caches["postgres"]
     assert pg_cache._stage is not None and pg_cache._index is None  # the store's stage served
     plan = (
