@@ -574,3 +574,66 @@ def test_a_program_embedding_python_records_with_the_writer_thread(
     env["PYTHONPATH"] = str(Path(__file__).parents[1] / "src")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+_FORKS = """
+import os, sys, time, warnings
+warnings.simplefilter("ignore", DeprecationWarning)  # 3.12: fork() with threads running
+from hindsight_loop import Hindsight
+
+hs = Hindsight(sys.argv[1], writer="process", background=False)
+with hs.task("parent", recall=False) as task:
+    task.user_input("before the fork")
+assert hs.flush()
+parent_writer = hs.recorder.pid
+pid = os.fork()
+if pid == 0:  # the child records too, then stays alive (a pool's worker)
+    with hs.task("child", recall=False) as task:
+        task.user_input("in the child")
+    ok = hs.flush(timeout=60)
+    print("child", ok, hs.recorder.pid != parent_writer, flush=True)
+    time.sleep(60)
+    os._exit(0)
+print(sys.stdin.readline().strip(), flush=True)  # the child has flushed: the test says go on
+t0 = time.monotonic()
+hs.close()
+print("closed %.1f" % (time.monotonic() - t0), flush=True)
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_neither_holds_the_parents_writer_nor_shares_its_events(
+    tmp_path: Path,
+) -> None:
+    """A child forked from the agent kept its copy of the writer's pipe: the parent's close()
+    waited until the child exited (then, past EXIT_WAIT, killed the writer). The child now
+    lets go of it, and records through a writer process of its own, its event ids its own."""
+    script = tmp_path / "forks.py"
+    script.write_text(_FORKS)
+    db = tmp_path / "fork.db"
+    agent = subprocess.Popen(
+        [sys.executable, str(script), str(db)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert agent.stdin is not None and agent.stdout is not None
+    try:
+        assert agent.stdout.readline().split() == ["child", "True", "True"]
+        agent.stdin.write("go\n")
+        agent.stdin.flush()
+        assert agent.stdout.readline().strip() == "go"
+        closed = float(agent.stdout.readline().split()[1])
+        assert agent.wait(timeout=60) == 0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        agent.stdin.close()
+        agent.stdout.close()
+    assert closed < 30  # not waiting for the child (it sleeps 60 s)
+    rows = _rows(db)
+    texts = sorted(orjson.loads(r[2]).get("input", {}).get("text", "") for r in rows)
+    assert texts == ["", "", "", "", "before the fork", "in the child"]
+    assert len({r[0] for r in rows}) == len(rows) == 6
