@@ -637,3 +637,29 @@ def test_a_forked_child_neither_holds_the_parents_writer_nor_shares_its_events(
     texts = sorted(orjson.loads(r[2]).get("input", {}).get("text", "") for r in rows)
     assert texts == ["", "", "", "", "before the fork", "in the child"]
     assert len({r[0] for r in rows}) == len(rows) == 6
+
+
+def test_a_relative_path_is_the_file_opened_even_after_the_agent_changes_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer process starts on the first event, in the agent's working directory of that
+    moment: it opened (and created) another file for a relative path once the agent had moved,
+    and reported those events durable there."""
+    (tmp_path / "here").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    hs = Hindsight("h.db", writer="process", background=False, triggers=False)
+    try:
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        with hs.task("t", recall=False) as task:
+            task.user_input("where am I")
+        assert hs.flush() is True
+    finally:
+        hs.close()
+    assert not (tmp_path / "elsewhere" / "h.db").exists()
+    assert [r[1] for r in _rows(tmp_path / "here" / "h.db")] == [
+        "task_start",
+        "user_input",
+        "task_end",
+    ]
+    assert hs.recorder.dead_letter.parent == tmp_path / "here"
