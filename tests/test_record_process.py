@@ -663,3 +663,29 @@ def test_a_relative_path_is_the_file_opened_even_after_the_agent_changes_directo
         "task_end",
     ]
     assert hs.recorder.dead_letter.parent == tmp_path / "here"
+
+
+def test_a_restarted_writer_still_reviews_a_recovery_it_did_not_see_fail(tmp_path: Path) -> None:
+    """A task that recovered from a failed tool call is reviewed when it ends (a short one
+    too). What the triggers knew of a running task lived in the writer process that died: the
+    writer started in its place saw only the recovery and queued no review. It reads what it
+    did not see from the store."""
+    hs = Hindsight(tmp_path / "t.db", writer="process", background=False)
+    try:
+        with (
+            pytest.warns(HindsightWarning, match="writer process ended"),
+            hs.task("etl", recall=False) as task,
+        ):
+            task.record_action("read_csv", {"path": "/x.csv"}, status="failed", error_type="E")
+            assert hs.flush() is True
+            first = hs.recorder.pid
+            assert first is not None
+            _kill(first)
+            task.record_action("read_csv", {"path": "/x.csv", "encoding": "gbk"})
+            assert hs.flush() is True
+        assert hs.flush() is True
+        assert hs.recorder.pid not in (None, first)
+        jobs = hs.store._db.execute("SELECT kind, trigger FROM jobs").fetchall()  # type: ignore[attr-defined]
+        assert jobs == [("full", "task_end")]
+    finally:
+        hs.close()
