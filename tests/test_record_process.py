@@ -32,7 +32,7 @@ def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or reaped between open and read
         return False
 
 
@@ -574,3 +574,118 @@ def test_a_program_embedding_python_records_with_the_writer_thread(
     env["PYTHONPATH"] = str(Path(__file__).parents[1] / "src")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+_FORKS = """
+import os, sys, time, warnings
+warnings.simplefilter("ignore", DeprecationWarning)  # 3.12: fork() with threads running
+from hindsight_loop import Hindsight
+
+hs = Hindsight(sys.argv[1], writer="process", background=False)
+with hs.task("parent", recall=False) as task:
+    task.user_input("before the fork")
+assert hs.flush()
+parent_writer = hs.recorder.pid
+pid = os.fork()
+if pid == 0:  # the child records too, then stays alive (a pool's worker)
+    with hs.task("child", recall=False) as task:
+        task.user_input("in the child")
+    ok = hs.flush(timeout=60)
+    print("child", ok, hs.recorder.pid != parent_writer, flush=True)
+    time.sleep(60)
+    os._exit(0)
+print(sys.stdin.readline().strip(), flush=True)  # the child has flushed: the test says go on
+t0 = time.monotonic()
+hs.close()
+print("closed %.1f" % (time.monotonic() - t0), flush=True)
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_neither_holds_the_parents_writer_nor_shares_its_events(
+    tmp_path: Path,
+) -> None:
+    """A child forked from the agent kept its copy of the writer's pipe: the parent's close()
+    waited until the child exited (then, past EXIT_WAIT, killed the writer). The child now
+    lets go of it, and records through a writer process of its own, its event ids its own."""
+    script = tmp_path / "forks.py"
+    script.write_text(_FORKS)
+    db = tmp_path / "fork.db"
+    agent = subprocess.Popen(
+        [sys.executable, str(script), str(db)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert agent.stdin is not None and agent.stdout is not None
+    try:
+        assert agent.stdout.readline().split() == ["child", "True", "True"]
+        agent.stdin.write("go\n")
+        agent.stdin.flush()
+        assert agent.stdout.readline().strip() == "go"
+        closed = float(agent.stdout.readline().split()[1])
+        assert agent.wait(timeout=60) == 0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        agent.stdin.close()
+        agent.stdout.close()
+    assert closed < 30  # not waiting for the child (it sleeps 60 s)
+    rows = _rows(db)
+    texts = sorted(orjson.loads(r[2]).get("input", {}).get("text", "") for r in rows)
+    assert texts == ["", "", "", "", "before the fork", "in the child"]
+    assert len({r[0] for r in rows}) == len(rows) == 6
+
+
+def test_a_relative_path_is_the_file_opened_even_after_the_agent_changes_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer process starts on the first event, in the agent's working directory of that
+    moment: it opened (and created) another file for a relative path once the agent had moved,
+    and reported those events durable there."""
+    (tmp_path / "here").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    hs = Hindsight("h.db", writer="process", background=False, triggers=False)
+    try:
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        with hs.task("t", recall=False) as task:
+            task.user_input("where am I")
+        assert hs.flush() is True
+    finally:
+        hs.close()
+    assert not (tmp_path / "elsewhere" / "h.db").exists()
+    assert [r[1] for r in _rows(tmp_path / "here" / "h.db")] == [
+        "task_start",
+        "user_input",
+        "task_end",
+    ]
+    assert hs.recorder.dead_letter.parent == tmp_path / "here"
+
+
+def test_a_restarted_writer_still_reviews_a_recovery_it_did_not_see_fail(tmp_path: Path) -> None:
+    """A task that recovered from a failed tool call is reviewed when it ends (a short one
+    too). What the triggers knew of a running task lived in the writer process that died: the
+    writer started in its place saw only the recovery and queued no review. It reads what it
+    did not see from the store."""
+    hs = Hindsight(tmp_path / "t.db", writer="process", background=False)
+    try:
+        with (
+            pytest.warns(HindsightWarning, match="writer process ended"),
+            hs.task("etl", recall=False) as task,
+        ):
+            task.record_action("read_csv", {"path": "/x.csv"}, status="failed", error_type="E")
+            assert hs.flush() is True
+            first = hs.recorder.pid
+            assert first is not None
+            _kill(first)
+            task.record_action("read_csv", {"path": "/x.csv", "encoding": "gbk"})
+            assert hs.flush() is True
+        assert hs.flush() is True
+        assert hs.recorder.pid not in (None, first)
+        jobs = hs.store._db.execute("SELECT kind, trigger FROM jobs").fetchall()  # type: ignore[attr-defined]
+        assert jobs == [("full", "task_end")]
+    finally:
+        hs.close()

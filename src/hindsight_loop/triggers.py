@@ -102,6 +102,8 @@ class Triggers:
                 run = running.get(task_id)
                 if run is None:
                     run = running[task_id] = _Running()
+                    if etype != "task_start":
+                        self._catch_up(run, task_id, rows)
                 last = task_id
             assert run is not None
             position = run.events
@@ -132,6 +134,19 @@ class Triggers:
                 queued |= self._watch(run, watched_event(row, data), position, seen)
         if queued:
             self._wake()
+
+    def _catch_up(self, run: _Running, task_id: str, rows: list[Row]) -> None:
+        """A task first seen mid-run: what it did before came through another writer (one that
+        died, the process writer this one took over from, another agent's). Its position and
+        whether a tool call failed are read from the store, so its end is decided on the whole
+        run; the live rules see only what comes from now on."""
+        here = {row[0] for row in rows if row[1] == task_id}  # written already, counted below
+        for event in self.store.events(task_id):
+            if event.event_id in here:
+                continue
+            run.events += 1
+            if event.type == "action_executed" and is_failure((event.result or {}).get("status")):
+                run.had_failure = True
 
     def _queue_end_reviews(self, task_id: str, had_failure: bool) -> bool:
         task = self.store.get_task(task_id)

@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable
 from itertools import count
@@ -165,6 +166,20 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 
 # -- the agent's side ---------------------------------------------------------------------------
 
+#: The recorders of this process, so a forked child can let go of their writer processes.
+_RECORDERS: weakref.WeakSet[ProcessRecorder] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for recorder in list(_RECORDERS):
+        try:
+            recorder._forked()
+        except Exception:  # noqa: BLE001 - a fork must never fail because of Hindsight
+            log.exception("hindsight: resetting the recorder in a forked child failed")
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class ProcessRecorder:
     """The recorder as the agent's process sees it when a writer process does the writing.
@@ -199,7 +214,6 @@ class ProcessRecorder:
         self._local = local
         self._stored_ids = stored_ids
         self._on_review = on_review
-        self.session = new_id("evt")
         self._config = {
             "db": db,
             "dead_letter": str(local.dead_letter.absolute()),
@@ -207,9 +221,18 @@ class ProcessRecorder:
             "max_text": local.max_text,
             "review_min_events": review_min_events,
             "live": live_triggers,
-            "session": self.session,
             "owner": owner,
         }
+        self._stop = False
+        self._closed = False
+        self._start_fresh()
+        _RECORDERS.add(self)
+
+    def _start_fresh(self) -> None:
+        """The agent's side as a new recorder has it: nothing accepted, no writer process yet,
+        a sender thread of this process. Also what a forked child starts from (``_forked``)."""
+        self.session = new_id("evt")
+        self._config["session"] = self.session
         self._seq = count(1)
         self._mark_lock = threading.Lock()
         self._flush_marks = 0
@@ -239,10 +262,8 @@ class ProcessRecorder:
         self._after = 0
         self._remote: dict[str, int] = {}  # the current writer's counters
         self._remote_past: dict[str, int] = {}  # those of writers that ended
-        self._lost_reported = 0
+        self._lost_reported = self._local.stats["lost"]
         self._wake = threading.Event()
-        self._stop = False
-        self._closed = False
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._dead = False
@@ -256,6 +277,31 @@ class ProcessRecorder:
             target=self._send_loop, name="hindsight-sender", daemon=True
         )
         self._sender.start()
+
+    def _forked(self) -> None:
+        """In a child forked from the agent (multiprocessing, a pre-forking server): the
+        parent's writer process and the lines in flight are the parent's. The child closes its
+        copies of the pipe's ends (a writer process ends only once every holder of its input
+        has closed it: the parent's ``close()`` waited for the child to exit, then killed the
+        writer) and records with a writer process of its own, under a session of its own (the
+        ids of events without one must not repeat the parent's)."""
+        proc = self._proc
+        if proc is not None:
+            # Not closed through their file objects: the parent's reader thread was blocked in
+            # a read of ``proc.stdout`` and holds its lock, which no thread of the child will
+            # let go. Each end is made /dev/null instead (its number stays the file object's),
+            # and the objects are kept, so none is ever finalized here.
+            self._inherited = proc
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                for end in (proc.stdin, proc.stdout):
+                    with contextlib.suppress(Exception):
+                        if end is not None:
+                            os.dup2(null, end.fileno())
+            finally:
+                os.close(null)
+        if not self._stop:
+            self._start_fresh()
 
     # -- what the facade reads --------------------------------------------------------------
     @property
