@@ -594,6 +594,16 @@ if pid == 0:  # the child records too, then stays alive (a pool's worker)
     print("child", ok, hs.recorder.pid != parent_writer, flush=True)
     time.sleep(60)
     os._exit(0)
+idle = os.fork()
+if idle == 0:  # a child that records nothing (a pool worker): no sender thread, a quick close
+    import threading
+    senders = [t for t in threading.enumerate() if t.name == "hindsight-sender"]
+    t0 = time.monotonic()
+    ok = hs.flush()
+    hs.close()
+    print("idle", ok, len(senders), round(time.monotonic() - t0) == 0, flush=True)
+    os._exit(0)
+os.waitpid(idle, 0)
 print(sys.stdin.readline().strip(), flush=True)  # the child has flushed: the test says go on
 t0 = time.monotonic()
 hs.close()
@@ -620,7 +630,8 @@ def test_a_forked_child_neither_holds_the_parents_writer_nor_shares_its_events(
     )
     assert agent.stdin is not None and agent.stdout is not None
     try:
-        assert agent.stdout.readline().split() == ["child", "True", "True"]
+        said = sorted(agent.stdout.readline().split() for _ in range(2))  # either child first
+        assert said == [["child", "True", "True"], ["idle", "True", "0", "True"]]
         agent.stdin.write("go\n")
         agent.stdin.flush()
         assert agent.stdout.readline().strip() == "go"
@@ -639,16 +650,18 @@ def test_a_forked_child_neither_holds_the_parents_writer_nor_shares_its_events(
     assert len({r[0] for r in rows}) == len(rows) == 6
 
 
+@pytest.mark.parametrize("writer", ["process", "thread"])
 def test_a_relative_path_is_the_file_opened_even_after_the_agent_changes_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writer: str
 ) -> None:
     """The writer process starts on the first event, in the agent's working directory of that
     moment: it opened (and created) another file for a relative path once the agent had moved,
-    and reported those events durable there."""
+    and reported those events durable there. The writer thread's connection, opened lazily
+    too, wrote to an empty file there and dead-lettered every event."""
     (tmp_path / "here").mkdir()
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "here")
-    hs = Hindsight("h.db", writer="process", background=False, triggers=False)
+    hs = Hindsight("h.db", writer=writer, background=False, triggers=False)  # type: ignore[arg-type]
     try:
         monkeypatch.chdir(tmp_path / "elsewhere")
         with hs.task("t", recall=False) as task:

@@ -225,10 +225,11 @@ class ProcessRecorder:
         }
         self._stop = False
         self._closed = False
+        self._child_idle = False
         self._start_fresh()
         _RECORDERS.add(self)
 
-    def _start_fresh(self) -> None:
+    def _start_fresh(self, *, sender: bool = True) -> None:
         """The agent's side as a new recorder has it: nothing accepted, no writer process yet,
         a sender thread of this process. Also what a forked child starts from (``_forked``)."""
         self.session = new_id("evt")
@@ -276,7 +277,8 @@ class ProcessRecorder:
         self._sender = threading.Thread(
             target=self._send_loop, name="hindsight-sender", daemon=True
         )
-        self._sender.start()
+        if sender:
+            self._sender.start()
 
     def _forked(self) -> None:
         """In a child forked from the agent (multiprocessing, a pre-forking server): the
@@ -301,7 +303,18 @@ class ProcessRecorder:
             finally:
                 os.close(null)
         if not self._stop:
-            self._start_fresh()
+            # Fresh locks now (a thread of the parent may have held one at the fork); the
+            # sender only with the child's first event: a child that never records (a pool
+            # worker, a ``preexec_fn``) gets no thread polling for lines. ``_stop`` routes its
+            # first event to ``_child_starts``, off the hot path.
+            self._start_fresh(sender=False)
+            self._stop = self._child_idle = True
+
+    def _child_starts(self) -> None:
+        """A forked child's first event: its recorder starts for real."""
+        self._child_idle = self._stop = False
+        self._seq = count(1)  # the number the first event took came from the idle counter
+        self._sender.start()
 
     # -- what the facade reads --------------------------------------------------------------
     @property
@@ -386,6 +399,11 @@ class ProcessRecorder:
         """Accept one event: serialize it once and append the line (no I/O, no lock)."""
         own = next(self._seq)
         if self._stop:
+            if self._child_idle:
+                self._child_starts()
+                return self.emit(
+                    task_id, etype, payload, timestamp=timestamp, event_id=event_id, seq=seq
+                )
             self._after_close(task_id, own, seq, timestamp, etype, payload, event_id)
             return own
         ts = timestamp or time.time_ns()
@@ -808,6 +826,8 @@ class ProcessRecorder:
         False on timeout, when no writer is left, or when events were lost since the previous
         ``flush()`` reported (each loss is reported once).
         """
+        if self._child_idle:
+            return True  # a forked child that recorded nothing: nothing of its own to wait for
         with self._mark_lock:
             mark = next(self._seq)
             self._flush_marks += 1
@@ -837,6 +857,9 @@ class ProcessRecorder:
         if self._closed:
             return
         self._closed = True
+        if self._child_idle:  # a forked child that recorded nothing: no sender, no writer
+            self._local.close()
+            return
         try:
             self.flush()
         finally:
@@ -869,8 +892,15 @@ def main() -> int:
 
     warnings.simplefilter("always", HindsightWarning)
 
-    def show(message: Any, category: Any, *_: Any, **__: Any) -> None:
-        send({"warn": str(message)})
+    shown = warnings.showwarning
+
+    def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+        # Only Hindsight's own reach the agent (as the writer thread's would); a library's
+        # warning in this process (a deprecation …) is this process's, on its stderr.
+        if isinstance(category, type) and issubclass(category, HindsightWarning):
+            send({"warn": str(message)})
+        else:
+            shown(message, category, *args, **kwargs)
 
     warnings.showwarning = show
 

@@ -126,7 +126,10 @@ class SQLiteStore:
     def __init__(
         self, path: str | Path, *, synchronous: str = "NORMAL", readonly: bool = False
     ) -> None:
-        self.path = str(path)
+        # Absolute: each thread connects on first use, and a relative path would be read
+        # from the working directory of that moment (an agent that changed it since wrote to
+        # another, empty file).
+        self.path = str(path) if str(path) == ":memory:" else os.path.abspath(path)
         self.url = f"sqlite:///{self.path}"
         self._synchronous = synchronous
         #: Opened for reading only (read commands; a store on read-only media): nothing is
