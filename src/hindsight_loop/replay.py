@@ -1680,19 +1680,26 @@ def _team_chronicle(
 # -- compression ------------------------------------------------------------------------------
 
 
+def _anchored(n: int, nodes: list[KeyNode]) -> bytearray:
+    """The steps a compressed chronicle cannot drop (1 each): the first and last few, every
+    key node and its related steps."""
+    keep = bytearray(n)
+    for i in range(min(_HEAD_STEPS, n)):
+        keep[i] = 1
+    for i in range(max(0, n - _TAIL_STEPS), n):
+        keep[i] = 1
+    for node in nodes:
+        keep[node.index] = 1
+        for r in node.related:
+            keep[r] = 1
+    return keep
+
+
 def _fold(n: int, nodes: list[KeyNode], max_steps: int) -> list[KeyNode]:
     """The key nodes a compressed chronicle lists: all of them while their steps fit in
     ``max_steps``; past that, each repeated kind of node (kind, tool, error) keeps its first
     ``_FOLD_FIRST`` and its last, and the first counts those left out (``KeyNode.repeats``)."""
-    need = bytearray(n)
-    need[: min(_HEAD_STEPS, n)] = b"\1" * min(_HEAD_STEPS, n)
-    for i in range(max(0, n - _TAIL_STEPS), n):
-        need[i] = 1
-    for node in nodes:
-        need[node.index] = 1
-        for r in node.related:
-            need[r] = 1
-    if need.count(1) <= max_steps:
+    if _anchored(n, nodes).count(1) <= max_steps:
         return nodes
     groups: dict[tuple[str, str | None, str | None], list[int]] = {}
     for i, node in enumerate(nodes):  # in run order: a group's members are too
@@ -1709,15 +1716,7 @@ def _fold(n: int, nodes: list[KeyNode], max_steps: int) -> list[KeyNode]:
 
 def _compress(n: int, nodes: list[KeyNode], max_steps: int) -> list[int]:
     """Indices of the steps a compressed chronicle keeps, ascending (linear in the run)."""
-    keep = bytearray(n)
-    for i in range(min(_HEAD_STEPS, n)):
-        keep[i] = 1
-    for i in range(max(0, n - _TAIL_STEPS), n):
-        keep[i] = 1
-    for node in nodes:
-        keep[node.index] = 1
-        for r in node.related:
-            keep[r] = 1
+    keep = _anchored(n, nodes)
     count = keep.count(1)
     # Neighbours give each node its immediate context; they are the first thing to go when
     # the key nodes alone already fill the budget.
