@@ -243,6 +243,9 @@ class ProcessRecorder:
         # the agent's threads and the sender from filling or taking a page at once.
         self._lock = threading.Lock()
         self._page = bytearray(PAGE)
+        # The agent's copy goes through a view of the page: a bytearray's own slice assignment
+        # takes a slower, general path for the same copy.
+        self._view = memoryview(self._page)
         self._used = 0
         self._lines = 0
         self._out: deque[tuple[int, bytearray | bytes, int]] = deque()
@@ -428,7 +431,7 @@ class ProcessRecorder:
                     self._out.append((1, frame, n))
                     self._waiting += 1
                     return own
-            self._page[used : used + n] = frame  # the same length: a copy, no resize
+            self._view[used : used + n] = frame  # the same length: a copy, no resize
             self._used = used + n
             self._lines += 1
             self._waiting += 1
@@ -440,6 +443,7 @@ class ProcessRecorder:
             self._out.append((self._lines, self._page, self._used))
             spare = self._spare
             self._page = spare.pop() if spare else bytearray(PAGE)
+            self._view = memoryview(self._page)
             self._used = self._lines = 0
 
     def _take_pages(
