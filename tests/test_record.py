@@ -584,9 +584,14 @@ def test_epoch_milliseconds_are_read_as_such(hs: Hindsight) -> None:
     assert event.timestamp == "2024-11-20T06:32:13.000Z"
 
 
-def test_in_memory_store_is_refused_with_the_fix() -> None:
+@pytest.mark.parametrize("db", [":memory:", "sqlite:///:memory:", "sqlite://:memory:"])
+def test_in_memory_store_is_refused_with_the_fix(
+    db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="hindsight.db"):
-        Hindsight(":memory:")
+        Hindsight(db)
+    assert list(tmp_path.iterdir()) == []  # no file named after it either
 
 
 def test_a_task_past_its_local_reviews_is_not_watched_but_still_reviewed_at_its_end(

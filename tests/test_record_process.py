@@ -650,6 +650,68 @@ def test_a_forked_child_neither_holds_the_parents_writer_nor_shares_its_events(
     assert len({r[0] for r in rows}) == len(rows) == 6
 
 
+_WORKERS = """
+import os, sys, threading, warnings
+warnings.simplefilter("ignore", DeprecationWarning)  # 3.12: fork() with threads running
+from hindsight_loop import Hindsight
+
+hs = Hindsight(sys.argv[1], writer="process", background=False)
+with hs.task("parent", recall=False) as task:
+    task.user_input("before the forks")
+assert hs.flush()
+for w in range(3):  # workers forked one after another, as a pre-forking server does
+    pid = os.fork()
+    if pid == 0:
+        with hs.task(f"worker {w}", recall=False) as task:
+            gate = threading.Barrier(8)
+
+            def say(k):
+                gate.wait()  # the child's first events, from eight threads at once
+                task.user_input(f"worker {w} thread {k}")
+
+            threads = [threading.Thread(target=say, args=(k,)) for k in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        ok = hs.flush(timeout=60)
+        hs.close()
+        os._exit(0 if ok else 3)
+    assert os.waitpid(pid, 0)[1] == 0
+idle = os.fork()
+if idle == 0:  # closed before it recorded anything: what comes after is after close
+    hs.close()
+    with hs.task("too late", recall=False) as task:
+        task.user_input("after close")
+    os._exit(0 if hs.recorder.pid is None else 4)
+assert os.waitpid(idle, 0)[1] == 0
+hs.close()
+"""
+
+
+def test_forked_workers_record_runs_of_their_own(tmp_path: Path) -> None:
+    """Workers forked one after another had their parent's id prefix and counter: their tasks
+    and events took the same ids, and their runs became one task. Each now has its own, its
+    eight threads' first events all stored; a child closed before it recorded starts no
+    writer afterwards."""
+    script = tmp_path / "workers.py"
+    script.write_text(_WORKERS)
+    db = tmp_path / "workers.db"
+    done = subprocess.run(
+        [sys.executable, str(script), str(db)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    con = sqlite3.connect(db)
+    try:
+        goals = sorted(g for (g,) in con.execute("SELECT task_type FROM tasks"))
+        rows = con.execute("SELECT event_id, type FROM events").fetchall()
+    finally:
+        con.close()
+    assert goals == ["parent", "worker 0", "worker 1", "worker 2"]
+    assert len(rows) == 3 + 3 * 10  # start, input, end; each worker: start, 8 inputs, end
+    assert len({event_id for event_id, _ in rows}) == len(rows)
+
+
 @pytest.mark.parametrize("writer", ["process", "thread"])
 def test_a_relative_path_is_the_file_opened_even_after_the_agent_changes_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writer: str

@@ -183,7 +183,7 @@ def make_recorder(
             writer_db(store, db),
             local=local,
             stored_ids=store.event_ids,
-            owner=store.owner,
+            owner=lambda: store.owner,
             review_min_events=triggers.review_min_events,
             live_triggers=triggers.live,
             on_review=worker.wake,

@@ -11,6 +11,7 @@ agent's task for a recording or reflection problem.
 from __future__ import annotations
 
 import atexit
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -103,7 +104,8 @@ class Hindsight:
         readonly: bool = False,
         writer: Literal["thread", "process"] | None = None,
     ) -> None:
-        if str(db) == ":memory:" or str(db).startswith("file::memory:"):
+        bare = re.sub(r"^sqlite:///?", "", str(db))  # sqlite:///:memory: names it too
+        if bare == ":memory:" or bare.startswith("file::memory:"):
             raise ValueError(
                 "Hindsight needs a file: each thread opens its own connection, and an in-memory "
                 "SQLite database is private to one; pass a path such as 'hindsight.db'"

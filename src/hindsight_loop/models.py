@@ -130,6 +130,19 @@ _ID_PREFIX = f"{int(time.time()):x}{os.urandom(3).hex()}"
 _ID_COUNTER = itertools.count(1)
 
 
+def _new_id_prefix() -> None:
+    """A forked child's own prefix: with its parent's and counter, children forked one after
+    another (a pre-forking server's workers) made the same task and event ids."""
+    global _ID_PREFIX, _ID_COUNTER
+    _ID_PREFIX = f"{int(time.time()):x}{os.urandom(3).hex()}"
+    _ID_COUNTER = itertools.count(1)
+
+
+# Registered at import, before any recorder's hook (they import this module): a child's new
+# recorder session and tasks take ids of the new prefix.
+os.register_at_fork(after_in_child=_new_id_prefix)
+
+
 def new_id(kind: str) -> str:
     """A short id unique across processes: ``evt_…``, ``tsk_…``, ``les_…``, ``ref_…``."""
     return f"{kind}_{_ID_PREFIX}{next(_ID_COUNTER):x}"

@@ -1640,6 +1640,16 @@ class Recorder:
 
         self._append_dead_letter(map(line, items), reason)
 
+    def _renew_locks(self) -> None:
+        """New locks for a child forked from this process (a thread of the parent may have held
+        one at the fork, and none of the child's would ever let go). Its threads are not in the
+        child: only a recorder that was not started (the writer process's fallback) is of use
+        there."""
+        self._mark_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        self._dead_letter_lock = threading.Lock()
+
     def keep_refused(self, thing: Any, reason: str) -> None:
         """Dead-letter something refused before it became an event (not an event at all, or
         an event that fails the wire check), kept under ``refused`` with the reason: converted

@@ -193,8 +193,9 @@ class ProcessRecorder:
         db: The store as the writer process opens it (a path or URL).
         local: The in-process recorder (its dead letter, limits and text length are used).
         stored_ids: A task's stored event ids (skips what a dead writer stored, on fallback).
-        owner: The agent's store's job owner: the reviews the writer queues are the agent's,
-            so its ``drain()`` waits for them (``pending_jobs(mine=True)``).
+        owner: The agent's store's job owner, read when a writer starts: the reviews the writer
+            queues are the agent's, so its ``drain()`` waits for them (``pending_jobs(mine=
+            True)``); a forked child's store names the child.
         review_min_events: For the writer's triggers (end-of-task reviews).
         live_triggers: Run the live anomaly rules in the writer.
         on_review: Called when the writer queued a review (wakes the review worker).
@@ -206,7 +207,7 @@ class ProcessRecorder:
         *,
         local: Recorder,
         stored_ids: Callable[[str], set[str]],
-        owner: str | None = None,
+        owner: Callable[[], str] | None = None,
         review_min_events: int = 10,
         live_triggers: bool = True,
         on_review: Callable[[], None] | None = None,
@@ -221,8 +222,8 @@ class ProcessRecorder:
             "max_text": local.max_text,
             "review_min_events": review_min_events,
             "live": live_triggers,
-            "owner": owner,
         }
+        self._owner = owner
         self._stop = False
         self._closed = False
         self._child_idle = False
@@ -305,19 +306,26 @@ class ProcessRecorder:
                             os.dup2(null, end.fileno())
             finally:
                 os.close(null)
+        self._local._renew_locks()  # the in-process fallback's: a parent's thread may hold one
         if not self._stop:
             # Fresh locks now (a thread of the parent may have held one at the fork); the
             # sender only with the child's first event: a child that never records (a pool
             # worker, a ``preexec_fn``) gets no thread polling for lines. ``_stop`` routes its
             # first event to ``_child_starts``, off the hot path.
             self._start_fresh(sender=False)
+            self._child_lock = threading.Lock()
             self._stop = self._child_idle = True
 
     def _child_starts(self) -> None:
-        """A forked child's first event: its recorder starts for real."""
-        self._child_idle = self._stop = False
-        self._seq = count(1)  # the number the first event took came from the idle counter
-        self._sender.start()
+        """A forked child's first event: its recorder starts for real (once, whichever of its
+        threads gets here first; the others wait, then record as usual)."""
+        with self._child_lock:
+            if not self._child_idle:
+                return
+            self._seq = count(1)
+            self._stop = False  # before the sender starts: it ends at once when stopped and idle
+            self._child_idle = False
+            self._sender.start()
 
     # -- what the facade reads --------------------------------------------------------------
     @property
@@ -400,15 +408,16 @@ class ProcessRecorder:
         seq: int | None = None,
     ) -> int:
         """Accept one event: serialize it once and append the line (no I/O, no lock)."""
-        own = next(self._seq)
         if self._stop:
-            if self._child_idle:
+            if not self._closed:  # stopped but not closed: a forked child's first event
                 self._child_starts()
                 return self.emit(
                     task_id, etype, payload, timestamp=timestamp, event_id=event_id, seq=seq
                 )
+            own = next(self._seq)
             self._after_close(task_id, own, seq, timestamp, etype, payload, event_id)
             return own
+        own = next(self._seq)
         ts = timestamp or time.time_ns()
         if type(ts) is float and not math.isfinite(ts):
             ts = repr(ts)  # orjson would write null: the writer keeps the original text
@@ -698,7 +707,7 @@ class ProcessRecorder:
             target=self._read_acks, args=(proc, self._gen), name="hindsight-acks", daemon=True
         )
         self._reader.start()
-        head = orjson.dumps(self._config) + b"\n"
+        head = orjson.dumps({**self._config, "owner": self._owner and self._owner()}) + b"\n"
         if resent:
             head += orjson.dumps({"resent": lines}) + b"\n"
         self._send(head)
@@ -862,6 +871,7 @@ class ProcessRecorder:
             return
         self._closed = True
         if self._child_idle:  # a forked child that recorded nothing: no sender, no writer
+            self._child_idle = False  # closed for good: what comes later is after close
             self._local.close()
             return
         try:

@@ -139,13 +139,23 @@ class PostgresStore:
         self._conns: list[Any] = []
         self._lock = threading.Lock()
         self._closed = False
-        #: Names this store object's claims on jobs.
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self._host = socket.gethostname()
+        self._owner: str | None = None  # see ``owner``
         try:
             self._open()
         except BaseException:
             self.close()  # a refused database leaves no connection behind
             raise
+
+    @property
+    def owner(self) -> str:
+        """Names this store object's claims on jobs: host, process, object. The process id is
+        read when asked, so a child forked from the agent queues and waits for its own."""
+        return self._owner or f"{self._host}:{os.getpid()}:{id(self):x}"
+
+    @owner.setter
+    def owner(self, value: str) -> None:
+        self._owner = value  # the writer process queues the agent's jobs as the agent's
 
     def _open(self) -> None:
         db = self._db

@@ -140,8 +140,8 @@ class SQLiteStore:
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
-        #: Names this store object's claims on jobs.
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self._host = socket.gethostname()
+        self._owner: str | None = None  # see ``owner``
         #: Task ids known to be in the tasks table (``write_event_batch`` skips looking).
         self._known_tasks: set[str] = set()
         if readonly:
@@ -158,6 +158,16 @@ class SQLiteStore:
                 finally:
                     probe.close()
         migrate(self._db)
+
+    @property
+    def owner(self) -> str:
+        """Names this store object's claims on jobs: host, process, object. The process id is
+        read when asked, so a child forked from the agent queues and waits for its own."""
+        return self._owner or f"{self._host}:{os.getpid()}:{id(self):x}"
+
+    @owner.setter
+    def owner(self, value: str) -> None:
+        self._owner = value  # the writer process queues the agent's jobs as the agent's
 
     def _open_readonly(self) -> None:
         if not Path(self.path).is_file():
