@@ -717,16 +717,29 @@ def test_a_long_run_is_compressed_keeping_every_key_node() -> None:
     assert chronicle.steps[-1].type == "task_end"
 
 
+def _groups(chronicle: Chronicle) -> dict[tuple[Any, ...], list[Any]]:
+    """Key nodes by what makes them alike: kind, tool, error, the failed tool of a recovery."""
+    out: dict[tuple[Any, ...], list[Any]] = {}
+    for node in chronicle.key_nodes:
+        failed = (
+            chronicle.steps[node.related[0]].action
+            if node.kind == "recovery" and node.related
+            else None
+        )
+        out.setdefault((node.kind, node.action, node.error_type, failed), []).append(node)
+    return out
+
+
 def test_a_run_of_many_like_key_nodes_lists_a_few_and_counts_the_rest() -> None:
-    """Hundreds of the same recovery overflow the step budget: a compressed chronicle keeps the
-    first two and the last of each kind, tool and error, the first counting those left out."""
+    """Hundreds of the same recoveries overflow the step budget: a compressed chronicle lists,
+    of each group of like nodes, as many of its first as fit and its last; the first counts
+    those left out. Recoveries from different failed tools are not alike."""
     run = Run()
     run.start()
     for k in range(400):
-        run.call(
-            "read_csv", "failed", step=f"f{k}", error_type="UnicodeDecodeError", encoding="utf-8"
-        )
-        run.call("read_csv", step=f"f{k}", encoding="gbk")
+        broken = ("fetch_prices", "fetch_stock")[k % 2]  # two failures, one remedy
+        run.call(broken, "failed", step=f"f{k}", error_type="Timeout", symbol=f"s{k}")
+        run.call("cache_lookup", step=f"f{k}", key=f"s{k}")
         run.call("clean", step=f"f{k}", path=f"/d/{k}")
         if k % 2 == 0:
             run.say("that's wrong, again?")
@@ -737,27 +750,56 @@ def test_a_run_of_many_like_key_nodes_lists_a_few_and_counts_the_rest() -> None:
     assert len(nodes_of(full, "recovery")) == 400
     assert chronicle.compressed and len(chronicle.steps) <= 500
     assert_consistent(chronicle)
-    whole = {}
-    for node in full.key_nodes:
-        whole.setdefault((node.kind, node.action, node.error_type), []).append(node.event_id)
-    listed = {}
-    for node in chronicle.key_nodes:
-        listed.setdefault((node.kind, node.action, node.error_type), []).append(node)
+    whole = {k: [n.event_id for n in v] for k, v in _groups(full).items()}
+    listed = _groups(chronicle)
     assert listed.keys() == whole.keys()
+    recoveries = [k for k in listed if k[0] == "recovery"]
+    assert {k[3] for k in recoveries} == {"fetch_prices", "fetch_stock"}  # not one group
+    kept = {len(nodes) for key, nodes in listed.items() if len(whole[key]) > len(nodes)}
+    [k] = kept  # the same number of each group that had to fold
+    assert k >= 3
     for key, nodes in listed.items():
         ids = whole[key]
-        if len(ids) <= 3:
+        if len(ids) <= k:
             assert [n.event_id for n in nodes] == ids and not any(n.repeats for n in nodes)
             continue
-        # The first two and the last, in run order; the first says how many were left out.
-        assert [n.event_id for n in nodes] == [ids[0], ids[1], ids[-1]]
-        assert [n.repeats for n in nodes] == [len(ids) - 3, 0, 0]
+        # The first k - 1 and the last, in run order; the first says how many were left out.
+        assert [n.event_id for n in nodes] == [*ids[: k - 1], ids[-1]]
+        assert [n.repeats for n in nodes] == [len(ids) - k] + [0] * (k - 1)
+    # As many as fit: one more of each would overflow the budget.
+    assert len(chronicle.key_nodes) > 3 * len(listed)
     assert [n.kind for n in nodes_of(chronicle, "first_failure")] == ["first_failure"]
     # A reviewer is told what was left out.
-    assert "397 more like it later in the run" in render_chronicle(chronicle)
+    folded = next(n for n in chronicle.key_nodes if n.repeats)
+    assert f"{folded.repeats} more like it later in the run" in render_chronicle(chronicle)
     # A run whose key nodes fit keeps every one (the 2,000-event run above).
     shorter, _ = long_run(2000)
     assert not any(n.repeats for n in replay(TASK, shorter.events).key_nodes)
+
+
+def test_like_nodes_of_two_agents_fold_apart() -> None:
+    """A team run where two agents fail alike: each agent's nodes are their own group."""
+    run = Run()
+    run.start()
+    for k in range(300):
+        agent = ("coder", "tester")[k % 2]
+        for status in ("failed", "succeeded"):
+            run.add(
+                "action_executed",
+                agent_state={"current_step": f"s{k}", "agent": agent},
+                input={"tool": "run_tests", "args": {"attempt": status == "succeeded", "k": k}},
+                result={"status": status, "error_type": "AssertionError"},
+            )
+    run.end()
+    chronicle = replay(TASK, run.events)
+    assert chronicle.compressed and len(chronicle.steps) <= 500
+    assert_consistent(chronicle)
+    by_agent: dict[str, int] = {}
+    for node in nodes_of(chronicle, "recovery"):
+        step = chronicle.steps[node.index]
+        who = run.events[int(step.event_id.split("_")[1])].agent_state["agent"]
+        by_agent[who] = by_agent.get(who, 0) + 1 + node.repeats
+    assert by_agent == {"coder": 150, "tester": 150}
 
 
 def test_a_huge_loop_compresses_to_a_few_steps() -> None:

@@ -187,7 +187,7 @@ def test_replay_shows_what_the_golden_file_holds(store_url: str, tmp_path: Path)
     hs = Hindsight(store_url, background=False, triggers=False)
     try:
         record_inputs(hs, tmp_path)
-        assert golden["tsk_bench@500"]["steps"] == 501  # the benchmark's task, as it measures
+        assert golden["tsk_bench@500"]["steps"] == 523  # the benchmark's task, as it measures
         _compare(chronicles(hs), golden, "from the stored projections")
         _compare(in_memory(hs), golden, "from the decoded events")
         _forget_projections(hs)

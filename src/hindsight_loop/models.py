@@ -342,8 +342,9 @@ class KeyNode:
     related: list[int] = field(default_factory=list)
     """Indices of the other steps that make up the node (the loop's repetitions, …)."""
     repeats: int = 0
-    """More nodes like this one (same kind, tool and error) later in the run that a compressed
-    chronicle left out, keeping this one, the next and the last."""
+    """More nodes like this one (the same kind, tool, error, agent and, for a recovery, failed
+    tool) later in the run that a compressed chronicle left out: it lists the first few of them
+    and the last."""
 
 
 @dataclass(kw_only=True, slots=True)

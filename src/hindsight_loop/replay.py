@@ -136,9 +136,9 @@ _TAIL_STEPS = 5
 # the first and last few of its related steps, which is all a reflector can use anyway.
 _RELATED_MAX = 20
 # When a compressed chronicle's key nodes alone would overflow its budget (hundreds of the same
-# recovery or complaint), each repeated kind of node — the same kind, tool and error — keeps its
-# first ``_FOLD_FIRST`` and its last occurrence; the first counts the others (``repeats``). A
-# reviewer learns nothing from the 300th copy, and keeping them all kept thousands of steps.
+# recovery or complaint), each group of like nodes keeps as many of its first occurrences as fit
+# (at least ``_FOLD_FIRST``) and its last; the first counts the others (``repeats``). A reviewer
+# learns nothing from the 300th copy, and keeping them all kept thousands of steps.
 _FOLD_FIRST = 2
 #: Kinds never folded: there is one of each per run, or each one matters (a turn passing).
 _NEVER_FOLD = frozenset({"first_failure", "handoff"})
@@ -214,9 +214,9 @@ def replay(task: Task, events: Sequence[Event], *, max_steps: int = 500) -> Chro
         max_steps: A run with more events than this is compressed: every key node, its related
             steps, its neighbours (while they fit) and the first and last few steps are kept, the
             rest dropped. Key nodes are kept, so this is a target, not a hard cap; only when
-            their steps alone overflow it does each repeated kind of node (the same kind, tool
-            and error) keep its first two and its last, the first counting the others
-            (``KeyNode.repeats``).
+            their steps alone overflow it does each group of like nodes (the same kind, tool,
+            error, agent and, for a recovery, failed tool) keep as many of its first as fit (two
+            at least) and its last, the first counting the others (``KeyNode.repeats``).
 
     Returns:
         The chronicle. ``KeyNode.index``, ``KeyNode.related`` and ``Step.index`` are all
@@ -261,7 +261,7 @@ def _replay(task: Task, events: Sequence[Event], max_steps: int) -> Chronicle:
     n = len(run)
     nodes = _detect(run)
     if n > max_steps:
-        nodes = _fold(n, nodes, max_steps)
+        nodes = _fold(n, nodes, max_steps, run)
         kept = _compress(n, nodes, max_steps)
     else:
         kept = list(range(n))
@@ -1695,23 +1695,37 @@ def _anchored(n: int, nodes: list[KeyNode]) -> bytearray:
     return keep
 
 
-def _fold(n: int, nodes: list[KeyNode], max_steps: int) -> list[KeyNode]:
+def _fold(n: int, nodes: list[KeyNode], max_steps: int, run: StoredRun) -> list[KeyNode]:
     """The key nodes a compressed chronicle lists: all of them while their steps fit in
-    ``max_steps``; past that, each repeated kind of node (kind, tool, error) keeps its first
-    ``_FOLD_FIRST`` and its last, and the first counts those left out (``KeyNode.repeats``)."""
+    ``max_steps``; past that, each group of like nodes (the same kind, tool, error, agent and,
+    for a recovery, failed tool) keeps its first few and its last, as many as fit (at least
+    ``_FOLD_FIRST`` and the last), and the first counts those left out (``KeyNode.repeats``)."""
     if _anchored(n, nodes).count(1) <= max_steps:
         return nodes
-    groups: dict[tuple[str, str | None, str | None], list[int]] = {}
+    projections = run.projections()
+    groups: dict[tuple[Any, ...], list[int]] = {}
     for i, node in enumerate(nodes):  # in run order: a group's members are too
-        if node.kind not in _NEVER_FOLD:
-            groups.setdefault((node.kind, node.action, node.error_type), []).append(i)
-    dropped: set[int] = set()
+        if node.kind in _NEVER_FOLD:
+            continue
+        failed = (
+            projections[node.related[0]][3] if node.kind == "recovery" and node.related else None
+        )
+        key = (node.kind, node.action, node.error_type, failed, projections[node.index][8])
+        groups.setdefault(key, []).append(i)
+    largest = max((len(m) for m in groups.values()), default=0)
+    keep = largest
+    while True:
+        # The most of each group that fits: halved until the steps they need do.
+        keep = max(keep // 2, _FOLD_FIRST + 1)
+        dropped = {i for m in groups.values() for i in m[keep - 1 : -1]}
+        listed = [node for i, node in enumerate(nodes) if i not in dropped]
+        if keep == _FOLD_FIRST + 1 or _anchored(n, listed).count(1) <= max_steps:
+            break
     for members in groups.values():
-        left_out = members[_FOLD_FIRST:-1]
+        left_out = len(members[keep - 1 : -1])
         if left_out:
-            dropped.update(left_out)
-            nodes[members[0]].repeats = len(left_out)
-    return [node for i, node in enumerate(nodes) if i not in dropped]
+            nodes[members[0]].repeats = left_out
+    return listed
 
 
 def _compress(n: int, nodes: list[KeyNode], max_steps: int) -> list[int]:

@@ -103,7 +103,7 @@ class Triggers:
                 if run is None:
                     run = running[task_id] = _Running()
                     if etype != "task_start":
-                        self._catch_up(run, task_id, rows)
+                        self._catch_up(run, task_id, rows, i)
                 last = task_id
             assert run is not None
             position = run.events
@@ -135,18 +135,24 @@ class Triggers:
         if queued:
             self._wake()
 
-    def _catch_up(self, run: _Running, task_id: str, rows: list[Row]) -> None:
+    def _catch_up(self, run: _Running, task_id: str, rows: list[Row], at: int) -> None:
         """A task first seen mid-run: what it did before came through another writer (one that
         died, the process writer this one took over from, another agent's). Its position and
-        whether a tool call failed are read from the store, so its end is decided on the whole
-        run; the live rules see only what comes from now on."""
-        here = {row[0] for row in rows if row[1] == task_id}  # written already, counted below
-        for event in self.store.events(task_id):
-            if event.event_id in here:
-                continue
-            run.events += 1
-            if event.type == "action_executed" and is_failure((event.result or {}).get("status")):
-                run.had_failure = True
+        whether a tool call failed are read from the store's projections (no body decoded),
+        so its end is decided on the whole run; the live rules see only what comes from now
+        on. A task that has ended (feedback after its end) needs nothing read."""
+        task = self.store.get_task(task_id)
+        if task is None or task.status != "running":
+            return
+        stored = self.store.stored_run(task_id)
+        # This batch's rows of the task from here on are written already and counted below.
+        later = sum(1 for row in rows[at:] if row[1] == task_id)
+        projections = stored.projections()
+        run.events = max(0, len(projections) - later)
+        run.had_failure = any(
+            p[1] == "action_executed" and p[2] in FAILED_STATUSES for p in projections
+        )
+        stored.release()
 
     def _queue_end_reviews(self, task_id: str, had_failure: bool) -> bool:
         task = self.store.get_task(task_id)

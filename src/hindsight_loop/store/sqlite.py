@@ -60,6 +60,8 @@ FROM json_each(?1)
 # A body read as its UTF-8 bytes: orjson parses them as they are, where a text value would be
 # decoded into a str first (and encoded back to UTF-8 by orjson for any non-ASCII body).
 _BODY = "CAST(body AS BLOB)"
+#: Each connection's page cache, in KiB as SQLite takes it (a negative size).
+CACHE_KIB = -16_384
 _PROJECTIONS = "SELECT id, type, projection FROM events WHERE task_id=? ORDER BY ts, seq, id"
 
 
@@ -234,6 +236,10 @@ class SQLiteStore:
             # page cache); only a power loss can take the last transactions.
             db.execute(f"PRAGMA synchronous={self._synchronous}")
             db.execute("PRAGMA busy_timeout=30000")
+            # Up to 16 MB of pages kept per connection (SQLite's default is 2 MB): a replay of
+            # a long task reads its rows' pages again each time from the OS, a syscall each,
+            # when they do not fit. Memory is taken only as pages are read.
+            db.execute(f"PRAGMA cache_size={CACHE_KIB}")
             self._local.db = db
             with self._lock:
                 self._conns.append(db)
