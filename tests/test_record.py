@@ -621,6 +621,35 @@ def test_a_task_past_its_local_reviews_is_not_watched_but_still_reviewed_at_its_
         assert ("full", "task_end") in kinds
 
 
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_feedback_after_the_end_is_reviewed_where_it_stands_in_the_run(
+    db_path: Path, writer: str
+) -> None:
+    """A complaint recorded after the task ended asks for a local review of a window around
+    it, in run positions (the live rules had dropped the task at its end: the position is
+    read from the store), and the rules keep nothing of the ended task afterwards."""
+    with Hindsight(db_path, background=False, writer=writer) as hs:  # type: ignore[arg-type]
+        with hs.task("api", tools=["fetch"], recall=False) as task:
+            for i in range(20):
+                task.record_action("fetch", {"i": i})
+        hs.flush()
+        hs.record(
+            {
+                "type": "feedback",
+                "task_id": task.task_id,
+                "input": {"text": "that's wrong, again?", "score": -1},
+            }
+        )
+        assert hs.flush()
+        [(window,)] = hs.store._db.execute(  # type: ignore[attr-defined]
+            "SELECT window FROM jobs WHERE kind='local' AND task_id=?", (task.task_id,)
+        ).fetchall()
+        window = orjson.loads(window)
+        assert window[0] <= 22 <= window[1]  # task_start, 20 calls, task_end, then the feedback
+        if writer == "thread":
+            assert task.task_id not in hs.triggers._running
+
+
 def test_the_live_rules_read_the_event_its_row_and_payload_make() -> None:
     """``triggers.watched_event`` sets the ``Event``'s fields one by one: it equals the
     ``Event(...)`` of the same row and payload, every field set (one added to ``Event`` and

@@ -38,6 +38,9 @@ class _Running:
     """The live anomaly rules, fed only the events they read."""
     positions: list[int] = field(default_factory=list)
     """The run position of each event the watch saw (its node indices count only those)."""
+    ended: bool = False
+    """The task had ended before these events (feedback after its end): dropped after the
+    batch, as no ``task_end`` will come to drop it."""
 
 
 _new = object.__new__
@@ -96,6 +99,7 @@ class Triggers:
         running = self._running
         run: _Running | None = None
         last = None
+        ended: list[str] = []
         for i, row in enumerate(rows):
             task_id, etype = row[1], row[4]
             if task_id is not last:  # a batch is mostly runs of one task's events
@@ -104,6 +108,8 @@ class Triggers:
                     run = running[task_id] = _Running()
                     if etype != "task_start":
                         self._catch_up(run, task_id, rows, i)
+                        if run.ended:
+                            ended.append(task_id)
                 last = task_id
             assert run is not None
             position = run.events
@@ -132,6 +138,8 @@ class Triggers:
                 run.had_failure = True
             if watch:
                 queued |= self._watch(run, watched_event(row, data), position, seen)
+        for task_id in ended:
+            running.pop(task_id, None)
         if queued:
             self._wake()
 
@@ -140,13 +148,16 @@ class Triggers:
         died, the process writer this one took over from, another agent's). Its position and
         whether a tool call failed are read from the store's projections (no body decoded),
         so its end is decided on the whole run; the live rules see only what comes from now
-        on. A task that has ended (feedback after its end) needs nothing read."""
-        task = self.store.get_task(task_id)
-        if task is None or task.status != "running":
-            return
-        stored = self.store.stored_run(task_id)
+        on. A task that has ended (feedback after its end) needs its count alone: a local
+        review's window is in run positions."""
         # This batch's rows of the task from here on are written already and counted below.
         later = sum(1 for row in rows[at:] if row[1] == task_id)
+        task = self.store.get_task(task_id)
+        if task is None or task.status != "running":
+            run.events = max(0, self.store.event_count(task_id) - later)
+            run.ended = True
+            return
+        stored = self.store.stored_run(task_id)
         projections = stored.projections()
         run.events = max(0, len(projections) - later)
         run.had_failure = any(
