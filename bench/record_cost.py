@@ -8,6 +8,10 @@ distinct payloads, cycled):
   per-event call of the facade;
 - ``hs.record``: the wire-format path, ``hs.record({...})``, building the event dict included.
 
+Beside them, ``serialize_only``: the same payload dict built, serialized (orjson) with the
+line's fields and copied into a page, with no Hindsight: the floor of the writer process's call,
+timed block by block with the others (so from the same state of the caches).
+
 Each with the writer process (``writer="process"``, the default where one can start: the call
 serializes the event; the rest happens in another process) and with the writer thread in the
 agent's process (``writer="thread"``).
@@ -121,12 +125,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             otel_tool_span(tracer, tool, a_json, o_json, step)
             samples.append(pc() - t0)
 
+    page = bytearray(1 << 16)
+    view = memoryview(page)
+    opt = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+
+    def serialize_only(samples: list[int], start: int) -> None:
+        """What the process writer's call cannot do without: the payload dict built (as
+        ``record_action`` builds it), serialized with the line's fields and copied into a page;
+        no Hindsight involved. Its floor on this machine, from the same memory state."""
+        used = 0
+        for i in range(start, start + BLOCK):
+            tool, a, o, step = pool[i % 1000]
+            t0 = pc()
+            payload = {
+                "input": {"tool": tool, "args": a},
+                "result": {"status": "succeeded", "output": o},
+                "agent_state": {"current_step": step},
+            }
+            line = orjson.dumps(
+                ("tsk_x", i, None, time.time_ns(), "action_executed", None, payload), option=opt
+            )
+            n = len(line)
+            if used + n > len(page):
+                used = 0
+            view[used : used + n] = line
+            used += n
+            samples.append(pc() - t0)
+
     subjects = {
         "record_action": make_record_action("thread"),
         "hs.record": make_wire_record("thread"),
         "record_action/process": make_record_action("process"),
         "hs.record/process": make_wire_record("process"),
         "otel_span": otel_span,
+        "serialize_only": serialize_only,
     }
     names = list(subjects)
     # Warm up every path (imports, caches, the writer's first batches, the writer process).
@@ -208,6 +240,7 @@ def render(r: dict[str, Any]) -> str:
         "record_action/process",
         "hs.record/process",
         "otel_span",
+        "serialize_only",
     ):
         p50, p99 = r[f"{n}_p50_ns"], r[f"{n}_p99_ns"]
         lines.append(
