@@ -847,6 +847,19 @@ def test_a_remedy_is_held_back_until_the_request_reports_something_gone_wrong() 
         ),
         ("用户问明天的天气时调用 get_forecast，get_weather 只返回实时天气。", False),
         ("Do not retry book_flight with the same arguments: fix what the error points at.", False),
+        # The reflector's own lessons: learned on a failure, worded after it, but what to do
+        # first next time (a precaution for the start of a run, not a remedy).
+        (
+            "When read_csv fails with EncodingError, you should call read_csv with "
+            "encoding='utf-8-sig' first instead of encoding='utf-8'.",
+            False,
+        ),
+        ("read_csv 读取失败时，你应该先用 encoding='gbk' 调用 read_csv，而不是 utf-8。", False),
+        (
+            "When read_csv fails with UnicodeDecodeError, you should avoid calling read_csv "
+            "with encoding='utf-8': each failed there; try another option first.",
+            False,
+        ),
     ):
         assert recall.is_remedy(advice) is remedy, advice
 

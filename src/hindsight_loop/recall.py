@@ -921,9 +921,24 @@ def advice_flags(advice: str) -> tuple[bool, bool]:
     return is_remedy(advice), speaks_of_later(advice)
 
 
+#: A precaution worded after the failure that taught it: what to do first, next time ("When
+#: read_csv fails with EncodingError, you should call it with encoding='utf-8-sig' first
+#: instead of encoding='utf-8'", "…, you should avoid calling …: try another option first",
+#: "…时，你应该先用 gbk 读取"): the reflector's own lessons read so, and they are for the start
+#: of the next run, not for after the failure.
+_PRECAUTION_EN = re.compile(
+    r"\bfirst\b[^.;!?]{0,80}\binstead of\b|\binstead of\b[^.;!?]{0,80}\bfirst\b"
+    r"|\bavoid\b[^.!?]{0,160}\bfirst\b",
+    re.IGNORECASE,
+)
+_PRECAUTION_ZH = re.compile(r"先[^。；！？!?]{0,60}而不是|避免[^。！？!?]{0,80}先|一开始就")
+
+
 def is_remedy(advice: str) -> bool:
     """Whether a lesson's advice is a remedy: what to do once a call has gone wrong
-    (``Ranking.remedy_miss``)."""
+    (``Ranking.remedy_miss``), and not a precaution for the next run's start."""
+    if _PRECAUTION_EN.search(advice) or _PRECAUTION_ZH.search(advice):
+        return False
     return bool(_REMEDY_EN.search(advice) or _REMEDY_ZH.search(advice))
 
 
