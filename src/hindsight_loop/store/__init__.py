@@ -7,6 +7,8 @@ never to a database directly, so another backend only has to implement this prot
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -39,6 +41,24 @@ class Job:
     """For a local review: ``[first, last]`` step indices (``Step.index``) of the anomaly's window."""
     attempts: int = 0
     use_llm: bool = True
+
+
+class JobOwner:
+    """The ``owner`` of a store object: who queues and claims jobs through it (both stores)."""
+
+    def __init__(self) -> None:
+        self._host = socket.gethostname()
+        self._owner: str | None = None
+
+    @property
+    def owner(self) -> str:
+        """Host, process, object. The process id is read when asked, so a child forked from
+        the agent queues and waits for its own jobs."""
+        return self._owner or f"{self._host}:{os.getpid()}:{id(self):x}"
+
+    @owner.setter
+    def owner(self, value: str) -> None:
+        self._owner = value  # the writer process queues the agent's jobs as the agent's
 
 
 class Store(Protocol):

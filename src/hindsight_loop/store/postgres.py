@@ -16,8 +16,6 @@ psycopg is imported here only: ``import hindsight_loop`` works without the ``[po
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import threading
 from collections.abc import Iterator, Sequence
 from functools import partial
@@ -29,7 +27,7 @@ import orjson
 from hindsight_loop.lesson_keys import RuleFilter, ScoreBound, recall_keys
 from hindsight_loop.models import Event, Lesson, Reflection, Task, iso, utcnow
 from hindsight_loop.replay import StoredRun, no_gc
-from hindsight_loop.store import EventRow, Job
+from hindsight_loop.store import EventRow, Job, JobOwner
 from hindsight_loop.store.pg_migrations import (
     MIGRATIONS,
     applied,
@@ -128,7 +126,7 @@ RECALL_COLUMNS = (
 )
 
 
-class PostgresStore:
+class PostgresStore(JobOwner):
     """A ``Store`` on a PostgreSQL database (``postgresql://user@host/db``)."""
 
     def __init__(self, url: str, *, readonly: bool = False) -> None:
@@ -139,23 +137,12 @@ class PostgresStore:
         self._conns: list[Any] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._host = socket.gethostname()
-        self._owner: str | None = None  # see ``owner``
+        JobOwner.__init__(self)
         try:
             self._open()
         except BaseException:
             self.close()  # a refused database leaves no connection behind
             raise
-
-    @property
-    def owner(self) -> str:
-        """Names this store object's claims on jobs: host, process, object. The process id is
-        read when asked, so a child forked from the agent queues and waits for its own."""
-        return self._owner or f"{self._host}:{os.getpid()}:{id(self):x}"
-
-    @owner.setter
-    def owner(self, value: str) -> None:
-        self._owner = value  # the writer process queues the agent's jobs as the agent's
 
     def _open(self) -> None:
         db = self._db

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sqlite3
 import threading
 import time
@@ -30,7 +29,7 @@ from hindsight_loop.models import (
     utcnow,
 )
 from hindsight_loop.replay import StoredRun, no_gc, project_body, wire_timestamp
-from hindsight_loop.store import EventRow, Job
+from hindsight_loop.store import EventRow, Job, JobOwner
 from hindsight_loop.store.migrations import MIGRATIONS, SchemaError, check_schema, migrate
 
 #: Seconds a claimed job may run before another worker takes it back (a reflection with
@@ -122,7 +121,7 @@ def _task_from_start(task_id: str, ts: str, body: dict[str, Any]) -> tuple:
     )
 
 
-class SQLiteStore:
+class SQLiteStore(JobOwner):
     """A ``Store`` on one SQLite file."""
 
     def __init__(
@@ -142,8 +141,7 @@ class SQLiteStore:
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._host = socket.gethostname()
-        self._owner: str | None = None  # see ``owner``
+        JobOwner.__init__(self)
         #: Task ids known to be in the tasks table (``write_event_batch`` skips looking).
         self._known_tasks: set[str] = set()
         if readonly:
@@ -160,16 +158,6 @@ class SQLiteStore:
                 finally:
                     probe.close()
         migrate(self._db)
-
-    @property
-    def owner(self) -> str:
-        """Names this store object's claims on jobs: host, process, object. The process id is
-        read when asked, so a child forked from the agent queues and waits for its own."""
-        return self._owner or f"{self._host}:{os.getpid()}:{id(self):x}"
-
-    @owner.setter
-    def owner(self, value: str) -> None:
-        self._owner = value  # the writer process queues the agent's jobs as the agent's
 
     def _open_readonly(self) -> None:
         if not Path(self.path).is_file():
