@@ -105,7 +105,7 @@ def dead_letter_base(store: Store, *, readonly: bool) -> str:
     database server, in this user's state folder (named after the URL, password stripped)."""
     path = getattr(store, "path", None)
     if path is not None:
-        return str(Path(path).absolute())  # the file opened now, wherever the agent goes next
+        return str(path)  # absolute (``SQLiteStore.path``): wherever the agent goes next
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", getattr(store, "url", "hindsight"))
     if not readonly:
         with contextlib.suppress(OSError):  # unwritable: the recorder's fallback applies
@@ -142,11 +142,12 @@ def can_start_writer() -> bool:
 
 
 def writer_db(store: Store, db: str | Path) -> str:
-    """The store as the writer process opens it: a SQLite file by its absolute path. The
-    writer starts on the first event, in the agent's working directory of that moment: a
-    relative path opened another file (a new, empty store) once the agent had changed it."""
+    """The store as the writer process opens it: a SQLite file by the absolute path the store
+    keeps (``SQLiteStore.path``). The writer starts on the first event, in the agent's working
+    directory of that moment: a relative path opened another file (a new, empty store) once the
+    agent had changed it."""
     path = getattr(store, "path", None)
-    return str(db) if path is None else str(Path(path).absolute())
+    return str(db) if path is None else str(path)
 
 
 def make_recorder(
