@@ -126,7 +126,11 @@ def parse_ts(value: str | datetime | float | int | None) -> datetime:
 
 # Ids are a per-process random prefix plus a counter: uuid4() alone costs more than the whole
 # budget of a record call on the agent's thread.
-_ID_PREFIX = f"{int(time.time()):x}{os.urandom(3).hex()}"
+def _id_prefix() -> str:
+    return f"{int(time.time()):x}{os.urandom(3).hex()}"
+
+
+_ID_PREFIX = _id_prefix()
 _ID_COUNTER = itertools.count(1)
 
 
@@ -134,7 +138,7 @@ def _new_id_prefix() -> None:
     """A forked child's own prefix: with its parent's and counter, children forked one after
     another (a pre-forking server's workers) made the same task and event ids."""
     global _ID_PREFIX, _ID_COUNTER
-    _ID_PREFIX = f"{int(time.time()):x}{os.urandom(3).hex()}"
+    _ID_PREFIX = _id_prefix()
     _ID_COUNTER = itertools.count(1)
 
 

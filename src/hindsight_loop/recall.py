@@ -1473,10 +1473,10 @@ class StoreStage:
         if other := intent_missed(q):
             intent_miss = np.fromiter((r[10] == other for r in rows), bool, n)
         remedy_miss = time_miss = None
-        present = reads_present(q)
-        if present or not reports_outcome(q):
+        present, calm = reads_present(q), not reports_outcome(q)
+        if present or calm:
             flags = self._advice_flags(rows)
-            if not reports_outcome(q):
+            if calm:
                 remedy_miss = np.fromiter((f[0] for f in flags), bool, n)
             if present:
                 time_miss = np.fromiter((f[1] for f in flags), bool, n)
