@@ -1722,9 +1722,8 @@ def _fold(n: int, nodes: list[KeyNode], max_steps: int, run: StoredRun) -> list[
         if keep == _FOLD_FIRST + 1 or _anchored(n, listed).count(1) <= max_steps:
             break
     for members in groups.values():
-        left_out = len(members[keep - 1 : -1])
-        if left_out:
-            nodes[members[0]].repeats = left_out
+        if len(members) > keep:
+            nodes[members[0]].repeats = len(members) - keep
     return listed
 
 
