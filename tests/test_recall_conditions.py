@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from hindsight_loop import Hindsight, recall
@@ -120,7 +121,7 @@ def test_the_store_stage_holds_the_same_conditions_as_the_index(
     book = _hnsw_book(recall.STORE_STAGE_MIN + 200)
     book += [
         dataclasses.replace(les, valid_until=iso(utcnow() + timedelta(days=30)))
-        for les in (EXPORT, FPS, TWICE, TWICE_ZH, TIMEOUT)
+        for les in (EXPORT, FPS, TWICE, TWICE_ZH, TIMEOUT, *LEAVE_BOOK)
     ]
     vectors = embedder.embed([lesson_text(x) for x in book])
     stores = {"sqlite": open_store(str(tmp_path / "book.db")), "postgres": open_store(pg_url)}
@@ -137,6 +138,10 @@ def test_the_store_stage_holds_the_same_conditions_as_the_index(
         RecallQuery(**call, query="export_video timed out, just try it again"),
         RecallQuery(**call, query="export it again at 24 fps"),
         RecallQuery(task_type="web", tools=["http_get"], query="http_get timed out twice"),
+        RecallQuery(
+            **LEAVE_CALL, query="下周三到周五想请年假，半天的那种也要算上", intent="operation"
+        ),
+        RecallQuery(**LEAVE_CALL, query="下周三到周五想请年假，半天的那种也要算上"),
     ]
     for q in queries:
         got = {k: c.search(q, limit=3) for k, c in caches.items()}
@@ -144,5 +149,87 @@ def test_the_store_stage_holds_the_same_conditions_as_the_index(
         assert [x.score for x in got["postgres"]] == [x.score for x in got["sqlite"]], q
     assert "twice" in caches["postgres"].search(queries[0], limit=3).ids
     assert "timeout" in caches["postgres"].search(queries[2], limit=3).ids
+    assert "balance" in caches["postgres"].search(queries[5], limit=3).ids
     for store in stores.values():
         store.close()
+
+
+# -- lessons the rules tie to the call, in the other language ---------------------------------------
+
+BALANCE = Lesson(
+    lesson_id="balance",
+    task_type="hr_leave",
+    advice="Before submit_leave, look at get_leave_balance: a request over the balance bounces.",
+    features=Features(tools=["submit_leave", "get_leave_balance"], intent="operation"),
+)
+ONE_TOOL = Lesson(
+    lesson_id="one_tool",
+    task_type="hr_leave",
+    advice="Attach the doctor's note to submit_leave for sick days beyond two.",
+    features=Features(tools=["submit_leave"], intent="operation"),
+)
+HALF_DAY = Lesson(
+    lesson_id="half_day",
+    task_type="hr_leave",
+    advice="请假半天时，submit_leave 的开始时间要写到小时，否则按整天扣。",
+    language="zh",
+    features=Features(tools=["submit_leave"], intent="operation"),
+)
+LEAVE_BOOK = (BALANCE, ONE_TOOL, HALF_DAY)
+LEAVE_CALL: dict[str, Any] = {
+    "task_type": "hr_leave",
+    "tools": ["submit_leave", "get_leave_balance"],
+}
+
+
+def _recall_leave(db: Path, **q: Any) -> list[str]:
+    with Hindsight(db, background=False) as hs:
+        for les in LEAVE_BOOK:
+            hs.store.save_lesson(les)
+        return hs.recall(**LEAVE_CALL, **q).ids
+
+
+def test_a_lesson_tied_to_the_call_in_the_other_language_is_not_cut_for_its_text(
+    db_path: Path,
+) -> None:
+    """A Chinese request sharing no word with the English lesson that names both tools of the
+    call and was learned for the intent the caller gives: the lesson is kept beside the
+    Chinese one the text found. Not the English lesson of one tool, and not without the
+    caller's intent."""
+    request = "下周三到周五想请年假，半天的那种也要算上"
+    got = _recall_leave(db_path, query=request, intent="operation")
+    assert got[0] == "half_day" and "balance" in got and "one_tool" not in got
+    assert "balance" not in _recall_leave(db_path, query=request)
+    off = _index_ids(LEAVE_BOOK, Ranking(tied=False), query=request, intent="operation")
+    assert "balance" not in off
+
+
+def _index_ids(book: tuple[Lesson, ...], ranking: Ranking, **q: Any) -> list[str]:
+    index = recall.LessonIndex(list(book), embedder=HashEmbedder(), ranking=ranking)
+    return index.search(RecallQuery(**LEAVE_CALL, **q)).ids
+
+
+def test_a_tied_lesson_the_text_could_judge_keeps_its_floors() -> None:
+    """A penalty the request earns still cuts a tied lesson: a remedy, for a request with
+    nothing gone wrong, scores under a whole scenario match without text."""
+    remedy = dataclasses.replace(
+        BALANCE,
+        lesson_id="remedy",
+        advice="If submit_leave fails with OverBalance, check get_leave_balance and split it.",
+    )
+    request = "下周三到周五想请年假，半天的那种也要算上"
+    assert "remedy" not in _index_ids(
+        (remedy, HALF_DAY), Ranking(), query=request, intent="operation"
+    )
+    assert (
+        recall.tied_across(
+            Ranking(),
+            np.array([True]),
+            np.array([2]),
+            np.array([True]),
+            np.array([False]),
+            np.array([1.0]),
+            request,
+        )
+        is not None
+    )

@@ -180,6 +180,17 @@ class Ranking:
     against a lesson, as it is in the request's own language. One lesson at most; none when one
     of those lessons is in the request's language (the text could judge it and found it
     wanting: nothing fits), or when the best one's rule score is below ``unjudged_min``."""
+    tied: bool = True
+    """Keep a lesson the rules tie to the call as tightly as they can, in the other language
+    than the request (``tied_across``): written for its task type, naming two or more tools,
+    all of them among the call's, and learned for the very intent the caller gives. Across
+    languages the hashed embedder and BM25 cannot judge it (its score is its scenario's);
+    the rules say it is about this very situation, so it is not cut for its text alone: it
+    needs no text floor and no relative cut, only the score of a whole scenario match with no
+    text (``scenario``: a penalty the request earns, a remedy when nothing failed, still
+    cuts it) and the track record ``unjudged`` asks for. One tool, or no intent from the
+    caller, ties a lesson too loosely: neighbours of the same tool are many. A lesson that
+    shares a word or a concept with the request is not kept so: its text could judge it."""
     unjudged_min: float = 1.0
     """The rule score (``_fuse`` without the text) a lesson offered on its rules alone needs:
     1.0 is a whole scenario match with a neutral track record (value score 0.5); a lesson that
@@ -793,6 +804,26 @@ class LessonIndex:
             tool_hit = np.zeros(idx.size, bool)
             for j in np.flatnonzero((strong[0] > 0) & (strong[1] > 0)).tolist():
                 tool_hit[j] = _tools_named(self._tool_names[idx[j]], tags)
+        strong_match = None if strong is None else _strong(*strong, bm25, tool_hit)
+        tied = None
+        if rk.tied and strong is not None and strong_match is not None and intent_id:
+            tied = tied_across(
+                rk,
+                _full_match(strong[0], strong[1], self._tool_count[idx]) & ~strong_match,
+                self._tool_count[idx],
+                self._intent[idx] == intent_id,
+                self._zh[idx],
+                _rules_only(
+                    rk,
+                    np.ones(idx.size, bool),
+                    scenario,
+                    step_hit,
+                    error_hit,
+                    self._value[idx],
+                    error_miss,
+                ),
+                text,
+            )
         chosen = _choose(
             rk,
             score,
@@ -800,9 +831,10 @@ class LessonIndex:
             lambda les: self._conflicts.get(les.lesson_id),
             limit=limit,
             min_score=min_score,
-            strong=None if strong is None else _strong(*strong, bm25, tool_hit),
+            strong=strong_match,
             matched=matched,
             held=held,
+            tied=tied,
         )
         if chosen or strong is None or cosine is None or not rk.unjudged:
             return chosen
@@ -1128,6 +1160,28 @@ def _unjudged(
     return LessonSet([_with_score(lesson_at(best), round(float(score[best]), 4))])
 
 
+def tied_across(
+    rk: Ranking,
+    full: np.ndarray,
+    tool_count: np.ndarray,
+    same_intent: np.ndarray,
+    zh: np.ndarray,
+    rules: np.ndarray | None,
+    query: str,
+) -> np.ndarray | None:
+    """The survivors ``Ranking.tied`` keeps whatever their text: ``full`` rule matches naming
+    two or more tools, learned for the caller's intent, in the other language than the
+    request, with a rules-only score of at least ``unjudged_min``; ``None`` when there is none.
+    The callers leave out of ``full`` the strong rule matches (``_strong``): a lesson sharing
+    a word or a concept with the request was judged by its text, across languages too."""
+    tied = full & (np.asarray(tool_count) >= 2) & np.asarray(same_intent)
+    if not tied.any() or rules is None:
+        return None
+    tied &= np.asarray(zh) != (detect_language(query) == "zh")
+    tied &= np.asarray(rules) >= rk.unjudged_min - 1e-6
+    return tied if tied.any() else None
+
+
 def _tool_key(tools: Iterable[str]) -> tuple[str, ...]:
     """A lesson's tool names as both candidate stages hold them: normalized, sorted, once."""
     return tuple(sorted({_norm(t) for t in tools} - {""}))
@@ -1203,6 +1257,12 @@ def _floors(rk: Ranking, min_score: float | None) -> tuple[float, float]:
     return floor, floor - rk.rule_slack
 
 
+def _tied_floor(rk: Ranking) -> float:
+    """What a lesson ``Ranking.tied`` keeps must score: a whole scenario match with a neutral
+    track record and no text, less a margin for rounding."""
+    return rk.scenario - 1e-3
+
+
 def _cutoff(rk: Ranking, best: float, min_score: float | None) -> float:
     """The lowest score any survivor may have and still be chosen next to the ``best``."""
     return max(min(_floors(rk, min_score)), best * rk.relative)
@@ -1219,6 +1279,7 @@ def _choose(
     strong: np.ndarray | None = None,
     matched: Callable[[int], frozenset[Any]] | None = None,
     held: np.ndarray | None = None,
+    tied: np.ndarray | None = None,
 ) -> LessonSet:
     """Cut off, order, and keep conflicting lessons apart: the best ``limit`` of ``score``.
 
@@ -1227,11 +1288,15 @@ def _choose(
     terms a survivor holds (``None``: the query has no text): one below ``near`` of the best
     needs a term no lesson chosen before it holds. ``held`` marks the lessons whose condition
     the request reports (``Ranking.condition``): the floor of a strong match, and no relative
-    cut."""
+    cut. ``tied`` marks the lessons ``Ranking.tied`` keeps: the score of a whole scenario
+    match without text, and no relative cut."""
     floor, strong_floor = _floors(rk, min_score)
     bar = floor if strong is None else np.where(strong, strong_floor, floor)
     if held is not None:
         bar = np.where(held, strong_floor, bar)
+    if tied is not None:
+        bar = np.where(tied, _tied_floor(rk), bar)
+        held = tied if held is None else held | tied
     good = np.flatnonzero(score >= bar)
     if not good.size:
         return LessonSet()
@@ -1406,6 +1471,10 @@ class StoreStage:
         # not leave out a lesson that ``_choose`` would keep.
         floor = min(_floors(rk, min_score))
         text = q.query.strip()
+        # A lesson ``Ranking.tied`` keeps needs a lower score still, and no relative cut.
+        may_tie = bool(rk.tied and text and task is not None and q.intent and len(query_tools) > 1)
+        if may_tie:
+            floor = min(floor, _tied_floor(rk))
         qvec: np.ndarray | None = None
         idf32: dict[str, np.float32] = {}
         reference = 1.0
@@ -1442,11 +1511,14 @@ class StoreStage:
 
         def scored(
             rows: list[tuple[Any, ...]],
-        ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
             return self._score(rows, q, task, query_tools, qvec, cos_floor, idf32, reference, avgdl)
 
-        def score(rows: list[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray | None]:
-            return scored(rows)[:2]
+        def score(
+            rows: list[tuple[Any, ...]],
+        ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+            got = scored(rows)
+            return got[0], got[1], got[3]
 
         def bound(at_least: float) -> lesson_keys.ScoreBound:
             return lesson_keys.ScoreBound(
@@ -1479,7 +1551,7 @@ class StoreStage:
                 return floor
             if len(found) == limit:
                 return min(x.score or 0.0 for x in found)
-            if kinds:
+            if kinds or may_tie:
                 return floor
             return _cutoff(rk, max(x.score or 0.0 for x in found), min_score)
 
@@ -1522,7 +1594,7 @@ class StoreStage:
         if not rows:
             return LessonSet()
         rows.sort(key=self._tie_order(task))
-        all_scores, _, rules_score = scored(rows)
+        all_scores, _, rules_score, _ = scored(rows)
         bodies = self.store.lesson_bodies(
             [rows[j][1] for j in np.flatnonzero(np.isfinite(rules_score)).tolist()]
             if rules_score is not None
@@ -1550,9 +1622,10 @@ class StoreStage:
         idf32: dict[str, np.float32],
         reference: float,
         avgdl: np.float64,
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """The rows' scores (``_fuse``), which are strong rule matches (``_strong``), and what
-        the rules alone say of the full matches (``_rules_only``)."""
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """The rows' scores (``_fuse``), which are strong rule matches (``_strong``), what
+        the rules alone say of the full matches (``_rules_only``), and which are kept whatever
+        their text (``tied_across``)."""
         n = len(rows)
         rk = self.ranking
         specific = (
@@ -1628,20 +1701,40 @@ class StoreStage:
             held,
         )
         if strong is None:
-            return score, None, None
+            return score, None, None, None
         tool_hit = None
         if tags := _query_tags(q.query.strip()):
             tool_hit = np.fromiter((_tools_named(_tool_key(r[3]), tags) for r in rows), bool, n)
-        rules = _rules_only(
-            rk,
-            _full_match(*strong, count),
-            scenario,
-            step_hit,
-            error_hit,
-            value,
-            error_miss,
-        )
-        return score, _strong(*strong, bm25, tool_hit), rules
+        full = _full_match(*strong, count)
+        rules = _rules_only(rk, full, scenario, step_hit, error_hit, value, error_miss)
+        strong_match = _strong(*strong, bm25, tool_hit)
+        tied = None
+        if rk.tied and qvec is not None and q.intent and (intent := _norm(q.intent)):
+            same = np.fromiter((r[10] == intent for r in rows), bool, n)
+            candidates = full & ~strong_match & (count > 1) & same
+            if candidates.any():
+                # Only these few need their language, read with their advice.
+                subset = [rows[j] for j in np.flatnonzero(candidates).tolist()]
+                self._advice_flags(subset)
+                zh = np.fromiter(
+                    (
+                        bool(c) and self._flags[r[1]][1]
+                        for r, c in zip(rows, candidates, strict=True)
+                    ),
+                    bool,
+                    n,
+                )
+                every = np.ones(n, bool)
+                tied = tied_across(
+                    rk,
+                    candidates,
+                    count,
+                    same,
+                    zh,
+                    _rules_only(rk, every, scenario, step_hit, error_hit, value, error_miss),
+                    q.query,
+                )
+        return score, strong_match, rules, tied
 
     def _held(self, rows: list[tuple[Any, ...]], q: RecallQuery | None) -> np.ndarray | None:
         """``condition_held`` for the rows' lessons."""
@@ -1689,6 +1782,7 @@ class StoreStage:
         rows: list[tuple[Any, ...]],
         score: np.ndarray,
         strong: np.ndarray | None,
+        tied: np.ndarray | None,
         *,
         limit: int,
         min_score: float | None,
@@ -1728,6 +1822,7 @@ class StoreStage:
             strong=strong,
             matched=None if cover is None else lambda j: cover.intersection(rows[j][7]),
             held=held,
+            tied=tied,
         )
 
 
