@@ -615,3 +615,27 @@ def test_a_bound_is_a_value_and_a_floor_and_a_ceiling_are_opposed(floor, ceiling
 def test_there_is_no_point_and_a_waste_of_anything_dismiss_the_act(text: str, avoided: str) -> None:
     """ "There's no point X" / "no need to X" avoid X; "X is a waste of <anything>" too."""
     assert stance(text).get(avoided, 0) < 0
+
+
+def test_a_dismissal_after_a_situation_still_speaks_of_the_head() -> None:
+    """ "X after Y is a waste of a morning": the situation goes, the verdict on X stays."""
+    dismissed = (
+        "A 150% soak test after a firmware update is a waste of a day; "
+        "a normal run at rated load is enough before the release."
+    )
+    assert stance(dismissed)["150"] < 0
+    asked = "After a firmware update, run_soak_test at 150% of rated load before the release."
+    assert _action(asked, dismissed, ("run_soak_test",)) == "conflict"
+
+
+def test_a_shared_value_excuses_no_prohibition_that_names_no_value() -> None:
+    """A value both ask for excuses the words they take both ways only when one turns down a
+    value of its own (utf-8 for utf-8-sig); "no point letting it rest" forbids an act."""
+    rest = "Preheat the oven to 220 °C and let the dough rest for twenty minutes before bake_bread."
+    hurry = "There's no point letting the dough rest; call bake_bread the moment it reaches 220 °C."
+    assert _action(rest, hurry, ("bake_bread",)) == "conflict"
+    assert _action(hurry, rest, ("bake_bread",)) == "conflict"
+    # The choice between two values still merges (the seeds' own rewording).
+    plain = "Don't read these exports as plain utf-8; pick utf-8-sig with read_csv."
+    sig = "Read these exports with encoding='utf-8-sig' in read_csv."
+    assert _action(sig, plain, ("read_csv",)) == "merge"

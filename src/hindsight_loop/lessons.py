@@ -570,7 +570,10 @@ def stance(text: str) -> dict[str, float]:
         # "ask which city before you call get_weather": the tail is the situation;
         # "调用 get_weather 前先确认城市": the head is.
         if mid := _CONDITION_MID_EN.search(clause):
-            clause = clause[: mid.start()]
+            # "a 125% load test after a brake swap is a waste of a morning": the verdict after
+            # the situation still speaks of the head; only the situation itself goes.
+            verdict = _DISMISS_RE.search(clause, mid.end())
+            clause = clause[: mid.start()] + (" " + clause[verdict.start() :] if verdict else "")
         elif (mid := _CONDITION_MID_ZH.search(clause)) and not _FORBID_RE.search(
             clause[: mid.start()]
         ):
@@ -995,10 +998,17 @@ def _acts_opposed(a: str, b: str) -> bool:
 
 
 def _same_values(a: str, b: str) -> bool:
-    """Both pieces of advice ask for the same concrete value (``utf-8-sig``, ``sep=';'``, 429)."""
+    """Both pieces of advice ask for the same concrete value (``utf-8-sig``, ``sep=';'``, 429)
+    and one of them turns down a value of its own: the two choose between values ("don't read it
+    as plain utf-8; pick utf-8-sig" / "read it with utf-8-sig"). A prohibition naming no value
+    forbids an act, whatever value both name beside it ("there's no point letting the bed soak;
+    start the moment it reaches 100 °C" / "heat it to 100 °C and let it soak")."""
     sa, sb = stance(a), stance(b)
-    return any(
+    shared = any(
         sa[t] > 0 and sb[t] > 0 and _WEIGHTED_TERM_RE.search(t) for t in sa.keys() & sb.keys()
+    )
+    return shared and any(
+        sign < 0 and _WEIGHTED_TERM_RE.search(t) for s in (sa, sb) for t, sign in s.items()
     )
 
 
