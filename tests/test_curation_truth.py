@@ -717,3 +717,15 @@ def test_an_act_of_the_lexicon_taken_both_ways_is_a_conflict_at_any_nearness() -
     only = "只冻结涉案员工本人的网盘就够了。"
     more = "freeze_drive 不能只锁当事人，跟他往来密切的同事网盘也要一并冻结。"
     assert _action(only, more) == "conflict"
+
+
+def test_a_tools_word_said_by_itself_is_the_tools_act() -> None:
+    """ "Withdraw it with weed_collection" / "don't weed it": the act is the tool's; a tool both
+    name brings no words of its own ("weather" of get_weather, weighed as the tool)."""
+    tool = "Once a case has had no reply for 30 days, withdraw it with archive_ticket."
+    word = "Don't archive a case just because nobody replied; silence is not a fix."
+    assert stance_relation(word, tool)[0] >= 1
+    assert stance_relation(tool, word)[0] >= 1
+    forecast = "For any date after today call get_forecast, not get_weather."
+    europe = "Call get_weather with units='metric' for users in Europe."
+    assert stance_relation(europe, forecast)[0] < 1

@@ -864,6 +864,13 @@ def stance_relation(a: str, b: str) -> tuple[float, float]:
     sa, sb = stance(a), stance(b)
     opposed = order_opposition(a, b)
     agreed = 0.0
+    # "withdraw it with weed_collection" / "don't weed it": a tool's word said by itself on one
+    # side is the tool's act; a tool both name (weighed below) brings no words of its own.
+    for one, other in ((sa, sb), (sb, sa)):
+        for word, tool in _tool_words(one).items():
+            said_alone = word in other and word not in one and word not in _tool_words(other)
+            if said_alone and one[tool] != other[word]:
+                opposed += _term_weight(word) ** 2
     for term in sa.keys() & sb.keys():
         # A tool both mention says little on its own: most lessons of a task type call it.
         weight = 0.25 if _SNAKE_RE.match(term) else _term_weight(term) ** 2
@@ -872,6 +879,18 @@ def stance_relation(a: str, b: str) -> tuple[float, float]:
         else:
             opposed += weight
     return opposed, agreed
+
+
+def _tool_words(signs: Mapping[str, float]) -> dict[str, str]:
+    """The words of the snake_case tools a stance names (``weed`` of ``weed_collection``), each
+    with its tool."""
+    return {
+        word: term
+        for term in signs
+        if _SNAKE_RE.match(term)
+        for word in tokenize(term.replace("_", " "))
+        if len(word) > 3 and word not in _GENERIC_ACTS
+    }
 
 
 # Words that set which way advice goes beyond do / don't: a dismissal, a consequence, a default
