@@ -19,6 +19,12 @@ All four run in one process, block by block in a rotating order, every run; medi
 The writer process is started and warmed before timing (its start-up is a once-per-agent cost,
 not a per-step one: reported apart, as the first flush of a fresh ``Hindsight``).
 
+Beside them, the machine's own price of a busy other core: the agent's steps recording nothing
+while a process that only spins runs on the other core (resumed for its blocks alone), reported
+per µs of that process's CPU; times the writer process's CPU per step, it is what the writer's
+work costs the agent here through the hardware alone (caches, memory, a host's sibling threads),
+whatever that work is.
+
 Beside the wall time, the CPU each costs: the agent's process (every thread, over the same
 block with no recording) and the writer process's own. When the writer needs more CPU per event
 than the agent's step takes, it falls behind and the flush at the block's end waits for it: the
@@ -33,7 +39,9 @@ import contextlib
 import os
 import resource
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -106,6 +114,15 @@ def _writer_cpu_s(hs: Any) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _pid_cpu_s(pid: int) -> float:
+    """CPU seconds of another process so far (Linux ``schedstat``; 0 without it)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except OSError:
+        return 0.0
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from hindsight_loop import Hindsight
 
@@ -148,8 +165,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tool, _a, _o, s = pool[i % 1000]
             otel_tool_span(tracer, tool, *strings[i % 1000], s)
 
+        # The machine's own cost of a busy other core, for reading the writer process's figure:
+        # a process that only spins, run (SIGCONT) during its blocks alone, the agent's steps
+        # recording nothing. On two cores it takes the core the writer process would, and what
+        # it adds to the agent's step is what any work on that core costs the agent here
+        # (caches, memory bandwidth, a host's sibling threads), per µs of that work's CPU.
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        os.kill(hog.pid, signal.SIGSTOP)
+
         subjects = {
             "none": (step_none, lambda: None),
+            "hog": (step_none, lambda: None),
             "process": (make_hs("process"), hs_p.flush),
             "thread": (make_hs("thread"), hs_t.flush),
             "otel": (step_otel, provider.force_flush),
@@ -167,6 +193,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             c0 = _cpu_s()
             w0 = _writer_cpu_s(hs_p) if name == "process" else 0.0
+            if name == "hog":
+                h0 = _pid_cpu_s(hog.pid)
+                os.kill(hog.pid, signal.SIGCONT)
             t0 = time.perf_counter()
             if threads == 1:
                 loop(0)
@@ -178,6 +207,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     t.join()
             flush()
             wall = time.perf_counter() - t0
+            if name == "hog":
+                os.kill(hog.pid, signal.SIGSTOP)
+                hog_cpu[threads].append(_pid_cpu_s(hog.pid) - h0)
             cpu[(name, threads)].append(_cpu_s() - c0)
             if name == "process":
                 writer_cpu[threads].append(_writer_cpu_s(hs_p) - w0)
@@ -185,6 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         cpu: dict[tuple[str, int], list[float]] = {(n, t): [] for n in names for t in thread_counts}
         writer_cpu: dict[int, list[float]] = {t: [] for t in thread_counts}
+        hog_cpu: dict[int, list[float]] = {t: [] for t in thread_counts}
         for name in names:  # warm every path
             for threads in thread_counts:
                 block(name, threads, 0)
@@ -192,12 +225,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         writer_cpu.clear()
         cpu.update({(n, t): [] for n in names for t in thread_counts})
         writer_cpu.update({t: [] for t in thread_counts})
+        hog_cpu.update({t: [] for t in thread_counts})
         times: dict[tuple[str, int], list[float]] = {
             (n, t): [] for n in names for t in thread_counts
         }
         for r in range(rounds):
             for threads in thread_counts:
-                order = names[r % 4 :] + names[: r % 4]
+                order = names[r % len(names) :] + names[: r % len(names)]
                 for name in order:
                     times[(name, threads)].append(block(name, threads, r * steps))
         for per_thread in tasks.values():
@@ -209,6 +243,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         hs_p.close()
         hs_t.close()
         provider.shutdown()
+        hog.kill()
+        hog.wait()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -240,6 +276,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out[f"t{threads}_writer_process_cpu_us"] = spread(
             [c / steps * 1e6 for c in writer_cpu[threads]]
         )
+        hog_extra = [
+            (s - b) / steps * 1e6 for s, b in zip(times[("hog", threads)], base, strict=True)
+        ]
+        out[f"t{threads}_busy_core_extra_us"] = spread(hog_extra)
+        out[f"t{threads}_busy_core_cpu_us"] = spread([c / steps * 1e6 for c in hog_cpu[threads]])
         for name in ("process", "thread"):
             ratios = [
                 (s - b) / (o - b) if o > b else float("nan")
@@ -276,6 +317,16 @@ def render(r: dict[str, Any]) -> str:
         w = r.get(f"t{t}_writer_process_cpu_us")
         if w:
             lines.append(f"  writer process CPU {w['median']:.1f} µs per step")
+        h = r.get(f"t{t}_busy_core_extra_us")
+        if h:
+            hc = r[f"t{t}_busy_core_cpu_us"]["median"]
+            per = h["median"] / hc if hc > 0 else float("nan")
+            lines.append(
+                f"  no recording, a spinning process on the other core: +{h['median']:.1f} µs "
+                f"({h['min']:.1f}-{h['max']:.1f}) for its {hc:.1f} µs of CPU per step: "
+                f"{per:.2f} µs per µs of work beside the agent"
+                + (f" (x the writer's CPU: {per * w['median']:.1f} µs)" if w else "")
+            )
         lines.append(
             f"  writer process / OTel span: x{r[f't{t}_process_over_otel_of_medians']:.2f} "
             f"(per block x{r[f't{t}_process_over_otel']['median']:.2f}); writer thread / OTel "

@@ -43,8 +43,8 @@ def _capture(events: int, tmp: Path) -> tuple[bytes, bytes]:
     sent: list[bytes] = []
     send = writer_module.ProcessRecorder._send
 
-    def keep(self: Any, data: bytes) -> bool:
-        sent.append(data)
+    def keep(self: Any, data: bytes | memoryview) -> bool:
+        sent.append(bytes(data))  # a view of a page the sender reuses once it is written
         return send(self, data)
 
     writer_module.ProcessRecorder._send = keep  # type: ignore[method-assign]

@@ -641,7 +641,7 @@ def test_a_lesson_learned_on_another_error_than_the_one_named_ranks_lower() -> N
         query="read_csv failed twice with the same FileNotFoundError",
     )
     assert errors_named(q) == {"filenotfound"}
-    assert search([codec, twice], q, ranking=Ranking(error_miss=0.0))[0] == "codec"
+    assert search([codec, twice], q, ranking=Ranking(error_miss=0.0, condition=False))[0] == "codec"
     assert search([codec, twice], q)[0] == "twice"
     # The error it was learned on, named in the request or given as the error type: no penalty.
     q.query = "read_csv failed twice with the same UnicodeDecodeError"

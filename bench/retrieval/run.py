@@ -83,7 +83,7 @@ class Case:
 #: tuning book plus its own lessons.
 #: ``blind3`` and ``blind4``: written by other engineers who never opened ``src/``, during the
 #: sixth and seventh sessions, each run once on that session's final recall.
-SPLITS = ("tuning", "heldout", "blind", "blind2", "blind3", "blind4")
+SPLITS = ("tuning", "heldout", "blind", "blind2", "blind3", "blind4", "blind5")
 
 
 def load(split: str = "tuning") -> tuple[list[Lesson], list[Case]]:
@@ -270,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--split",
         action="append",
         choices=SPLITS,
-        help="tuning, heldout, blind, blind2, blind3 and/or blind4 (default: all, each on its own)",
+        help="tuning, heldout, blind, blind2, blind3, blind4 and/or blind5 (default: all, each on its own)",
     )
     parser.add_argument("--verbose", action="store_true", help="list every query with a miss")
     parser.add_argument("--json", action="store_true", help="print results as JSON")

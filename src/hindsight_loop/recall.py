@@ -130,6 +130,18 @@ class Ranking:
     """Taken off a lesson about later dates ("for any date after today", "用户问明天或下周的天气时")
     when the request speaks of the present only ("today", "right now", 今天, 目前) and of no
     later time: the lesson's own condition does not hold."""
+    condition: bool = True
+    """Keep a remedy whose condition the request reports (``condition_kinds``: the same kind
+    of failure, "times out" and "timed out", or a failure repeated, "fails twice" and "failed
+    again, the 2nd time") against a better-scoring lesson: it needs only the floor of a strong
+    rule match, not ``relative`` (or ``near``) of the best. The relative cut is there to drop
+    the best lesson's neighbours; a lesson whose own condition holds speaks to another fact of
+    the request (a general "stop retrying after the same error twice" next to the tool's own
+    remedy for that error), and the text of a general lesson shares few words with any one
+    request."""
+    condition_boost: float = 0.15
+    """Added to such a lesson (``condition``), as ``error_boost`` is to a lesson learned on the
+    request's error type: its condition holds."""
     value_floor: float = 0.7
     """The score is relevance x (value_floor + value_span x value_score): a lesson's track
     record moves its rank, but cannot carry a lesson that does not match."""
@@ -168,6 +180,17 @@ class Ranking:
     against a lesson, as it is in the request's own language. One lesson at most; none when one
     of those lessons is in the request's language (the text could judge it and found it
     wanting: nothing fits), or when the best one's rule score is below ``unjudged_min``."""
+    tied: bool = True
+    """Keep a lesson the rules tie to the call as tightly as they can, in the other language
+    than the request (``tied_across``): written for its task type, naming two or more tools,
+    all of them among the call's, and learned for the very intent the caller gives. Across
+    languages the hashed embedder and BM25 cannot judge it (its score is its scenario's);
+    the rules say it is about this very situation, so it is not cut for its text alone: it
+    needs no text floor and no relative cut, only the score of a whole scenario match with no
+    text (``scenario``: a penalty the request earns, a remedy when nothing failed, still
+    cuts it) and the track record ``unjudged`` asks for. One tool, or no intent from the
+    caller, ties a lesson too loosely: neighbours of the same tool are many. A lesson that
+    shares a word or a concept with the request is not kept so: its text could judge it."""
     unjudged_min: float = 1.0
     """The rule score (``_fuse`` without the text) a lesson offered on its rules alone needs:
     1.0 is a whole scenario match with a neutral track record (value score 0.5); a lesson that
@@ -462,6 +485,8 @@ class LessonIndex:
         flags = [advice_flags(les.advice) for les in self.lessons]
         self._remedy = np.fromiter((f[0] for f in flags), bool, n)
         self._later = np.fromiter((f[1] for f in flags), bool, n)
+        self._kinds = np.fromiter((f[2] for f in flags), np.int8, n)
+        self._zh = np.fromiter((_language(les) == "zh" for les in self.lessons), bool, n)
         # Tools as postings: for each tool, the sorted positions of the lessons naming it.
         postings: dict[int, list[int]] = {}
         tool_count = np.zeros(n, np.int32)
@@ -755,6 +780,9 @@ class LessonIndex:
             intent_miss = self._intent[idx] == other_id
         remedy_miss = None if reports_outcome(q) else self._remedy[idx]
         time_miss = self._later[idx] if reads_present(q) else None
+        held = None
+        if rk.condition and condition_kinds(q):
+            held = condition_held(self._kinds[idx], self._zh[idx], q)
         score = _fuse(
             rk,
             idx.size,
@@ -768,6 +796,7 @@ class LessonIndex:
             intent_miss,
             remedy_miss,
             time_miss,
+            held,
         )
         tool_hit = None
         if strong is not None and (tags := _query_tags(text)):
@@ -775,6 +804,26 @@ class LessonIndex:
             tool_hit = np.zeros(idx.size, bool)
             for j in np.flatnonzero((strong[0] > 0) & (strong[1] > 0)).tolist():
                 tool_hit[j] = _tools_named(self._tool_names[idx[j]], tags)
+        strong_match = None if strong is None else _strong(*strong, bm25, tool_hit)
+        tied = None
+        if rk.tied and strong is not None and strong_match is not None and intent_id:
+            tied = tied_across(
+                rk,
+                _full_match(strong[0], strong[1], self._tool_count[idx]) & ~strong_match,
+                self._tool_count[idx],
+                self._intent[idx] == intent_id,
+                self._zh[idx],
+                _rules_only(
+                    rk,
+                    np.ones(idx.size, bool),
+                    scenario,
+                    step_hit,
+                    error_hit,
+                    self._value[idx],
+                    error_miss,
+                ),
+                text,
+            )
         chosen = _choose(
             rk,
             score,
@@ -782,8 +831,10 @@ class LessonIndex:
             lambda les: self._conflicts.get(les.lesson_id),
             limit=limit,
             min_score=min_score,
-            strong=None if strong is None else _strong(*strong, bm25, tool_hit),
+            strong=strong_match,
             matched=matched,
+            held=held,
+            tied=tied,
         )
         if chosen or strong is None or cosine is None or not rk.unjudged:
             return chosen
@@ -914,11 +965,18 @@ def reads_present(q: RecallQuery) -> bool:
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def advice_flags(advice: str) -> tuple[bool, bool]:
+def advice_flags(advice: str) -> tuple[bool, bool, int]:
     """What a lesson's advice says of its own condition, as both candidate stages read it:
-    whether it is a remedy (``Ranking.remedy_miss``) and whether it is about later dates
-    (``Ranking.time_miss``)."""
-    return is_remedy(advice), speaks_of_later(advice)
+    whether it is a remedy (``Ranking.remedy_miss``), whether it is about later dates
+    (``Ranking.time_miss``), and the kinds of failure its remedy's condition names
+    (``Ranking.condition``, a mask of ``_FAILURE_KINDS``; 0 for a precaution)."""
+    remedy = is_remedy(advice)
+    kinds = 0
+    if remedy:
+        for clause in _clauses(advice):
+            if _REMEDY_EN.search(clause) or _REMEDY_ZH.search(clause):
+                kinds |= _kinds_in(clause)
+    return remedy, speaks_of_later(advice), kinds
 
 
 #: A precaution worded after the failure that taught it: what to do first, next time ("When
@@ -949,6 +1007,86 @@ def reports_outcome(q: RecallQuery) -> bool:
         return True
     text = q.query or ""
     return bool(_OUTCOME_EN_RE.search(text) or _OUTCOME_ZH_RE.search(text))
+
+
+#: The kinds of failure a remedy's condition names and a request reports, as a bit each
+#: (``Ranking.condition``). A kind is how a call went wrong, in words any domain uses: it timed
+#: out, it was rate limited, it came back empty, or it failed again.
+_FAILURE_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "timeout",
+        re.compile(r"time[sd]? ?out|timing out|timeout|超时|没有响应|无响应", re.IGNORECASE),
+    ),
+    (
+        "ratelimit",
+        re.compile(
+            r"\b429\b|rate[ -]?limit\w*|too many requests|throttl\w*|限流|请求过多|频率限制|请求太频繁",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "empty",
+        re.compile(
+            r"\b(?:no (?:results?|matches|rows|data)|nothing|empty|zero results)\b"
+            r"|无结果|没有结果|没结果|为空|空结果|返回空|查不到|搜不到",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "repeat",
+        re.compile(
+            r"\b(?:again|twice|repeatedly|still|keeps?|kept|over and over|in a row|more than once"
+            r"|same error|(?:\d+|two|three|four|five|several|multiple|many) times"
+            r"|\d+(?:st|nd|rd|th) time|(?:second|third) time)\b"
+            r"|[两二三四五六七八九十几多]+次|屡次|连续|反复|一再|再次|又|一直|还是|仍然|依然|同样的错",
+            re.IGNORECASE,
+        ),
+    ),
+)
+#: Where one clause of advice or of a request ends: its condition and its action are apart.
+_CLAUSE_END = re.compile(r"(?<=[，。；：！？])|(?<=[,;:!?.])(?=\s|$)|\s[—–-]+\s")
+
+
+def _clauses(text: str) -> list[str]:
+    return [c for c in _CLAUSE_END.split(text) if c and c.strip()]
+
+
+def _kinds_in(text: str) -> int:
+    return sum(1 << i for i, (_, rx) in enumerate(_FAILURE_KINDS) if rx.search(text))
+
+
+def condition_kinds(q: RecallQuery) -> int:
+    """The kinds of failure a request reports (``Ranking.condition``), as a mask of
+    ``_FAILURE_KINDS``: those its error type names, and those of each clause of its text that
+    reports something gone wrong; when the caller gives an error type or the text names an
+    error, every clause is about it ("DeviceOffline … I've tapped it five or six times").
+    None for a request to look something up or analyse it ("how many timeout errors today?"):
+    there the failures are what it asks about, not what happened to its own call."""
+    if not reports_outcome(q):
+        return 0
+    text = q.query or ""
+    if q.intent in ("query", "analysis") or (not q.intent and _read_intent(text) == "analysis"):
+        return 0
+    named = bool(q.error_type or errors_named(q))
+    kinds = _kinds_in(q.error_type) if q.error_type else 0
+    for clause in _clauses(text):
+        if named or _OUTCOME_EN_RE.search(clause) or _OUTCOME_ZH_RE.search(clause):
+            kinds |= _kinds_in(clause)
+    return kinds
+
+
+def condition_held(lesson_kinds: np.ndarray, lesson_zh: np.ndarray, q: RecallQuery) -> np.ndarray:
+    """Which lessons' conditions the request reports (``Ranking.condition``), from the kinds
+    their advice names (``advice_flags``) and whether each is in Chinese. One condition is
+    often written in both languages: then only the request's own language is held, the other
+    is left to the ranking (the same advice twice is one lesson's worth)."""
+    kinds = condition_kinds(q)
+    held = (np.asarray(lesson_kinds) & kinds) != 0 if kinds else np.zeros(len(lesson_kinds), bool)
+    if held.any():
+        own = np.asarray(lesson_zh) == (detect_language(q.query or "") == "zh")
+        if (held & own).any():
+            held &= own
+    return held
 
 
 def _strong(
@@ -1022,6 +1160,28 @@ def _unjudged(
     return LessonSet([_with_score(lesson_at(best), round(float(score[best]), 4))])
 
 
+def tied_across(
+    rk: Ranking,
+    full: np.ndarray,
+    tool_count: np.ndarray,
+    same_intent: np.ndarray,
+    zh: np.ndarray,
+    rules: np.ndarray | None,
+    query: str,
+) -> np.ndarray | None:
+    """The survivors ``Ranking.tied`` keeps whatever their text: ``full`` rule matches naming
+    two or more tools, learned for the caller's intent, in the other language than the
+    request, with a rules-only score of at least ``unjudged_min``; ``None`` when there is none.
+    The callers leave out of ``full`` the strong rule matches (``_strong``): a lesson sharing
+    a word or a concept with the request was judged by its text, across languages too."""
+    tied = full & (np.asarray(tool_count) >= 2) & np.asarray(same_intent)
+    if not tied.any() or rules is None:
+        return None
+    tied &= np.asarray(zh) != (detect_language(query) == "zh")
+    tied &= np.asarray(rules) >= rk.unjudged_min - 1e-6
+    return tied if tied.any() else None
+
+
 def _tool_key(tools: Iterable[str]) -> tuple[str, ...]:
     """A lesson's tool names as both candidate stages hold them: normalized, sorted, once."""
     return tuple(sorted({_norm(t) for t in tools} - {""}))
@@ -1063,6 +1223,7 @@ def _fuse(
     intent_miss: np.ndarray | None = None,
     remedy_miss: np.ndarray | None = None,
     time_miss: np.ndarray | None = None,
+    condition_hit: np.ndarray | None = None,
 ) -> np.ndarray:
     """The rank stage's score of ``n`` survivors from their signals (``cosine`` is ``None``
     when the query has no text). One function for every candidate stage, so an index in
@@ -1085,6 +1246,8 @@ def _fuse(
         relevance = relevance - rk.remedy_miss * remedy_miss
     if time_miss is not None:
         relevance = relevance - rk.time_miss * time_miss
+    if condition_hit is not None:
+        relevance = relevance + rk.condition_boost * condition_hit
     return relevance * (rk.value_floor + rk.value_span * value)
 
 
@@ -1092,6 +1255,12 @@ def _floors(rk: Ranking, min_score: float | None) -> tuple[float, float]:
     """The minimum score of (any survivor, a strong rule match)."""
     floor = rk.min_score if min_score is None else min_score
     return floor, floor - rk.rule_slack
+
+
+def _tied_floor(rk: Ranking) -> float:
+    """What a lesson ``Ranking.tied`` keeps must score: a whole scenario match with a neutral
+    track record and no text, less a margin for rounding."""
+    return rk.scenario - 1e-3
 
 
 def _cutoff(rk: Ranking, best: float, min_score: float | None) -> float:
@@ -1109,15 +1278,25 @@ def _choose(
     min_score: float | None,
     strong: np.ndarray | None = None,
     matched: Callable[[int], frozenset[Any]] | None = None,
+    held: np.ndarray | None = None,
+    tied: np.ndarray | None = None,
 ) -> LessonSet:
     """Cut off, order, and keep conflicting lessons apart: the best ``limit`` of ``score``.
 
     ``strong`` marks the strong rule matches (``_strong``): their floor is ``rule_slack`` lower;
     every lesson still needs ``relative`` of the best one's score. ``matched`` gives the query
     terms a survivor holds (``None``: the query has no text): one below ``near`` of the best
-    needs a term no lesson chosen before it holds."""
+    needs a term no lesson chosen before it holds. ``held`` marks the lessons whose condition
+    the request reports (``Ranking.condition``): the floor of a strong match, and no relative
+    cut. ``tied`` marks the lessons ``Ranking.tied`` keeps: the score of a whole scenario
+    match without text, and no relative cut."""
     floor, strong_floor = _floors(rk, min_score)
     bar = floor if strong is None else np.where(strong, strong_floor, floor)
+    if held is not None:
+        bar = np.where(held, strong_floor, bar)
+    if tied is not None:
+        bar = np.where(tied, _tied_floor(rk), bar)
+        held = tied if held is None else held | tied
     good = np.flatnonzero(score >= bar)
     if not good.size:
         return LessonSet()
@@ -1134,9 +1313,13 @@ def _choose(
     chosen_at: list[int] = []
     covered: set[Any] | None = None  # the terms the chosen lessons hold, once a lesson needs it
     for j in order.tolist():
-        if score[j] < cutoff:
-            break
-        if score[j] < near:
+        if held is not None and held[j]:
+            pass  # its own condition holds: not a neighbour of the best
+        elif score[j] < cutoff:
+            if held is None:
+                break
+            continue
+        elif score[j] < near:
             assert matched is not None
             if covered is None:
                 covered = set().union(*map(matched, chosen_at))
@@ -1248,8 +1431,9 @@ class StoreStage:
         self.version = -1
         self._stats: tuple[int, int, int] = (0, 0, 0)
         self._counts: dict[str, int] = {}
-        #: ``advice_flags`` by lesson id for this book version (the rows carry no advice).
-        self._flags: dict[str, tuple[bool, bool]] = {}
+        #: ``advice_flags`` by lesson id for this book version (the rows carry no advice), and
+        #: whether the lesson is in Chinese.
+        self._flags: dict[str, tuple[tuple[bool, bool, int], bool]] = {}
 
     def refresh(self, version: int) -> int:
         """Read the book's BM25 statistics for ``version``; return the number of lessons."""
@@ -1287,6 +1471,10 @@ class StoreStage:
         # not leave out a lesson that ``_choose`` would keep.
         floor = min(_floors(rk, min_score))
         text = q.query.strip()
+        # A lesson ``Ranking.tied`` keeps needs a lower score still, and no relative cut.
+        may_tie = bool(rk.tied and text and task is not None and q.intent and len(query_tools) > 1)
+        if may_tie:
+            floor = min(floor, _tied_floor(rk))
         qvec: np.ndarray | None = None
         idf32: dict[str, np.float32] = {}
         reference = 1.0
@@ -1314,14 +1502,23 @@ class StoreStage:
         avgdl = np.float64(total_tokens) / n_book if n_book else np.float64(1.0)
 
         cover = frozenset(t for t in idf32 if _covers(t)) if text else None
+        # A lesson whose condition the request reports gains ``condition_boost``, which the
+        # store's bound does not hold (it needs the advice): every bound is lowered by the
+        # most it can add, so it stays a bound. Such a lesson is kept at the lowest floor,
+        # whatever the best one scores (``Ranking.condition``).
+        kinds = condition_kinds(q) if rk.condition else 0
+        boost = rk.condition_boost * (rk.value_floor + rk.value_span) if kinds else 0.0
 
         def scored(
             rows: list[tuple[Any, ...]],
-        ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
             return self._score(rows, q, task, query_tools, qvec, cos_floor, idf32, reference, avgdl)
 
-        def score(rows: list[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray | None]:
-            return scored(rows)[:2]
+        def score(
+            rows: list[tuple[Any, ...]],
+        ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+            got = scored(rows)
+            return got[0], got[1], got[3]
 
         def bound(at_least: float) -> lesson_keys.ScoreBound:
             return lesson_keys.ScoreBound(
@@ -1342,16 +1539,20 @@ class StoreStage:
                 value_span=rk.value_span,
                 # Below the bar by a margin for rounding (SQL's float8 against numpy's
                 # float32, and the 4 decimals returned scores are rounded to).
-                at_least=at_least - 1e-3,
+                at_least=at_least - 1e-3 - boost,
             )
 
         def bar_of(rows: list[tuple[Any, ...]]) -> float:
             """What a lesson must score to change the result of ranking ``rows`` alone."""
-            found = self._choose(rows, *score(rows), limit=limit, min_score=min_score, cover=cover)
+            found = self._choose(
+                rows, *score(rows), limit=limit, min_score=min_score, cover=cover, kinds=kinds, q=q
+            )
             if not found:
                 return floor
             if len(found) == limit:
                 return min(x.score or 0.0 for x in found)
+            if kinds or may_tie:
+                return floor
             return _cutoff(rk, max(x.score or 0.0 for x in found), min_score)
 
         keys = (task, "") if task is not None else tuple(self._counts)
@@ -1379,7 +1580,9 @@ class StoreStage:
         rows += [r for r in more if r[1] not in seen]
         if rows:
             rows.sort(key=self._tie_order(task))
-            found = self._choose(rows, *score(rows), limit=limit, min_score=min_score, cover=cover)
+            found = self._choose(
+                rows, *score(rows), limit=limit, min_score=min_score, cover=cover, kinds=kinds, q=q
+            )
             if found:
                 return found
         if not (text and task is not None and query_tools and rk.unjudged):
@@ -1391,7 +1594,7 @@ class StoreStage:
         if not rows:
             return LessonSet()
         rows.sort(key=self._tie_order(task))
-        all_scores, _, rules_score = scored(rows)
+        all_scores, _, rules_score, _ = scored(rows)
         bodies = self.store.lesson_bodies(
             [rows[j][1] for j in np.flatnonzero(np.isfinite(rules_score)).tolist()]
             if rules_score is not None
@@ -1419,9 +1622,10 @@ class StoreStage:
         idf32: dict[str, np.float32],
         reference: float,
         avgdl: np.float64,
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """The rows' scores (``_fuse``), which are strong rule matches (``_strong``), and what
-        the rules alone say of the full matches (``_rules_only``)."""
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """The rows' scores (``_fuse``), which are strong rule matches (``_strong``), what
+        the rules alone say of the full matches (``_rules_only``), and which are kept whatever
+        their text (``tied_across``)."""
         n = len(rows)
         rk = self.ranking
         specific = (
@@ -1449,13 +1653,13 @@ class StoreStage:
                 sums = np.zeros(n, np.float32)
                 for i, r in enumerate(rows):
                     tokens = r[7]
-                    held = [t for t in idf32 if t in tokens]
-                    if not held:
+                    have = [t for t in idf32 if t in tokens]
+                    if not have:
                         continue
                     dl = len(tokens)
                     norm_len = k1 * ((1 - b) + b * dl / avgdl)
-                    tfs = np.asarray([tokens.count(t) for t in held], np.float32)
-                    idfs = np.asarray([idf32[t] for t in held], np.float32)
+                    tfs = np.asarray([tokens.count(t) for t in have], np.float32)
+                    idfs = np.asarray([idf32[t] for t in have], np.float32)
                     sums[i] = (idfs * (tfs / (norm_len + tfs))).astype(np.float32).sum()
                 bm25 = np.minimum(sums / reference, 1.0)
         step_hit = error_hit = None
@@ -1480,6 +1684,7 @@ class StoreStage:
                 remedy_miss = np.fromiter((f[0] for f in flags), bool, n)
             if present:
                 time_miss = np.fromiter((f[1] for f in flags), bool, n)
+        held = self._held(rows, q) if rk.condition and condition_kinds(q) else None
         score = _fuse(
             rk,
             n,
@@ -1493,32 +1698,66 @@ class StoreStage:
             intent_miss,
             remedy_miss,
             time_miss,
+            held,
         )
         if strong is None:
-            return score, None, None
+            return score, None, None, None
         tool_hit = None
         if tags := _query_tags(q.query.strip()):
             tool_hit = np.fromiter((_tools_named(_tool_key(r[3]), tags) for r in rows), bool, n)
-        rules = _rules_only(
-            rk,
-            _full_match(*strong, count),
-            scenario,
-            step_hit,
-            error_hit,
-            value,
-            error_miss,
-        )
-        return score, _strong(*strong, bm25, tool_hit), rules
+        full = _full_match(*strong, count)
+        rules = _rules_only(rk, full, scenario, step_hit, error_hit, value, error_miss)
+        strong_match = _strong(*strong, bm25, tool_hit)
+        tied = None
+        if rk.tied and qvec is not None and q.intent and (intent := _norm(q.intent)):
+            same = np.fromiter((r[10] == intent for r in rows), bool, n)
+            candidates = full & ~strong_match & (count > 1) & same
+            if candidates.any():
+                # Only these few need their language, read with their advice.
+                subset = [rows[j] for j in np.flatnonzero(candidates).tolist()]
+                self._advice_flags(subset)
+                zh = np.fromiter(
+                    (
+                        bool(c) and self._flags[r[1]][1]
+                        for r, c in zip(rows, candidates, strict=True)
+                    ),
+                    bool,
+                    n,
+                )
+                every = np.ones(n, bool)
+                tied = tied_across(
+                    rk,
+                    candidates,
+                    count,
+                    same,
+                    zh,
+                    _rules_only(rk, every, scenario, step_hit, error_hit, value, error_miss),
+                    q.query,
+                )
+        return score, strong_match, rules, tied
 
-    def _advice_flags(self, rows: list[tuple[Any, ...]]) -> list[tuple[bool, bool]]:
+    def _held(self, rows: list[tuple[Any, ...]], q: RecallQuery | None) -> np.ndarray | None:
+        """``condition_held`` for the rows' lessons."""
+        if q is None:
+            return None
+        flags = self._advice_flags(rows)
+        kinds = np.fromiter((f[2] for f in flags), np.int8, len(rows))
+        zh = np.fromiter((self._flags[r[1]][1] for r in rows), bool, len(rows))
+        return condition_held(kinds, zh, q)
+
+    def _advice_flags(self, rows: list[tuple[Any, ...]]) -> list[tuple[bool, bool, int]]:
         """``advice_flags`` of the rows' lessons, read once per lesson and book version."""
         missing = [r[1] for r in rows if r[1] not in self._flags]
         if missing:
             bodies = self.store.lesson_bodies(missing)
             for lesson_id in missing:
                 body = bodies.get(lesson_id)
-                self._flags[lesson_id] = advice_flags(body.advice) if body else (False, False)
-        return [self._flags[r[1]] for r in rows]
+                self._flags[lesson_id] = (
+                    (advice_flags(body.advice), _language(body) == "zh")
+                    if body
+                    else ((False, False, 0), False)
+                )
+        return [self._flags[r[1]][0] for r in rows]
 
     def _vectors(self, rows: list[tuple[Any, ...]]) -> np.ndarray:
         """The rows' stored vectors; one missing or of another model is embedded here, in
@@ -1543,13 +1782,17 @@ class StoreStage:
         rows: list[tuple[Any, ...]],
         score: np.ndarray,
         strong: np.ndarray | None,
+        tied: np.ndarray | None,
         *,
         limit: int,
         min_score: float | None,
         cover: frozenset[str] | None,
+        kinds: int = 0,
+        q: RecallQuery | None = None,
     ) -> LessonSet:
         # Lessons are read from the store only as the choice reaches them (a few), with the
         # conflicts each records; a conflict recorded on either side keeps the two apart.
+        held = self._held(rows, q) if kinds else None
         bodies: dict[str, Lesson] = {}
         order = np.argsort(-score, kind="stable").tolist()
 
@@ -1578,6 +1821,8 @@ class StoreStage:
             min_score=min_score,
             strong=strong,
             matched=None if cover is None else lambda j: cover.intersection(rows[j][7]),
+            held=held,
+            tied=tied,
         )
 
 
