@@ -615,3 +615,117 @@ def test_a_bound_is_a_value_and_a_floor_and_a_ceiling_are_opposed(floor, ceiling
 def test_there_is_no_point_and_a_waste_of_anything_dismiss_the_act(text: str, avoided: str) -> None:
     """ "There's no point X" / "no need to X" avoid X; "X is a waste of <anything>" too."""
     assert stance(text).get(avoided, 0) < 0
+
+
+def test_a_dismissal_after_a_situation_still_speaks_of_the_head() -> None:
+    """ "X after Y is a waste of a morning": the situation goes, the verdict on X stays."""
+    dismissed = (
+        "A 150% soak test after a firmware update is a waste of a day; "
+        "a normal run at rated load is enough before the release."
+    )
+    assert stance(dismissed)["150"] < 0
+    asked = "After a firmware update, run_soak_test at 150% of rated load before the release."
+    assert _action(asked, dismissed, ("run_soak_test",)) == "conflict"
+
+
+def test_a_shared_value_excuses_no_prohibition_that_names_no_value() -> None:
+    """A value both ask for excuses the words they take both ways only when one turns down a
+    value of its own (utf-8 for utf-8-sig); "no point letting it rest" forbids an act."""
+    rest = "Preheat the oven to 220 °C and let the dough rest for twenty minutes before bake_bread."
+    hurry = "There's no point letting the dough rest; call bake_bread the moment it reaches 220 °C."
+    assert _action(rest, hurry, ("bake_bread",)) == "conflict"
+    assert _action(hurry, rest, ("bake_bread",)) == "conflict"
+    # The choice between two values still merges (the seeds' own rewording).
+    plain = "Don't read these exports as plain utf-8; pick utf-8-sig with read_csv."
+    sig = "Read these exports with encoding='utf-8-sig' in read_csv."
+    assert _action(sig, plain, ("read_csv",)) == "merge"
+
+
+@pytest.mark.parametrize(
+    ("text", "avoided"),
+    [
+        # A consequence that defeats the act's own end: "backfires", "反而" (on the contrary).
+        ("Adding more workers backfires: the database locks up.", "worker"),
+        ("把日志级别调到 DEBUG 反而拖慢服务。", "debug"),
+        # What the act costs others: waiting, noise, money thrown away.
+        ("Phoning the manager about every refund just keeps customers waiting.", "phoning"),
+        ("Re-running the linter on every commit only generates noise.", "linter"),
+        ("A second courier on each delivery is money down the drain.", "courier"),
+        # A step that may be left undone; 甭 is 不用 said as one syllable.
+        ("The warm-up step can be skipped; start the run.", "warm-up"),
+        ("压缩这一步完全可以省掉，直接上传。", "压缩"),
+        ("甭等缓存预热，直接上线。", "预热"),
+    ],
+)
+def test_backfiring_costly_and_optional_acts_are_avoided(text: str, avoided: str) -> None:
+    assert stance(text)[avoided] < 0
+
+
+def test_a_clause_starting_with_fan_er_turns_down_nothing() -> None:
+    # 反而 with nothing before it in its clause is "instead": what follows is still asked for.
+    assert stance("不要急着上线，反而要先预热缓存。")["预热"] > 0
+
+
+def test_disclosing_and_keeping_secret_are_opposite_poles() -> None:
+    announce = "Announce the reserve price when the auction opens."
+    secret = "Keep the reserve price confidential when the auction opens."
+    assert poles(announce)["disclose"] == {1} and poles(secret)["disclose"] == {-1}
+    assert poles_flipped(announce, secret)
+    assert poles("公布底价。")["disclose"] == {1} and poles("底价要保密。")["disclose"] == {-1}
+
+
+@pytest.mark.parametrize(
+    ("text", "act"),
+    [
+        ("Send the rows in a single insert_rows call.", "xbatch"),
+        ("Upload the file in small chunks.", "xeach"),
+        ("Process the pages piece by piece.", "xeach"),
+        ("分段上传文件。", "xeach"),
+        ("一股脑全部提交。", "xbatch"),
+    ],
+)
+def test_all_at_once_and_a_part_at_a_time(text: str, act: str) -> None:
+    signs = stance(text)
+    assert signs[act] > 0
+    # The tool named inside "in a single … call" is still the act's.
+    assert "insert_rows" in stance("Send the rows in a single insert_rows call.")
+
+
+def test_an_order_turned_down_is_the_other_order() -> None:
+    """ "Don't ship before the payment clears" asks for the payment first; "不能先发货后收款"
+    for the money first; "never skip the check before deploying" keeps the check first."""
+    assert (
+        order_opposition(
+            "Don't ship the order before the payment clears.",
+            "Ship the order first, then collect the payment.",
+        )
+        >= 1
+    )
+    assert order_opposition("不能先发货后收款。", "先发货，再收款。") >= 1
+    assert order_opposition("先收款后发货。", "不能先发货后收款。") == 0
+    assert (
+        order_opposition(
+            "Never ship the order before the payment clears.", "Collect the payment, then ship."
+        )
+        == 0
+    )
+
+
+def test_an_act_of_the_lexicon_taken_both_ways_is_a_conflict_at_any_nearness() -> None:
+    """Only one / more than one, now / later, asking / guessing: the pair is opposed whatever
+    else it shares (the object both speak of), even when the words are far apart."""
+    only = "只冻结涉案员工本人的网盘就够了。"
+    more = "freeze_drive 不能只锁当事人，跟他往来密切的同事网盘也要一并冻结。"
+    assert _action(only, more) == "conflict"
+
+
+def test_a_tools_word_said_by_itself_is_the_tools_act() -> None:
+    """ "Withdraw it with weed_collection" / "don't weed it": the act is the tool's; a tool both
+    name brings no words of its own ("weather" of get_weather, weighed as the tool)."""
+    tool = "Once a case has had no reply for 30 days, withdraw it with archive_ticket."
+    word = "Don't archive a case just because nobody replied; silence is not a fix."
+    assert stance_relation(word, tool)[0] >= 1
+    assert stance_relation(tool, word)[0] >= 1
+    forecast = "For any date after today call get_forecast, not get_weather."
+    europe = "Call get_weather with units='metric' for users in Europe."
+    assert stance_relation(europe, forecast)[0] < 1

@@ -195,7 +195,7 @@ _EMPH_EN = re.compile(
 )
 # No bare 不: it starts many ordinary words (不同, 不断); 别 only before a verb (not 特别, 类别).
 _NEG_ZH = re.compile(
-    r"不要|不能|不应该|不应|不可以|不可|不得|不用|不必|无需|切勿|请勿|勿|禁止|避免|别(?=[用再让把去忘使])"
+    r"不要|不能|不应该|不应|不可以|不可|不得|不用|不必|无需|切勿|请勿|勿|禁止|避免|甭|别(?=[用再让把去忘使])"
 )
 _EMPH_ZH = re.compile(r"总是|务必|一定要|应当|应该|优先")
 #: snake_case names in advice: tools and columns (``get_weather``, ``order_date``).
@@ -331,8 +331,14 @@ _CONCEPTS_EN = (
     (re.compile(r"\b(?:ask(?:s|ed|ing)?|confirm(?:s|ed|ing)?|check(?:s|ed|ing)? with|"
                 r"clarif(?:y|ies|ied|ying)|verif(?:y|ies|ied|ying)|approv(?:e|es|ed|ing|al)|"
                 r"sign-?off)\b", re.I), " xask "),
-    (re.compile(r"\b(?:all at once|in one go|in (?:a )?(?:single )?batch|in bulk)\b", re.I), " xbatch "),
-    (re.compile(r"\b(?:one by one|one at a time|individually|in small batches)\b", re.I), " xeach "),
+    # "in a single upload_mission call", "in one request": all of it at once.
+    (re.compile(r"\b(?:all at once|in one go|in (?:a )?(?:single )?batch|in bulk|"
+                r"in (?:a single|one) ((?:[\w-]+ ){0,2}?)(?:call|request|upload|pass|transaction|shot))\b",
+                re.I), r" xbatch \1 "),
+    # "in small chunks", "piece by piece", "split it up": a part at a time.
+    (re.compile(r"\b(?:one by one|one at a time|individually|in small batches|in (?:small )?chunks|"
+                r"(?:chunk|piece|part|page|batch) by (?:chunk|piece|part|page|batch)|in pieces|"
+                r"(?:split|break)(?:s|ting|ing)? (?:it |them |this |that )?up)\b", re.I), " xeach "),
     (re.compile(r"\b(?:right away|immediately|immediate|at once|as soon as|straight away|instantly|directly|"
                 r"without waiting)\b", re.I), " xnow "),
     (re.compile(r"\b(?:retr(?:y|ies|ied|ying)|re-?try(?:ing)?)\b(?!-)", re.I), " xretry "),
@@ -363,11 +369,11 @@ _NOT_CONTRACTED_RE = re.compile(
 )
 _CONCEPTS_ZH = (
     (re.compile(r"问清楚|问清|询问|确认|核实|核对|同意|批准|审批|问(?!题)"), " xask "),
-    (re.compile(r"一次性|一口气|全部一起|一起提交"), " xbatch "),
+    (re.compile(r"一次性|一口气|全部一起|一起提交|一股脑"), " xbatch "),
     # A measure word said twice is one at a time: 一张一张, 一条条, 逐个, 挨个.
     (
         re.compile(
-            r"逐[个一条张项笔份件台页批]|挨[个着]|一([个张条份封笔页项件台行批篇段])一?\1|分批"
+            r"逐[个一条张项笔份件台页批]|挨[个着]|一([个张条份封笔页项件台行批篇段])一?\1|分批|分段|分块|拆分|拆开|拆成"
         ),
         " xeach ",
     ),
@@ -419,7 +425,8 @@ _FORBID_RE = re.compile(
     # "there's no point letting it soak", "no need to ask again": what follows is not done.
     r"there(?:'s|’s|\s+is)\s+no\s+(?:point|need|sense)(?:\s+in)?|no\s+need\s+to|"
     r"need\s+not|needn't|(?:it's|it\s+is)\s+pointless\s+to)\b"
-    r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略"
+    # 甭 (不用 said as one syllable): "甭等", "甭管".
+    r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略|甭"
     # 别 is "don't" except inside a word: 别的 / 别人 (other), 区别, 告别, 分别, 类别, 特别, 级别 ...
     r"|(?<![区告分类特级性识个差辨派道离鉴])别(?![的人处称名致扭])",
     re.IGNORECASE,
@@ -434,8 +441,20 @@ _DISMISS_RE = re.compile(
     # "calling it again just burns quota", "re-reviewing them wastes the reviewer's time".
     r"|\b(?:just\s+|only\s+)?(?:wastes?|wasting|burns?|burning|eats?\s+up)\s+(?:[\w'-]+\s+){0,3}?"
     r"(?:time|quota|money|tokens?|credits?|budget|calls?|requests?)\b"
+    # What an act costs others: "just keeps patients waiting", "only generates refund noise",
+    # "money down the drain"; "白白耽误工夫", "徒增工作量" (stance reads them after folding:
+    # "waiting" is ``xwait`` there, "only" ``xonly``).
+    r"|\b(?:just\s+|only\s+|xonly\s+)?(?:keeps?|leaves?)\s+(?:[\w'-]+\s+){0,3}?(?:waiting|xwait)\b"
+    r"|\b(?:just|only|xonly)\s+(?:slows?|holds?)\s+(?:[\w'-]+\s+){0,3}?(?:down|up)\b"
+    r"|\b(?:just|only|xonly)\s+(?:generates?|creates?|adds?|produces?)\s+(?:[\w'-]+\s+){0,2}?"
+    r"(?:noise|churn|clutter|confusion|work|overhead)\b"
+    r"|\b(?:money|time|effort)\s+down\s+the\s+drain\b|\bthrow(?:s|ing)?\s+(?:good\s+)?money\s+away\b"
+    r"|白白|白搭|耽误(?:时间|工夫|功夫|事)|徒增|添乱"
     r"|是多余的|纯属多余|没必要|没有必要|不必要|浪费时间|多此一举|不值得|不划算|得不偿失|太慢|"
-    r"太麻烦|太贵|太冒险|白费|犯不着|用不着|大可不必|没那个必要|省了吧",
+    r"太麻烦|太贵|太冒险|白费|犯不着|用不着|大可不必|没那个必要|省了吧"
+    # "X can be skipped", "X is optional", "X 完全可以省掉": X may be left undone.
+    r"|\b(?:can|could|may)\s+(?:safely\s+|just\s+)?be\s+(?:skipped|omitted|dropped|left\s+out)\b"
+    r"|\b(?:is|are)\s+(?:purely\s+)?optional\b|可以(?:省掉|省去|省略|跳过|免掉|不做)|可有可无",
     re.IGNORECASE,
 )
 # ... exclusions: what precedes is what to do ("X instead of Y", "X without Y", "X, not Y").
@@ -570,7 +589,10 @@ def stance(text: str) -> dict[str, float]:
         # "ask which city before you call get_weather": the tail is the situation;
         # "调用 get_weather 前先确认城市": the head is.
         if mid := _CONDITION_MID_EN.search(clause):
-            clause = clause[: mid.start()]
+            # "a 125% load test after a brake swap is a waste of a morning": the verdict after
+            # the situation still speaks of the head; only the situation itself goes.
+            verdict = _DISMISS_RE.search(clause, mid.end())
+            clause = clause[: mid.start()] + (" " + clause[verdict.start() :] if verdict else "")
         elif (mid := _CONDITION_MID_ZH.search(clause)) and not _FORBID_RE.search(
             clause[: mid.start()]
         ):
@@ -668,7 +690,10 @@ _RISK_RE = re.compile(
     r"blocked|throttled|rejected|suspended|locked|lost|corrupted|overwritten)\b"
     r"|\b(?:causes?|leads?\s+to|results?\s+in|breaks?|corrupts?|risks?)\b"
     r"|容易(?:失败|出错|超时|丢|被|卡)|会(?:失败|出错|超时|丢失|卡住|卡死|被(?:封|拒|限流|拉黑|标记|锁))"
-    r"|导致(?!的)",
+    r"|导致(?!的)"
+    # "X backfires", "X 反而 Y" (X, on the contrary, brings Y): what precedes defeats its end.
+    r"|\b(?:backfires?|is\s+counterproductive|does\s+more\s+harm\s+than\s+good|"
+    r"(?:only|just)\s+makes?\s+(?:it|things|matters|them)\s+worse)\b|(?<=.)反而",
     re.IGNORECASE,
 )
 # A clause telling what happens when the advice is not followed, or why it is given.
@@ -687,6 +712,7 @@ _FIRST_RE = re.compile(r"首先|先|\bfirst\b", re.I)
 _BEFORE_EN = re.compile(r"\bbefore\b", re.I)
 _AFTER_EN = re.compile(r"\b(?:after|once)\b", re.I)
 _BEFORE_ZH_MID = re.compile(r"(?:之前|以前|前)\s*(?:先|首先|要先|得先|务必先|一定要先)")
+_FIRST_THEN_ZH = re.compile(r"先(?P<a>[^先后]+?)(?<![之以然过])后(?![果面台端续悔来])(?P<b>.+)")
 _BEFORE_ZH_END = re.compile(r"(?:之前|以前|前)\s*$")
 _AFTER_ZH_END = re.compile(r"(?:之后|以后|后)\s*$")
 
@@ -703,53 +729,95 @@ def _order(text: str) -> tuple[set[str], set[str]]:
             later |= _content(gated[0])
             first |= _content(gated[1])
             continue
+        ahead, behind = first, later
+        clause, negated = _unsay_order(clause)
+        if negated:
+            # "don't publish before you ask", "不能先放行后补报", "listing them first is a waste
+            # of time": the order turned down is the other one asked for.
+            ahead, behind = later, first
         if m := _BEFORE_ZH_MID.search(clause):
             # "执行 rm 之前先用 ls 看一下": the head comes later.
-            later |= _content(clause[: m.start()])
-            first |= _content(clause[m.end() :])
+            behind |= _content(clause[: m.start()])
+            ahead |= _content(clause[m.end() :])
+            continue
+        if m := _FIRST_THEN_ZH.search(clause):
+            # "先收款后发货": a bare 后 after 先 is "then".
+            ahead |= _content(m["a"])
+            behind |= _content(m["b"])
             continue
         if m := _LATER_ZH.search(clause) or _LATER_EN.search(clause):
             head, tail = clause[: m.start()], clause[m.end() :]
             if not _content(tail) and m.group().lower() in ("later", "afterwards"):
                 # "photos can be attached later": the clause ending so is the later step.
-                later |= _content(head)
+                behind |= _content(head)
                 continue
-            first |= _content(_FIRST_RE.sub(" ", head))
-            later |= _content(tail)
+            ahead |= _content(_FIRST_RE.sub(" ", head))
+            behind |= _content(tail)
             continue
         if is_cjk(clause[0]) and _BEFORE_ZH_END.search(clause):
-            later |= _content(clause)
-            pending = first
+            behind |= _content(clause)
+            pending = ahead
             continue
         if is_cjk(clause[0]) and _AFTER_ZH_END.search(clause):
-            first |= _content(clause)
-            pending = later
+            ahead |= _content(clause)
+            pending = behind
             continue
         if m := _BEFORE_EN.search(clause):
-            later |= _content(clause[m.end() :])
+            behind |= _content(clause[m.end() :])
             if clause[: m.start()].strip():
-                first |= _content(clause[: m.start()])
+                ahead |= _content(clause[: m.start()])
             else:
-                pending = first
+                pending = ahead
             continue
         if m := _AFTER_EN.search(clause):
-            first |= _content(clause[m.end() :])
+            ahead |= _content(clause[m.end() :])
             if clause[: m.start()].strip():
-                later |= _content(clause[: m.start()])
+                behind |= _content(clause[: m.start()])
             else:
-                pending = later
+                pending = behind
             continue
         if m := _FIRST_RE.search(clause):
-            first |= _content(clause[: m.start()] + " " + clause[m.end() :])
+            ahead |= _content(clause[: m.start()] + " " + clause[m.end() :])
         elif _NOW_RE.search(clause):
             # "submit the claim right away", "直接提交": done before anything else.
-            first |= _content(clause)
+            ahead |= _content(clause)
         elif target is not None:
             target |= _content(clause)
     return first - later, later - first
 
 
 _ORDER_WORD_EN = re.compile(r"\b(?:first|then|later|afterwards|after|before|once)\b", re.I)
+_ORDER_WORDS = (
+    _BEFORE_ZH_MID,
+    _FIRST_THEN_ZH,
+    _LATER_ZH,
+    _LATER_EN,
+    _FIRST_RE,
+    _BEFORE_EN,
+    _AFTER_EN,
+    _NOW_RE,
+)
+
+
+def _unsay_order(clause: str) -> tuple[str, bool]:
+    """A clause of ``_order`` without the words that turn its order down, and whether they do:
+    an odd number of prohibitions before its first order word ("don't A before B", "不能先 A 后
+    B"; "never skip A before B" asks for it), or a dismissal ("A first is a waste of time")."""
+    at = min((m.start() for p in _ORDER_WORDS if (m := p.search(clause))), default=None)
+    if at is None:
+        return clause, False
+    forbids = list(_FORBID_RE.finditer(clause, 0, at))
+    dismissal = _DISMISS_RE.search(clause)
+    negated = (len(forbids) + (dismissal is not None)) % 2 == 1
+    if not negated:
+        return clause, False
+    spans = sorted([m.span() for m in forbids] + ([dismissal.span()] if dismissal else []))
+    kept, last = [], 0
+    for start, stop in spans:
+        kept.append(clause[last:start])
+        last = max(last, stop)
+    kept.append(clause[last:])
+    return " ".join(kept), True
 
 
 def _order_clauses(text: str) -> list[str]:
@@ -796,6 +864,13 @@ def stance_relation(a: str, b: str) -> tuple[float, float]:
     sa, sb = stance(a), stance(b)
     opposed = order_opposition(a, b)
     agreed = 0.0
+    # "withdraw it with weed_collection" / "don't weed it": a tool's word said by itself on one
+    # side is the tool's act; a tool both name (weighed below) brings no words of its own.
+    for one, other in ((sa, sb), (sb, sa)):
+        for word, tool in _tool_words(one).items():
+            said_alone = word in other and word not in one and word not in _tool_words(other)
+            if said_alone and one[tool] != other[word]:
+                opposed += _term_weight(word) ** 2
     for term in sa.keys() & sb.keys():
         # A tool both mention says little on its own: most lessons of a task type call it.
         weight = 0.25 if _SNAKE_RE.match(term) else _term_weight(term) ** 2
@@ -804,6 +879,18 @@ def stance_relation(a: str, b: str) -> tuple[float, float]:
         else:
             opposed += weight
     return opposed, agreed
+
+
+def _tool_words(signs: Mapping[str, float]) -> dict[str, str]:
+    """The words of the snake_case tools a stance names (``weed`` of ``weed_collection``), each
+    with its tool."""
+    return {
+        word: term
+        for term in signs
+        if _SNAKE_RE.match(term)
+        for word in tokenize(term.replace("_", " "))
+        if len(word) > 3 and word not in _GENERIC_ACTS
+    }
 
 
 # Words that set which way advice goes beyond do / don't: a dismissal, a consequence, a default
@@ -940,6 +1027,10 @@ _POLES = (
      re.compile(r"\b(?:cach(?:e|es|ed|ing)|reus(?:e|es|ed|ing)|memoi[sz](?:e|es|ed|ing))\b|缓存|复用|重用", re.I),
      re.compile(r"\b(?:fresh|refresh(?:es|ed|ing)?|re-?fetch(?:es|ed|ing)?|each time|every time)\b"
                 r"|实时|刷新|重新获取|重新查|每次都", re.I)),
+    ("disclose",
+     re.compile(r"\b(?:announc|disclos|reveal|publici[sz])(?:e|es|ed|ing)\b|公布|公开|告知|透露|宣布|披露", re.I),
+     re.compile(r"\b(?:conceal(?:s|ed|ing)?|withh[oe]ld(?:s|ing)?|(?:keep(?:s|ing)?|kept)\s+(?:[\w'-]+\s+){0,3}?"
+                r"(?:secret|confidential|private|hidden|under\s+wraps))\b|保密|隐瞒|瞒着", re.I)),
     ("sync",
      re.compile(r"\bsynchronous(?:ly)?\b|同步", re.I),
      re.compile(r"\basynchronous(?:ly)?\b|\basync\b|异步", re.I)),
@@ -995,10 +1086,17 @@ def _acts_opposed(a: str, b: str) -> bool:
 
 
 def _same_values(a: str, b: str) -> bool:
-    """Both pieces of advice ask for the same concrete value (``utf-8-sig``, ``sep=';'``, 429)."""
+    """Both pieces of advice ask for the same concrete value (``utf-8-sig``, ``sep=';'``, 429)
+    and one of them turns down a value of its own: the two choose between values ("don't read it
+    as plain utf-8; pick utf-8-sig" / "read it with utf-8-sig"). A prohibition naming no value
+    forbids an act, whatever value both name beside it ("there's no point letting the bed soak;
+    start the moment it reaches 100 °C" / "heat it to 100 °C and let it soak")."""
     sa, sb = stance(a), stance(b)
-    return any(
+    shared = any(
         sa[t] > 0 and sb[t] > 0 and _WEIGHTED_TERM_RE.search(t) for t in sa.keys() & sb.keys()
+    )
+    return shared and any(
+        sign < 0 and _WEIGHTED_TERM_RE.search(t) for s in (sa, sb) for t, sign in s.items()
     )
 
 
@@ -1220,6 +1318,7 @@ def _relations(
         opposed, agreed = stance_relation(draft.advice, lesson.advice)
         if opposed >= MIN_OPPOSITION and (
             opposed >= agreed
+            or _acts_opposed(draft.advice, lesson.advice)
             or (
                 sim >= threshold - JUDGE_MARGIN
                 and (
