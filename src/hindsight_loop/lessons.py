@@ -866,9 +866,10 @@ def stance_relation(a: str, b: str) -> tuple[float, float]:
     agreed = 0.0
     # "withdraw it with weed_collection" / "don't weed it": a tool's word said by itself on one
     # side is the tool's act; a tool both name (weighed below) brings no words of its own.
-    for one, other in ((sa, sb), (sb, sa)):
-        for word, tool in _tool_words(one).items():
-            said_alone = word in other and word not in one and word not in _tool_words(other)
+    tools_a, tools_b = _tool_words(sa), _tool_words(sb)
+    for one, other, own, others in ((sa, sb, tools_a, tools_b), (sb, sa, tools_b, tools_a)):
+        for word, tool in own.items():
+            said_alone = word in other and word not in one and word not in others
             if said_alone and one[tool] != other[word]:
                 opposed += _term_weight(word) ** 2
     for term in sa.keys() & sb.keys():

@@ -780,9 +780,8 @@ class LessonIndex:
             intent_miss = self._intent[idx] == other_id
         remedy_miss = None if reports_outcome(q) else self._remedy[idx]
         time_miss = self._later[idx] if reads_present(q) else None
-        held = None
-        if rk.condition and condition_kinds(q):
-            held = condition_held(self._kinds[idx], self._zh[idx], q)
+        kinds = condition_kinds(q) if rk.condition else 0
+        held = condition_held(self._kinds[idx], self._zh[idx], q, kinds) if kinds else None
         score = _fuse(
             rk,
             idx.size,
@@ -804,12 +803,15 @@ class LessonIndex:
             tool_hit = np.zeros(idx.size, bool)
             for j in np.flatnonzero((strong[0] > 0) & (strong[1] > 0)).tolist():
                 tool_hit[j] = _tools_named(self._tool_names[idx[j]], tags)
-        strong_match = None if strong is None else _strong(*strong, bm25, tool_hit)
+        strong_match = full = None
+        if strong is not None:
+            strong_match = _strong(*strong, bm25, tool_hit)
+            full = _full_match(strong[0], strong[1], self._tool_count[idx])
         tied = None
-        if rk.tied and strong is not None and strong_match is not None and intent_id:
+        if rk.tied and full is not None and strong_match is not None and intent_id:
             tied = tied_across(
                 rk,
-                _full_match(strong[0], strong[1], self._tool_count[idx]) & ~strong_match,
+                full & ~strong_match,
                 self._tool_count[idx],
                 self._intent[idx] == intent_id,
                 self._zh[idx],
@@ -836,11 +838,11 @@ class LessonIndex:
             held=held,
             tied=tied,
         )
-        if chosen or strong is None or cosine is None or not rk.unjudged:
+        if chosen or full is None or cosine is None or not rk.unjudged:
             return chosen
         rules = _rules_only(
             rk,
-            _full_match(strong[0], strong[1], self._tool_count[idx]),
+            full,
             scenario,
             step_hit,
             error_hit,
@@ -1075,12 +1077,14 @@ def condition_kinds(q: RecallQuery) -> int:
     return kinds
 
 
-def condition_held(lesson_kinds: np.ndarray, lesson_zh: np.ndarray, q: RecallQuery) -> np.ndarray:
+def condition_held(
+    lesson_kinds: np.ndarray, lesson_zh: np.ndarray, q: RecallQuery, kinds: int
+) -> np.ndarray:
     """Which lessons' conditions the request reports (``Ranking.condition``), from the kinds
-    their advice names (``advice_flags``) and whether each is in Chinese. One condition is
-    often written in both languages: then only the request's own language is held, the other
-    is left to the ranking (the same advice twice is one lesson's worth)."""
-    kinds = condition_kinds(q)
+    their advice names (``advice_flags``) and whether each is in Chinese; ``kinds`` is
+    ``condition_kinds(q)``, read once per request by the caller. One condition is often
+    written in both languages: then only the request's own language is held, the other is left
+    to the ranking (the same advice twice is one lesson's worth)."""
     held = (np.asarray(lesson_kinds) & kinds) != 0 if kinds else np.zeros(len(lesson_kinds), bool)
     if held.any():
         own = np.asarray(lesson_zh) == (detect_language(q.query or "") == "zh")
@@ -1512,7 +1516,9 @@ class StoreStage:
         def scored(
             rows: list[tuple[Any, ...]],
         ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
-            return self._score(rows, q, task, query_tools, qvec, cos_floor, idf32, reference, avgdl)
+            return self._score(
+                rows, q, task, query_tools, qvec, cos_floor, idf32, reference, avgdl, kinds
+            )
 
         def score(
             rows: list[tuple[Any, ...]],
@@ -1622,6 +1628,7 @@ class StoreStage:
         idf32: dict[str, np.float32],
         reference: float,
         avgdl: np.float64,
+        kinds: int,
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         """The rows' scores (``_fuse``), which are strong rule matches (``_strong``), what
         the rules alone say of the full matches (``_rules_only``), and which are kept whatever
@@ -1684,7 +1691,7 @@ class StoreStage:
                 remedy_miss = np.fromiter((f[0] for f in flags), bool, n)
             if present:
                 time_miss = np.fromiter((f[1] for f in flags), bool, n)
-        held = self._held(rows, q) if rk.condition and condition_kinds(q) else None
+        held = self._held(rows, q, kinds) if kinds else None
         score = _fuse(
             rk,
             n,
@@ -1736,14 +1743,16 @@ class StoreStage:
                 )
         return score, strong_match, rules, tied
 
-    def _held(self, rows: list[tuple[Any, ...]], q: RecallQuery | None) -> np.ndarray | None:
-        """``condition_held`` for the rows' lessons."""
+    def _held(
+        self, rows: list[tuple[Any, ...]], q: RecallQuery | None, kinds: int
+    ) -> np.ndarray | None:
+        """``condition_held`` for the rows' lessons (``kinds``: ``condition_kinds(q)``)."""
         if q is None:
             return None
         flags = self._advice_flags(rows)
-        kinds = np.fromiter((f[2] for f in flags), np.int8, len(rows))
+        lesson_kinds = np.fromiter((f[2] for f in flags), np.int8, len(rows))
         zh = np.fromiter((self._flags[r[1]][1] for r in rows), bool, len(rows))
-        return condition_held(kinds, zh, q)
+        return condition_held(lesson_kinds, zh, q, kinds)
 
     def _advice_flags(self, rows: list[tuple[Any, ...]]) -> list[tuple[bool, bool, int]]:
         """``advice_flags`` of the rows' lessons, read once per lesson and book version."""
@@ -1792,7 +1801,7 @@ class StoreStage:
     ) -> LessonSet:
         # Lessons are read from the store only as the choice reaches them (a few), with the
         # conflicts each records; a conflict recorded on either side keeps the two apart.
-        held = self._held(rows, q) if kinds else None
+        held = self._held(rows, q, kinds) if kinds else None
         bodies: dict[str, Lesson] = {}
         order = np.argsort(-score, kind="stable").tolist()
 
