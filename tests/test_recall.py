@@ -64,6 +64,14 @@ AIRPORT = lesson(
     tools=("search_flights",),
     keywords=["airport", "departure"],
 )
+#: A remedy learned on one error (two tests read it: error_miss, remedy_miss).
+CODEC = lesson(
+    "codec",
+    "When read_csv fails with a codec error, retry with encoding='gbk'.",
+    task_type="csv_cleaning",
+    tools=("read_csv",),
+    error_type="UnicodeDecodeError",
+)
 WEATHER_Q = RecallQuery(
     task_type="weather_query",
     tools=["get_weather"],
@@ -622,13 +630,7 @@ def test_a_neighbour_that_adds_nothing_to_the_request_is_left_out() -> None:
 
 
 def test_a_lesson_learned_on_another_error_than_the_one_named_ranks_lower() -> None:
-    codec = lesson(
-        "codec",
-        "When read_csv fails with a codec error, retry with encoding='gbk'.",
-        task_type="csv_cleaning",
-        tools=("read_csv",),
-        error_type="UnicodeDecodeError",
-    )
+    codec = CODEC
     twice = lesson(
         "twice",
         "When a tool call fails twice with the same error, stop retrying it as is.",
@@ -785,13 +787,7 @@ def test_a_remedy_is_held_back_until_the_request_reports_something_gone_wrong() 
     ``remedy_miss`` for a request where nothing has gone wrong yet, in English and Chinese;
     not once the request reports an error (its words, an error name, or the error type).
     A precaution learned on an error ("… from the start") is no remedy."""
-    codec = lesson(
-        "codec",
-        "When read_csv fails with a codec error, retry with encoding='gbk'.",
-        task_type="csv_cleaning",
-        tools=("read_csv",),
-        error_type="UnicodeDecodeError",
-    )
+    codec = CODEC
     codec_zh = lesson(
         "codec_zh",
         "读取 CSV 报编码错误时，先用 gbk 编码重试。",
