@@ -15,8 +15,8 @@ and memory must stop growing once the queue is full.
 
 With the writer process (``writer="process"``) the slow disk is another connection holding the
 database's write lock ``--disk-delay`` seconds at a time (the writer process is not patched): the
-writer waits, stops reading its pipe, the agent's sender waits, the lines waiting in the agent
-reach the bound and spill. Memory is then sampled in both processes (the agent's, the writer's).
+writer waits, stops reading its ring, the ring fills, the lines waiting in the agent (beyond
+the ring) reach the bound and spill. Memory is then sampled in both processes (the agent's, the writer's).
 
 Baseline, interleaved run by run: the same workload with the bound lifted (``queue_bound`` of
 10^9), which is what an unbounded in-memory queue would do: its memory grows with the backlog.

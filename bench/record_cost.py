@@ -20,7 +20,7 @@ Baseline: an OpenTelemetry SDK span with 5 attributes (tool name, arguments and 
 strings, status, step; the strings prepared beforehand, which favours OpenTelemetry) through a
 ``BatchSpanProcessor`` with an exporter that drops everything, the attributes dict built in the
 timed region as for the subjects. Hindsight's writer thread (sanitizing, redacting and writing
-to SQLite), its writer process's sender thread and OpenTelemetry's export thread all run during
+to SQLite), its writer process's overflow thread (when the ring is full) and OpenTelemetry's export thread all run during
 the measurement.
 
 Each run times every call with ``perf_counter_ns`` (its own ~50-100 ns included, reported as

@@ -3,7 +3,7 @@
 ``bench/agent_step.py`` reports the writer process's CPU while an agent runs beside it on the
 same two cores; that figure moves by ±10% run to run on a shared machine. Here the agent's side
 runs once: ``--events`` ~1 KB tool calls (``agent_step``'s pool) are recorded through
-``Hindsight(writer="process")`` and every byte its sender writes to the pipe is kept. Then
+``Hindsight(writer="process")`` and every line its thread puts in the ring is kept. Then
 ``python -m hindsight_loop.writer`` is run on those bytes from a file, on a fresh store each
 time: CPU (user + system, every thread) minus that of a run fed no event (its start-up: imports,
 the store, compiling the redaction guards), per event. The writer reads everything as fast as it
@@ -36,32 +36,28 @@ SRC = str(Path(__file__).resolve().parent.parent / "src")
 
 
 def _capture(events: int, tmp: Path) -> tuple[bytes, bytes]:
-    """The writer's head line and the event lines an agent sent it, as sent."""
+    """The writer's config line and the event lines an agent put in its ring, as put there
+    (read back after each flush of a stretch shorter than the ring)."""
     from hindsight_loop import Hindsight
-    from hindsight_loop import writer as writer_module
 
-    sent: list[bytes] = []
-    send = writer_module.ProcessRecorder._send
-
-    def keep(self: Any, data: bytes | memoryview) -> bool:
-        sent.append(bytes(data))  # a view of a page the sender reuses once it is written
-        return send(self, data)
-
-    writer_module.ProcessRecorder._send = keep  # type: ignore[method-assign]
-    try:
-        pool, _ = action_pool(13)
-        hs = Hindsight(tmp / "capture.db", background=False, triggers=True, writer="process")
-        with hs.task("step", goal="measure", recall=False) as task:
-            for i in range(events):
-                tool, args, output, step = pool[i % len(pool)]
-                task.record_action(tool, args, output=output, step=step)
-        assert hs.flush()
-        hs.close()
-    finally:
-        writer_module.ProcessRecorder._send = send  # type: ignore[method-assign]
-    data = b"".join(sent)
-    head, _, lines = data.partition(b"\n")
-    return head, lines
+    pool, _ = action_pool(13)
+    hs = Hindsight(tmp / "capture.db", background=False, triggers=True, writer="process")
+    recorder: Any = hs.recorder
+    lines: list[bytes] = []
+    start = 0
+    with hs.task("step", goal="measure", recall=False) as task:
+        for i in range(events):
+            tool, args, output, step = pool[i % len(pool)]
+            task.record_action(tool, args, output=output, step=step)
+            if i % 2000 == 1999 or i == events - 1:
+                assert hs.flush()
+                lines += recorder._ring_lines_between(start, recorder._head)
+                start = recorder._head
+    assert hs.flush()
+    lines += recorder._ring_lines_between(start, recorder._head)  # the task's end
+    head = orjson.dumps(recorder._config)
+    hs.close()
+    return head, b"".join(lines)
 
 
 def _feed(src: str, head: bytes, lines: bytes, tmp: Path) -> tuple[float, float]:

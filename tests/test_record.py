@@ -320,7 +320,9 @@ def test_a_cpu_busy_agent_waits_for_the_writer_so_the_backlog_stays_bounded(
 
 
 def test_overload_spills_to_dead_letter_and_loses_nothing(db_path: Path) -> None:
-    hs = Hindsight(db_path, background=False, triggers=False, queue_bound=50)
+    # The thread writer's queue (a writer process's ring holds these; its own test is in
+    # test_record_process).
+    hs = Hindsight(db_path, background=False, triggers=False, queue_bound=50, writer="thread")
     try:
         hs.recorder.block_seconds = 0.0  # never wait: spill at once
         # Hold the writer back: an exclusive lock from another connection.

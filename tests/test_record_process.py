@@ -18,6 +18,7 @@ import time
 import warnings
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -407,16 +408,16 @@ def test_an_unreadable_line_between_events_is_dead_lettered_and_counted_once(
 
 
 def test_agent_threads_lines_and_pages_of_every_size_arrive_in_order(tmp_path: Path) -> None:
-    """The agent's side copies lines into pages (``PAGE``) that the sender writes whole: four
-    threads recording at once, lines of a few bytes to several pages (a line bigger than a
-    page goes on its own), flushes between bursts (a page sent before it is full), a writer
-    killed mid-run (the unacknowledged pages sent again): every event stored once, each
+    """The agent's threads copy lines into the writer's ring (``ring.SIZE``), round and round:
+    four threads recording at once, lines of a few bytes to a large part of the ring, some
+    too long for it (they go through a spool file), flushes between bursts, a writer killed
+    mid-run (a new one reads again from what was durable): every event stored once, each
     thread's in the order it recorded them, with the bodies the thread writer stores."""
     import threading
 
-    from hindsight_loop.writer import PAGE
+    from hindsight_loop.ring import SIZE
 
-    sizes = [0, 10, 900, PAGE // 3, PAGE - 200, PAGE + 1, 2 * PAGE + 17]
+    sizes = [0, 10, 900, 20_000, 200_000, SIZE // 10]
     bodies: dict[str, list[tuple[str, str]]] = {}
     for mode in ("thread", "process"):
         db = tmp_path / f"{mode}.db"
@@ -426,6 +427,8 @@ def test_agent_threads_lines_and_pages_of_every_size_arrive_in_order(tmp_path: P
         def run(k: int, hs: Hindsight = hs, tasks: list = tasks) -> None:  # type: ignore[type-arg]
             for i in range(1500):
                 size = sizes[(i * (k + 1)) % len(sizes)] if i % 13 == 0 else 40 + i % 300
+                if i % 250 == 249:
+                    size = SIZE // 8 + 1 + k  # spooled
                 tasks[k].record_action("put", {"k": k, "i": i}, output="数" * (size // 3))
                 if i % 400 == 399:
                     assert hs.flush(timeout=60) is True
@@ -447,6 +450,7 @@ def test_agent_threads_lines_and_pages_of_every_size_arrive_in_order(tmp_path: P
             warnings.simplefilter("ignore", HindsightWarning)
             assert hs.flush(timeout=120) is True
         hs.close()
+        assert not list(Path(f"{hs.recorder.dead_letter}.spool").glob("*"))  # durable: removed
         rows = _rows(db)
         by_task: dict[str, list[tuple[str, str]]] = {}
         for _id, etype, body in rows:
@@ -482,7 +486,7 @@ def test_overloaded_agent_side_spills_the_oldest_lines_and_loses_nothing(tmp_pat
                         {
                             "type": "user_input",
                             "task_id": "tsk_o",
-                            "input": {"i": i, "t": "x" * 200},
+                            "input": {"i": i, "t": "x" * 200, "s": "password: SpillSecret7"},
                         }
                     )
                 assert hs.recorder.backlog <= 500 + 1
@@ -507,6 +511,7 @@ def test_overloaded_agent_side_spills_the_oldest_lines_and_loses_nothing(tmp_pat
         assert stored | spilled == set(range(40_000))
         assert not stored & spilled
         assert len(spilled) == hs.recorder.stats["spilled"]
+        assert b"SpillSecret7" not in hs.recorder.dead_letter.read_bytes()  # redacted there too
         # The oldest waiting were spilled: every spilled event is older than the last stored.
         assert max(spilled) < max(stored)
     finally:
@@ -764,3 +769,56 @@ def test_a_restarted_writer_still_reviews_a_recovery_it_did_not_see_fail(tmp_pat
         assert jobs == [("full", "task_end")]
     finally:
         hs.close()
+
+
+def _switches(native_id: int) -> int:
+    with open(f"/proc/self/task/{native_id}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches")
+
+
+def test_no_thread_of_the_agent_wakes_while_it_records_nothing_and_a_bell_wakes_the_writer(
+    tmp_path: Path,
+) -> None:
+    """The agent's lines go into the ring from its own thread: no thread of its process polls
+    (each of Hindsight's threads there sleeps until the writer says something or the ring
+    overflows). The writer polls the ring while lines come, then sleeps; the next event
+    rings it awake (and clears the flag itself), and is stored without a flush."""
+    import threading
+
+    from hindsight_loop.ring import ASLEEP
+
+    hs = Hindsight(tmp_path / "b.db", writer="process", background=False, triggers=False)
+    try:
+        with hs.task("t", recall=False) as task:
+            for i in range(500):
+                task.record_action("a", {"i": i})
+            assert hs.flush() is True
+            recorder: Any = hs.recorder
+            words = recorder._words
+            deadline = time.monotonic() + 30
+            while not words[ASLEEP]:  # idle a few hundred milliseconds: it sleeps
+                assert time.monotonic() < deadline, "the writer never slept"
+                time.sleep(0.01)
+            ours = [
+                t
+                for t in threading.enumerate()
+                if t.name.startswith("hindsight") and t.native_id is not None
+            ]
+            assert ours, "no thread of Hindsight's to watch"
+            before = {t.name: _switches(t.native_id) for t in ours if t.native_id}
+            time.sleep(0.3)
+            after = {t.name: _switches(t.native_id) for t in ours if t.native_id}
+            assert after == before
+            task.record_action("a", {"i": "rung"})
+            assert words[ASLEEP] == 0  # the call rang and cleared it
+            deadline = time.monotonic() + 30
+            while hs.recorder.pending:
+                assert time.monotonic() < deadline, "the bell did not wake the writer"
+                time.sleep(0.005)
+    finally:
+        hs.close()
+    bodies = [orjson.loads(r[2]) for r in _rows(tmp_path / "b.db") if r[1] == "action_executed"]
+    assert bodies[-1]["input"]["args"]["i"] == "rung" and len(bodies) == 501

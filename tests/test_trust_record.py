@@ -341,7 +341,8 @@ def test_secrets_in_refused_events_are_redacted_in_the_dead_letter(hs: Hindsight
 def test_spilled_events_are_redacted(db_path: Path) -> None:
     import sqlite3
 
-    hs = Hindsight(db_path, background=False, triggers=False, queue_bound=20)
+    # The thread writer's queue; a writer process's spills: test_record_process.
+    hs = Hindsight(db_path, background=False, triggers=False, queue_bound=20, writer="thread")
     try:
         hs.recorder.block_seconds = 0.0
         other = sqlite3.connect(db_path, isolation_level=None)

@@ -1,29 +1,31 @@
 """The writer process: sanitizing, redacting, batching and writing events, away from the agent.
 
-In the agent's process an event costs one serialization (orjson) and one append: the agent's
-thread never sanitizes, redacts or writes, and no thread of its process holds the GIL for that
-work. A sender thread hands the serialized events (one line each) through a pipe to a writer
-process (``python -m hindsight_loop.writer``, started on the first event, one per recorder),
-where the recorder's own machinery does the rest: sanitize, redact before any cut, batch, write,
+In the agent's process an event costs one serialization (orjson) and one copy: the agent's own
+thread puts the line in a ring of shared memory (``ring.Ring``) that a writer process (``python
+-m hindsight_loop.writer``, started on the first event, one per recorder) has mapped too. No
+thread of the agent's process wakes for it: the writer looks at the ring every millisecond while
+lines come, and sleeps once they stop until the agent rings (a byte on its stdin). There the
+recorder's own machinery does the rest: sanitize, redact before any cut, batch, write,
 dead-letter with the reason. The live anomaly rules run there too, after each written batch: they
 need the sanitized payloads (which exist only there) and the store (which the writer has), and
 what they decide is a review job in the store; the agent is sent one line, "a review was queued",
 to wake its review worker.
 
-Back from the writer come one-line JSON messages: how many events are durable (a count in the
-order they were sent), its counters, its warnings. The agent keeps every line it sent until it is
-acknowledged, so nothing accepted is lost when the writer dies: a new writer is started and handed
-the unacknowledged lines again (it skips those already stored, by event id), and past a few
-restarts, or when no process can be started at all, the agent writes in its own process, with a
-warning. ``flush()`` returns once the writer says everything before it is durable; a SIGKILL of
-the agent loses at most the lines it had not yet written to the pipe (the writer reads the pipe
-to its end, writes, and exits).
+After each batch the writer writes in the ring how many lines are durable, and the byte they end
+at: the agent reuses the ring up to there, never further, so nothing accepted is lost when the
+writer dies: a new writer is started on the same ring and reads again from what is durable (it
+skips what the dead one stored, by event id), and past a few restarts, or when no process can be
+started at all, the agent writes in its own process, with a warning. ``flush()`` rings and waits
+for the writer's word that everything read is durable (one-line JSON messages on its stdout,
+with its counters, warnings and queued reviews). A SIGKILL of the agent loses nothing that
+reached the ring: the writer holds it, reads it to its head once its stdin ends, writes, exits.
+
+Fed lines on stdin instead (a config line first), the writer reads them from there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import gc
 import io
 import logging
@@ -56,50 +58,35 @@ from hindsight_loop.record import (
     _Sanitizer,
     warn,
 )
+from hindsight_loop.ring import ASLEEP, HEAD, Ring
 
 log = logging.getLogger("hindsight_loop")
 
-#: Lines sent to the writer and not yet acknowledged, at most (they are kept for a resend).
-SEND_WINDOW = BATCH_SIZE  # the pipe and the two batches in the writer hold ~2,500
-#: The writer process says how many events are durable after this many more, or as soon as it
-#: has nothing left to read (a flush waits for that): each message wakes a thread of the agent's
-#: process, which takes the GIL from the agent.
-ACK_EVERY = SEND_WINDOW // 5
-#: Lines written to the pipe at a time.
-SEND_CHUNK = 2_000
-#: The agent's thread copies each line into a page of this many bytes, and a full page is what
-#: the sender writes to the pipe. A line of its own (a bytes object per event, kept until sent)
-#: made the allocator hand memory back to the system after each sent chunk and fault it in again
-#: for the next lines: ~0.5-0.8 page faults per event on the agent's thread (~1-2 µs of its
-#: call, most of its p99) and a join of every chunk on the sender's.
-PAGE = 1 << 16
-#: Pages sent and not yet acknowledged, at most (pages sent before they were full hold fewer
-#: lines: this bounds their memory, as ``SEND_WINDOW`` bounds the lines).
-SEND_PAGES = 256
-#: Sent pages kept for reuse once the writer has stored their lines (their memory stays mapped);
-#: more in flight than this (a burst) are freed when stored.
-SPARE_PAGES = 32
+#: The writer process says how many events are durable after this many more (a pipe fed by
+#: hand; a ring's agent reads it in the ring), or as soon as it has nothing left to read.
+ACK_EVERY = BATCH_SIZE // 5
 #: Writer processes started again after one died, before falling back to in-process writing.
 MAX_RESTARTS = 3
 #: How long ``close()`` waits for the writer process to finish before killing it, in seconds.
 EXIT_WAIT = 60.0
-#: How often the sender looks for lines when idle, in seconds (a line lives until then: one that
-#: is freed soon is memory the next serialization reuses while it is still in the CPU's cache).
-SEND_POLL = 0.002
+#: How often the writer process looks at the ring when it has nothing to read, in seconds; after
+#: ``IDLE_POLLS`` such looks it sleeps (``DEEP_SLEEP`` at most) until the agent rings.
+RING_POLL = 0.001
+IDLE_POLLS = 200
+DEEP_SLEEP = 1.0
 _OPT = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 #: The writer process's first-generation collection threshold (Python's default is 700): above
 #: the objects a few batches in flight hold, so collections (which walked every payload in hand,
 #: ~0.5-0.9 µs per event at 10,000) all but never run; what the writer allocates dies with its
 #: batch, without cycles.
 GC_THRESHOLD = 200_000
-#: The writer process reads the pipe this many bytes at a time and prepares each piece at once
+#: The writer process reads the ring (or pipe) this many bytes at a time and prepares each piece at once
 #: (a piece of ~50 events of 1 KB: its lines and payloads stay in the CPU's caches from the read
 #: to the prepared row).
 READ_PIECE = 1 << 16
 #: It hands the store what it has prepared once this many bytes of lines are in it (or
-#: ``BATCH_SIZE`` events), or as soon as the pipe has nothing more to read.
+#: ``BATCH_SIZE`` events), or as soon as there is nothing more to read.
 COMMIT_BYTES = 1 << 20
-_F_SETPIPE_SZ = 1031  # Linux: a larger pipe lets the sender write big chunks without waiting
 
 
 def event_id_for(session: str, own: int) -> str:
@@ -119,7 +106,7 @@ def frame_item_at(
     buf: bytes, view: memoryview, start: int, end: int, session: str, raws: list[bytes | None]
 ) -> Item:
     """``frame_item`` of the line ``buf[start:end]`` (``view`` is ``memoryview(buf)``), read in
-    place: the writer process does not copy each line out of what it read from the pipe."""
+    place: the writer process does not copy each line out of what it read."""
     task_id, own, seq, ts, etype, event_id, payload = orjson.loads(view[start:end])
     item = (
         task_id,
@@ -230,67 +217,66 @@ class ProcessRecorder:
         self._start_fresh()
         _RECORDERS.add(self)
 
-    def _start_fresh(self, *, sender: bool = True) -> None:
-        """The agent's side as a new recorder has it: nothing accepted, no writer process yet,
-        a sender thread of this process. Also what a forked child starts from (``_forked``)."""
+    def _start_fresh(self, *, start: bool = True) -> None:
+        """The agent's side as a new recorder has it: nothing accepted, no writer process yet
+        (it starts with the first event). Also what a forked child starts from (``_forked``),
+        without a ring until its first event."""
         self.session = new_id("evt")
         self._config["session"] = self.session
         self._seq = count(1)
         self._mark_lock = threading.Lock()
         self._flush_marks = 0
-        # Accepted lines not yet sent: the page being filled (``_page``, its first ``_used``
-        # bytes holding ``_lines`` lines), then the full pages before it (``_out``, oldest first,
-        # as (lines, page, bytes used)). ``_waiting`` counts the lines of both; ``_lock`` keeps
-        # the agent's threads and the sender from filling or taking a page at once.
+        # The agent's threads take ``_lock`` to put a line in the ring (or the overflow).
         self._lock = threading.Lock()
-        self._page = bytearray(PAGE)
-        # The agent's copy goes through a view of the page: a bytearray's own slice assignment
-        # takes a slower, general path for the same copy.
-        self._view = memoryview(self._page)
-        self._used = 0
-        self._lines = 0
-        self._out: deque[tuple[int, bytearray | bytes, int]] = deque()
+        self._ring: Ring | None = None
+        self._head = 0  # bytes put in the ring
+        self._room = 0  # the ring may be written up to here (durable bytes + size, last read)
+        self._ring_lines = 0  # lines put in the ring
+        # Lines accepted while the ring had no room, oldest first: they go into the ring as
+        # room frees (on the next event, a flush, an overload), the oldest are spilled under
+        # overload. ``_waiting`` counts them.
+        self._overflow: deque[bytes] = deque()
         self._waiting = 0
-        self._spare: list[bytearray] = []
-        # Sent and not yet all acknowledged durable, as (lines, page, bytes used): kept for a
-        # resend to a new writer process, the pages reused once their lines are stored.
-        self._sent: deque[tuple[int, bytearray | bytes, int]] = deque()
-        self._sent_start = 0  # the index of the first line of the first chunk kept
-        self._sent_lines = 0  # lines in the chunks kept
+        # A thread moves them while there are any (only then: the writer is behind).
+        self._mover_wake = threading.Event()
+        self._mover: threading.Thread | None = None
         self._cond = threading.Condition()
-        # What is handled, as counts of accepted events: acknowledged by a writer process,
+        # What is handled, as counts of accepted events: ring lines a writer made durable,
         # spilled here under overload, handed to the in-process fallback, or after close.
         self._acked = 0
-        self._base = 0  # acknowledged before the current writer process started
         self._spilled = 0
         self._moved = 0
         self._after = 0
         self._remote: dict[str, int] = {}  # the current writer's counters
         self._remote_past: dict[str, int] = {}  # those of writers that ended
         self._lost_reported = self._local.stats["lost"]
-        self._wake = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._bell = -1  # the writer's stdin: a byte there wakes it (-1: no writer yet)
         self._reader: threading.Thread | None = None
-        self._dead = False
+        self._starting = False
         self._restarts = 0
         self._fallen_back = False
         self._gen = 0
-        #: Lines written whole to a writer process's pipe so far (what a SIGKILL of the agent
-        #: cannot take back: the writer reads its pipe to the end).
-        self.handed_over = 0
-        self._sender = threading.Thread(
-            target=self._send_loop, name="hindsight-sender", daemon=True
-        )
-        if sender:
-            self._sender.start()
+        if start:
+            self._open_ring()
+
+    def _open_ring(self) -> None:
+        ring = Ring.create()
+        self._words = ring.words
+        self._data = ring.data
+        self._size = ring.size
+        self._room = ring.size
+        self._big = ring.size // 8  # a line longer than this goes through a spool file
+        self._ring = ring
 
     def _forked(self) -> None:
         """In a child forked from the agent (multiprocessing, a pre-forking server): the
-        parent's writer process and the lines in flight are the parent's. The child closes its
-        copies of the pipe's ends (a writer process ends only once every holder of its input
-        has closed it: the parent's ``close()`` waited for the child to exit, then killed the
-        writer) and records with a writer process of its own, under a session of its own (the
-        ids of events without one must not repeat the parent's)."""
+        parent's writer process, its ring and the lines in flight are the parent's. The child
+        closes its copies of the pipe's ends (a writer process ends only once every holder of
+        its input has closed it: the parent's ``close()`` waited for the child to exit, then
+        killed the writer) and of the ring, and records with a writer process and a ring of
+        its own, under a session of its own (the ids of events without one must not repeat
+        the parent's)."""
         proc = self._proc
         if proc is not None:
             # Not closed through their file objects: the parent's reader thread was blocked in
@@ -306,13 +292,19 @@ class ProcessRecorder:
                             os.dup2(null, end.fileno())
             finally:
                 os.close(null)
+        ring = self._ring
+        if ring is not None and ring.fd >= 0:
+            # The mapping goes with the object; the parent's memory is untouched.
+            with contextlib.suppress(OSError):
+                os.close(ring.fd)
+            self._parents_ring = ring
         self._local._renew_locks()  # the in-process fallback's: a parent's thread may hold one
         if not self._stop:
-            # Fresh locks now (a thread of the parent may have held one at the fork); the
-            # sender only with the child's first event: a child that never records (a pool
-            # worker, a ``preexec_fn``) gets no thread polling for lines. ``_stop`` routes its
-            # first event to ``_child_starts``, off the hot path.
-            self._start_fresh(sender=False)
+            # Fresh locks now (a thread of the parent may have held one at the fork); a ring
+            # and a writer only with the child's first event: a child that never records (a
+            # pool worker, a ``preexec_fn``) gets neither. ``_stop`` routes its first event to
+            # ``_child_starts``, off the hot path.
+            self._start_fresh(start=False)
             self._child_lock = threading.Lock()
             self._stop = self._child_idle = True
 
@@ -323,9 +315,9 @@ class ProcessRecorder:
             if not self._child_idle:
                 return
             self._seq = count(1)
-            self._stop = False  # before the sender starts: it ends at once when stopped and idle
+            self._open_ring()
+            self._stop = False
             self._child_idle = False
-            self._sender.start()
 
     # -- what the facade reads --------------------------------------------------------------
     @property
@@ -364,6 +356,12 @@ class ProcessRecorder:
         return None if proc is None or self._fallen_back else proc.pid
 
     @property
+    def handed_over(self) -> int:
+        """Lines in a ring a writer process holds (what a SIGKILL of the agent cannot take
+        back: the writer reads the ring to its head)."""
+        return self._ring_lines if self._proc is not None and not self._fallen_back else 0
+
+    @property
     def stats(self) -> dict[str, int]:
         out = dict(self._local.stats)
         for part in (self._remote_past, self._remote):
@@ -379,9 +377,18 @@ class ProcessRecorder:
     @property
     def pending(self) -> int:
         """Events accepted and not yet durable."""
-        return (
-            self._waiting + self._sent_start + self._sent_lines - self._acked + self._local.pending
-        )
+        durable = self._acked_now()
+        return self._waiting + self._ring_lines - durable + self._local.pending
+
+    def _acked_now(self) -> int:
+        """Ring lines made durable, as the ring says (a dead writer's last word stays there)."""
+        ring = self._ring
+        if ring is not None and not self._fallen_back:
+            lines = ring.durable()[0]
+            if lines > self._acked:
+                with self._cond:
+                    self._acked = max(self._acked, lines)
+        return self._acked
 
     # -- hot path ---------------------------------------------------------------------------
     def emit_event(self, event: dict[str, Any]) -> None:
@@ -407,7 +414,7 @@ class ProcessRecorder:
         event_id: str | None = None,
         seq: int | None = None,
     ) -> int:
-        """Accept one event: serialize it once and append the line (no I/O, no lock)."""
+        """Accept one event: serialize it once and copy the line into the ring (no I/O)."""
         if self._stop:
             if not self._closed:  # stopped but not closed: a forked child's first event
                 self._child_starts()
@@ -431,67 +438,116 @@ class ProcessRecorder:
             except Exception:  # noqa: BLE001 - the agent must never crash because of Hindsight
                 log.exception("hindsight: spilling under overload failed")
         n = len(frame)
+        if n > self._big and not self._fallen_back:
+            spooled = self._spooled(frame, own)
+            if spooled is None:  # no file for it either: the in-process writer takes it
+                with self._lock:
+                    self._local.start()
+                    self._direct(frame)
+                return own
+            frame = spooled
+            n = len(frame)
         with self._lock:
-            used = self._used
-            if used + n > PAGE:
-                self._seal()
-                used = 0
-                if n > PAGE:  # a line bigger than a page goes as it is
-                    self._out.append((1, frame, n))
-                    self._waiting += 1
-                    return own
-            self._view[used : used + n] = frame  # the same length: a copy, no resize
-            self._used = used + n
-            self._lines += 1
-            self._waiting += 1
+            head = self._head
+            if head + n > self._room or self._overflow:
+                if not self._make_room(n):
+                    if self._fallen_back:
+                        self._direct(frame)
+                    else:
+                        if not self._overflow:
+                            self._mover_wake.set()
+                        self._overflow.append(frame)
+                        self._waiting += 1
+                    frame = b""
+                head = self._head
+            if frame:
+                at = head % self._size
+                if at + n <= self._size:
+                    self._data[at : at + n] = frame  # the same length: a copy, no resize
+                else:
+                    self._ring.put(head, frame)  # type: ignore[union-attr]  # it wraps
+                self._head = head + n
+                self._words[0] = head + n  # after the bytes: the writer may read them now
+                self._ring_lines += 1
+        if self._words[ASLEEP]:
+            self._ring_bell(b"w")
+        if self._proc is None and not self._starting:
+            self._start_writer()
         return own
 
-    def _seal(self) -> None:
-        """Queue the page being filled (when it holds lines) and start another; with the lock."""
-        if self._lines:
-            self._out.append((self._lines, self._page, self._used))
-            spare = self._spare
-            self._page = spare.pop() if spare else bytearray(PAGE)
-            self._view = memoryview(self._page)
-            self._used = self._lines = 0
+    def _make_room(self, n: int) -> bool:
+        """With the lock: read how much of the ring is free, move waiting lines into it;
+        whether a line of ``n`` bytes fits now, behind them."""
+        ring = self._ring
+        if self._fallen_back or ring is None:
+            return False
+        self._room = ring.durable()[1] + ring.size
+        overflow = self._overflow
+        head = self._head
+        while overflow and head + len(overflow[0]) <= self._room:
+            line = overflow.popleft()
+            ring.put(head, line)
+            head += len(line)
+            self._ring_lines += 1
+            self._waiting -= 1
+        self._head = head
+        self._words[0] = head
+        return not overflow and head + n <= self._room
 
-    def _take_pages(
-        self, max_lines: int, *, partial: bool, exact: bool = False
-    ) -> list[tuple[int, bytearray | bytes, int]]:
-        """The oldest waiting pages, up to ``max_lines`` lines (at least one page); with
-        ``partial`` and no full page waiting, the page being filled too; with ``exact``, no
-        more than ``max_lines`` lines: the rest of a page goes back first in line (a spill
-        takes as many lines as it chose, as when each line waited on its own)."""
-        taken: list[tuple[int, bytearray | bytes, int]] = []
-        lines = 0
-        with self._lock:
-            out = self._out
-            if not out and partial:
-                self._seal()
-            while out and (not taken or lines + out[0][0] <= max_lines):
-                page = out.popleft()
-                taken.append(page)
-                lines += page[0]
-            if exact and lines > max_lines:
-                n, buf, used = taken.pop()
-                keep = max_lines - (lines - n)
-                view = memoryview(buf)[:used]
-                cut = 0
-                for _ in range(keep):
-                    cut = buf.index(b"\n", cut, used) + 1
-                if keep:
-                    taken.append((keep, bytes(view[:cut]), cut))
-                out.appendleft((n - keep, bytes(view[cut:]), used - cut))
-                view.release()  # the page is the agent's again: no view of it may stay
-                lines = max_lines
-                self._reuse(buf)
-            self._waiting -= lines
-        return taken
+    def _move_overflow(self) -> None:
+        """The mover thread: lines waiting for room go into the ring as the writer frees it,
+        so they are handed over (and a SIGKILL cannot take them) without another event."""
+        while not self._closed:
+            self._mover_wake.wait()
+            self._mover_wake.clear()
+            while self._overflow and not self._fallen_back:
+                with self._lock:
+                    self._make_room(0)
+                if self._overflow:
+                    if self._words[ASLEEP]:
+                        self._ring_bell(b"w")
+                    time.sleep(0.001)
 
-    def _reuse(self, page: bytearray | bytes) -> None:
-        """A page whose lines are stored or handed on: kept for the agent's next lines."""
-        if type(page) is bytearray and len(page) == PAGE and len(self._spare) < SPARE_PAGES:
-            self._spare.append(page)
+    def _ring_bell(self, why: bytes) -> None:
+        """Wake the writer (``w``: lines are waiting; ``f``: a flush waits for an answer)."""
+        self._words[ASLEEP] = 0
+        fd = self._bell
+        if fd >= 0:
+            with contextlib.suppress(OSError):  # full of bells already, or the writer is gone
+                os.write(fd, why)
+
+    def _spooled(self, frame: bytes, own: int) -> bytes | None:
+        """A line too long for the ring, in a file beside the dead letter; the ring gets a
+        line naming it (the writer deletes the file once the event is durable)."""
+        where = Path(f"{self._local.dead_letter}.spool")
+        try:
+            where.mkdir(exist_ok=True)
+            path = where / f"{self.session}-{own}.line"
+            path.write_bytes(frame)
+        except OSError as exc:
+            warn(f"a {len(frame)}-byte event could not be spooled ({exc!r}): written in-process")
+            return None
+        return orjson.dumps({"spool": str(path)}) + b"\n"
+
+    def _direct(self, frame: bytes) -> None:
+        """With the lock, after falling back (or for a line no spool file took): the
+        in-process writer takes it."""
+        self._move_to_local(self._unspool([frame]), check=False)
+
+    def _unspool(self, frames: list[bytes]) -> list[bytes]:
+        """The lines themselves, for lines that name a spool file (the file is removed)."""
+        out = []
+        for frame in frames:
+            if frame.startswith(b'{"spool":'):
+                path = Path(orjson.loads(frame)["spool"])
+                try:
+                    frame = path.read_bytes()
+                    path.unlink()
+                except OSError as exc:
+                    self._local.keep_refused(frame, f"spooled event unreadable: {exc!r}")
+                    frame = b""
+            out.append(frame)
+        return out
 
     def _portable(
         self,
@@ -561,15 +617,18 @@ class ProcessRecorder:
                 self._cond.notify_all()
 
     def _overload(self) -> None:
-        """The lines waiting for the writer reached ``queue_bound``: wait for the sender, then
-        spill the oldest to the dead letter, within ``block_seconds`` (as ``Recorder`` does)."""
-        self._wake.set()
+        """The lines waiting for room in the ring reached ``queue_bound``: wait for the writer,
+        then spill the oldest to the dead letter, within ``block_seconds`` (as ``Recorder``)."""
+        if self._words[ASLEEP]:
+            self._ring_bell(b"w")
         local = self._local
         started = time.monotonic()
         deadline = started + local.block_seconds
         wait_until = started + local.block_seconds / 2
         while self._waiting >= local.queue_bound and time.monotonic() < wait_until:
             time.sleep(0.001)
+            with self._lock:
+                self._make_room(0)
         spilled = 0
         while self._waiting >= local.queue_bound and spilled < BATCH_SIZE:
             left = deadline - time.monotonic()
@@ -577,110 +636,81 @@ class ProcessRecorder:
                 break
             take = int(max(left, 0.0) / local._spill_cost) if spilled else SPILL_FIRST
             take = max(SPILL_FIRST, min(BATCH_SIZE - spilled, take))
-            items = [
-                frame_item(frame, self.session)
-                for frame in self._lines_of(self._take_pages(take, partial=True, exact=True))
-            ]
-            if not items:
+            with self._lock:
+                overflow = self._overflow
+                frames = [overflow.popleft() for _ in range(min(take, len(overflow)))]
+                self._waiting -= len(frames)
+            if not frames:
                 break
+            items = [frame_item(f, self.session) for f in self._unspool(frames) if f]
             with local._cond:
                 local._spilling += len(items)
             t0 = time.perf_counter()
             try:
                 local._spill(items)
             finally:
-                local._spill_cost = max((time.perf_counter() - t0) / len(items), 1e-7)
+                local._spill_cost = max((time.perf_counter() - t0) / max(len(items), 1), 1e-7)
                 with self._cond:
-                    self._spilled += len(items)
+                    self._spilled += len(frames)
                     self._cond.notify_all()
-            spilled += len(items)
-
-    def _lines_of(self, pages: list[tuple[int, bytearray | bytes, int]]) -> list[bytes]:
-        """The lines of pages taken from the queue (the pages are free again after)."""
-        lines = []
-        for _n, page, used in pages:
-            lines += bytes(memoryview(page)[:used]).splitlines(keepends=True)
-            self._reuse(page)
-        return lines
+            spilled += len(frames)
 
     def keep_refused(self, thing: Any, reason: str) -> None:
         self._local.keep_refused(thing, reason)
 
-    # -- the sender thread ------------------------------------------------------------------
-    def _send_loop(self) -> None:
+    # -- the writer process -----------------------------------------------------------------
+    def _start_writer(self) -> None:
+        """Start the writer process from a short-lived thread (a process takes milliseconds to
+        start: not on the agent's call); lines wait in the ring meanwhile."""
+        with self._mark_lock:
+            if self._starting or self._proc is not None:
+                return
+            self._starting = True
+        threading.Thread(target=self._first_writer, name="hindsight-start", daemon=True).start()
+        self._mover = threading.Thread(
+            target=self._move_overflow, name="hindsight-overflow", daemon=True
+        )
+        self._mover.start()
+
+    def _first_writer(self) -> None:
         try:
-            while True:
-                if self._dead:
-                    self._recover()
-                    continue
-                if not self._out:
-                    if not self._waiting and self._stop:
-                        return
-                    # Polled: setting an Event per event would cost the agent's thread more
-                    # than the whole append. A page not yet full is sent after a poll (or at
-                    # once on a flush), so a busy agent's lines go as full pages.
-                    self._wake.wait(SEND_POLL)
-                    self._wake.clear()
-                    if not self._waiting:
-                        continue
-                if self._fallen_back:
-                    self._move_waiting_to_local()
-                    continue
-                if self._proc is None:
-                    if not self._spawn(resend=False):
-                        self._fall_back("the writer process could not be started")
-                    continue
-                room = SEND_WINDOW - self._sent_lines
-                if room <= 0 or len(self._sent) >= SEND_PAGES:
-                    with self._cond:
-                        full = self._sent_lines >= SEND_WINDOW or len(self._sent) >= SEND_PAGES
-                        if full and not self._dead:
-                            self._cond.wait(0.005)
-                    continue
-                for n, page, used in self._take_pages(min(room, SEND_CHUNK), partial=True):
-                    with self._cond:
-                        self._sent.append((n, page, used))
-                        self._sent_lines += n
-                    if self._send(memoryview(page)[:used]):
-                        self.handed_over += n
+            if not self._spawn():
+                self._fall_back("the writer process could not be started")
         except Exception:  # noqa: BLE001 - the agent must never crash because of Hindsight
-            log.exception("hindsight: the sender thread failed; writing in-process from now")
+            log.exception("hindsight: starting the writer failed; writing in-process from now")
             with contextlib.suppress(Exception):
-                self._fall_back("the sender thread failed")
-                while self._waiting:
-                    self._move_waiting_to_local()
+                self._fall_back("starting the writer process failed")
 
-    def _move_waiting_to_local(self) -> None:
-        """Hand the oldest waiting lines (a chunk) to the in-process writer."""
-        pages = self._take_pages(SEND_CHUNK, partial=True)
-        self._move_to_local(self._lines_of(pages), skip=0, check=False)
-
-    def _send(self, data: bytes | memoryview) -> bool:
-        proc = self._proc
-        try:
-            assert proc is not None and proc.stdin is not None
-            _write_all(proc.stdin.fileno(), data)
-            return True
-        except (OSError, ValueError, AssertionError):
-            # The writer is gone: its reader sees the end of its pipe and says so.
-            with self._cond:
-                self._dead = True
-            return False
-
-    def _spawn(self, *, resend: bool) -> bool:
-        """Start a writer process (and hand it the unacknowledged lines again)."""
+    def _spawn(self) -> bool:
+        """Start a writer process on the ring: it reads from what is durable on (a writer that
+        died may have stored some lines past that: the new one skips them by event id)."""
         import hindsight_loop
 
+        ring = self._ring
+        assert ring is not None
+        lines, end = ring.durable()
+        config = {
+            **self._config,
+            "owner": self._owner and self._owner(),
+            "ring": {
+                "fd": ring.fd,
+                "size": ring.size,
+                "lines": lines,
+                "bytes": end,
+                "resent": self._ring_lines - lines if self._gen else 0,
+            },
+        }
         env = dict(os.environ)
         root = str(Path(hindsight_loop.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "hindsight_loop.writer"],
+                [sys.executable, "-m", "hindsight_loop.writer", orjson.dumps(config).decode()],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=env,
                 close_fds=True,
+                pass_fds=(ring.fd,),
                 # Its own session: a Ctrl-C meant for the agent must not kill its writer.
                 start_new_session=True,
             )
@@ -688,34 +718,29 @@ class ProcessRecorder:
             log.warning("hindsight: could not start the writer process: %r", exc)
             return False
         assert proc.stdin is not None and proc.stdout is not None
-        with contextlib.suppress(OSError, AttributeError):  # Linux only
-            fcntl.fcntl(proc.stdin.fileno(), _F_SETPIPE_SZ, 1 << 20)
+        # Bells never block the agent: a full pipe holds bells enough.
+        os.set_blocking(proc.stdin.fileno(), False)
         with self._cond:
             self._gen += 1
-            self._proc = proc
-            self._dead = False
+            self._acked = max(self._acked, lines)
             if self._remote:
                 for k, v in self._remote.items():
                     self._remote_past[k] = self._remote_past.get(k, 0) + v
                 self._remote = {}
-            # The new writer counts from the first line handed to it again: those of the first
-            # chunk already acknowledged are stored, and it skips them by their ids.
-            resent = list(self._sent) if resend else []
-            lines = self._sent_lines if resend else 0
-            self._base = self._sent_start if resend else self._acked
+            self._bell = proc.stdin.fileno()
+            self._proc = proc
         self._reader = threading.Thread(
-            target=self._read_acks, args=(proc, self._gen), name="hindsight-acks", daemon=True
+            target=self._read_messages,
+            args=(proc, self._gen),
+            name="hindsight-messages",
+            daemon=True,
         )
         self._reader.start()
-        head = orjson.dumps({**self._config, "owner": self._owner and self._owner()}) + b"\n"
-        if resent:
-            head += orjson.dumps({"resent": lines}) + b"\n"
-        self._send(head)
-        for _n, page, used in resent:
-            self._send(memoryview(page)[:used])
         return True
 
-    def _read_acks(self, proc: subprocess.Popen[bytes], gen: int) -> None:
+    def _read_messages(self, proc: subprocess.Popen[bytes], gen: int) -> None:
+        """The writer's messages (rare: answers to a flush, warnings, queued reviews); when
+        it ends unasked, start another or fall back (this thread, so nothing else polls)."""
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
@@ -727,13 +752,7 @@ class ProcessRecorder:
                 if done is not None:
                     with self._cond:
                         if gen == self._gen:
-                            acked = self._acked = max(self._acked, self._base + done)
-                            sent = self._sent
-                            while sent and self._sent_start + sent[0][0] <= acked:
-                                n, page, _used = sent.popleft()
-                                self._sent_start += n
-                                self._sent_lines -= n
-                                self._reuse(page)
+                            self._acked = max(self._acked, done)
                             self._remote = msg.get("stats") or self._remote
                             self._cond.notify_all()
                 elif "wake" in msg:
@@ -744,17 +763,21 @@ class ProcessRecorder:
                     warn(str(msg["warn"]))
         except Exception:  # noqa: BLE001
             log.exception("hindsight: reading the writer's messages failed")
-        finally:
-            with self._cond:
-                if gen == self._gen:
-                    self._dead = True
-                    self._cond.notify_all()
-            self._wake.set()
+        with self._cond:
+            unasked = gen == self._gen
+        if unasked:
+            try:
+                self._recover()
+            except Exception:  # noqa: BLE001 - the agent must never crash because of Hindsight
+                log.exception("hindsight: recovering from the writer's end failed")
+                with contextlib.suppress(Exception):
+                    self._fall_back("recovering the writer failed")
 
     def _reap(self) -> int | None:
         proc = self._proc
         if proc is None:
             return None
+        self._bell = -1
         with contextlib.suppress(Exception):
             if proc.stdin is not None:
                 proc.stdin.close()
@@ -771,46 +794,62 @@ class ProcessRecorder:
         return code
 
     def _recover(self) -> None:
-        """The writer process ended while it was needed: start another and hand it what was
-        not acknowledged, or (past ``MAX_RESTARTS``, or when none starts) write in-process."""
+        """The writer process ended while it was needed: start another on the ring (what is
+        not durable is still there), or (past ``MAX_RESTARTS``, or when none starts) write
+        in-process."""
         code = self._reap()
-        unacked = self._sent_start + self._sent_lines - self._acked
-        if self._stop and not self._waiting and not unacked:
-            self._dead = False
-            return
+        ring = self._ring
+        assert ring is not None
+        unacked = self._ring_lines - ring.durable()[0]
         if self._restarts < MAX_RESTARTS:
             self._restarts += 1
             warn(
                 f"the Hindsight writer process ended (exit code {code}); restarted it and "
                 f"handed it again the {unacked} events it had not acknowledged"
             )
-            if self._spawn(resend=True):
+            if self._spawn():
                 return
         self._fall_back(f"the writer process ended (exit code {code})")
 
     def _fall_back(self, reason: str) -> None:
         """From now on the agent's process writes (``local``), starting with what no writer
-        process acknowledged (those a dead one did store are skipped by event id)."""
+        process made durable (those a dead one did store are skipped by event id)."""
         if self._fallen_back:
             return
         self._reap()
-        self._fallen_back = True
-        self._dead = False
         warn(f"{reason}: Hindsight writes events in the agent's process from now on")
         self._local.start()
-        with self._cond:
-            frames = self._lines_of(list(self._sent))
-            skip = self._acked - self._sent_start  # acknowledged: durable already
-            self._sent.clear()
-            self._sent_start += self._sent_lines
-            self._sent_lines = 0
-        self._move_to_local(frames, skip=skip, check=True)
+        ring = self._ring
+        assert ring is not None
+        with self._lock:
+            self._fallen_back = True
+            self._room = -1  # every line takes the slow path, to the in-process writer
+            lines, start = ring.durable()
+            with self._cond:
+                self._acked = max(self._acked, lines)
+            frames = self._ring_lines_between(start, self._head)
+            frames += self._overflow
+            self._overflow.clear()
+            self._waiting = 0
+            self._move_to_local(self._unspool(frames), check=True)
 
-    def _move_to_local(self, frames: list[bytes], *, skip: int, check: bool) -> None:
-        """Hand lines to the in-process writer: all but the first ``skip`` (durable already),
-        and with ``check``, all but those a dead writer stored (by event id)."""
+    def _ring_lines_between(self, start: int, end: int) -> list[bytes]:
+        ring = self._ring
+        assert ring is not None
+        parts = []
+        while start < end:
+            part = ring.get(start, end - start)
+            parts.append(part)
+            start += len(part)
+        return b"".join(parts).splitlines(keepends=True)
+
+    def _move_to_local(self, frames: list[bytes], *, check: bool) -> None:
+        """Hand lines to the in-process writer; with ``check``, all but those a dead writer
+        stored (by event id). Each counts as handled."""
         items = []
-        for frame in frames[skip:]:
+        for frame in frames:
+            if not frame:
+                continue  # unreadable spool: dead-lettered
             try:
                 items.append(frame_item(frame, self.session))
             except Exception:  # noqa: BLE001 - a line that cannot be read is kept as it is
@@ -829,7 +868,7 @@ class ProcessRecorder:
             items = items[skip:]
         self._local.emit_items(items)
         with self._cond:
-            self._moved += len(frames) - skip
+            self._moved += len(frames)
             self._cond.notify_all()
 
     # -- control ----------------------------------------------------------------------------
@@ -845,16 +884,25 @@ class ProcessRecorder:
             mark = next(self._seq)
             self._flush_marks += 1
             target = mark - self._flush_marks
-        self._wake.set()
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while self._acked + self._spilled + self._moved + self._after < target:
-                if not self._sender.is_alive() and not self._fallen_back:
-                    return False
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cond.wait(0.05 if left is None else min(left, 0.05))
+        while True:
+            if self._overflow:
+                with self._lock:
+                    self._make_room(0)
+            self._acked_now()
+            with self._cond:
+                if self._acked + self._spilled + self._moved + self._after >= target:
+                    break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            if self._proc is None and not self._starting and not self._fallen_back:
+                self._start_writer()
+            if not self._fallen_back:
+                self._ring_bell(b"f")
+            wait = 0.002 if self._overflow else 0.05
+            with self._cond:
+                self._cond.wait(wait if left is None else min(left, wait))
         ok = True
         if self._local.started:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -866,11 +914,11 @@ class ProcessRecorder:
         return ok
 
     def close(self) -> None:
-        """Flush, stop the sender, let the writer process finish and exit, reap it."""
+        """Flush, let the writer process read the ring to its end and exit, reap it."""
         if self._closed:
             return
         self._closed = True
-        if self._child_idle:  # a forked child that recorded nothing: no sender, no writer
+        if self._child_idle:  # a forked child that recorded nothing: no ring, no writer
             self._child_idle = False  # closed for good: what comes later is after close
             self._local.close()
             return
@@ -878,19 +926,107 @@ class ProcessRecorder:
             self.flush()
         finally:
             self._stop = True
-            self._wake.set()
-            self._sender.join(timeout=EXIT_WAIT)
+            self._mover_wake.set()  # it ends (``_closed``)
             with self._cond:
                 self._gen += 1  # the writer's end of pipe is expected now, not a death
             self._reap()
+            ring = self._ring
+            if ring is not None:
+                # The descriptor only (no writer will start again); the mapping goes with this
+                # object, so a thread still inside emit() never writes to unmapped memory.
+                with contextlib.suppress(OSError):
+                    os.close(ring.fd)
+                ring.fd = -1
             self._local.close()
 
 
 # -- the writer process -------------------------------------------------------------------------
 
 
-def main() -> int:
-    """Read the agent's lines from stdin, write them, report on stdout; exit at the pipe's end."""
+class _PipeSource:
+    """Lines from stdin (``python -m hindsight_loop.writer`` fed by hand, a file, a test)."""
+
+    def __init__(self, stdin: io.BufferedReader) -> None:
+        self.stdin = stdin
+
+    def ready(self) -> bool:
+        return bool(select.select([self.stdin], [], [], 0)[0])
+
+    def wait(self, idle: Callable[[], None]) -> None:
+        if not self.ready():
+            idle()
+
+    def read(self) -> bytes:
+        return self.stdin.read1(READ_PIECE)
+
+    def end(self) -> int:
+        return 0
+
+
+class _RingSource:
+    """Lines from the agent's ring; stdin carries only bells, and its end is the agent's."""
+
+    def __init__(self, ring: Ring, start: int) -> None:
+        self.ring = ring
+        self.pos = start  # the next byte to read
+        self.eof = False
+        self.wanted = False  # a flush waits for word of what is durable
+
+    def ready(self) -> bool:
+        return self.ring.words[HEAD] > self.pos
+
+    def wait(self, idle: Callable[[], None]) -> None:
+        """Until the agent writes, ends, or (after ``IDLE_POLLS`` empty polls) rings."""
+        words = self.ring.words
+        quiet = 0
+        while words[HEAD] <= self.pos and not self.eof:
+            idle()
+            deep = quiet >= IDLE_POLLS
+            if deep:
+                words[ASLEEP] = 1
+                if words[HEAD] > self.pos:  # written before it could see the flag
+                    words[ASLEEP] = 0
+                    break
+            readable = select.select([0], [], [], DEEP_SLEEP if deep else RING_POLL)[0]
+            words[ASLEEP] = 0
+            quiet += 1
+            if readable:
+                bells = os.read(0, 4096)
+                if not bells:
+                    self.eof = True
+                elif b"f" in bells:
+                    self.wanted = True
+
+    def read(self) -> bytes:
+        head = self.ring.words[HEAD]
+        if head <= self.pos:
+            return b""  # only once the agent's end is seen: it writes no more
+        chunk = self.ring.get(self.pos, min(head - self.pos, READ_PIECE))
+        self.pos += len(chunk)
+        return chunk
+
+    def end(self) -> int:
+        return self.pos
+
+
+def _spooled_line(line: bytes) -> tuple[bytes, Path] | None:
+    """The line a ``{"spool": path}`` line names, and its file."""
+    try:
+        control = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(control, dict) or not isinstance(control.get("spool"), str):
+        return None
+    path = Path(control["spool"])
+    try:
+        return path.read_bytes(), path
+    except OSError:
+        return None
+
+
+def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, acknowledge
+    """Read the agent's lines from its ring (or stdin), write them, report on stdout; exit at
+    the end of stdin, once everything read is durable."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when its writer stops
     nice = int(os.environ.get("HINDSIGHT_WRITER_NICE", "0"))
     if nice:
@@ -919,10 +1055,23 @@ def main() -> int:
     warnings.showwarning = show
 
     stdin = cast(io.BufferedReader, sys.stdin.buffer)
-    head = stdin.readline()
-    if not head:
-        return 0
-    config = orjson.loads(head)
+    if len(sys.argv) > 1:
+        config = orjson.loads(sys.argv[1])  # the agent's: stdin is for bells alone
+    else:
+        head = stdin.readline()
+        if not head:
+            return 0
+        config = orjson.loads(head)
+    ring_config = config.get("ring")
+    source: _PipeSource | _RingSource
+    ring: Ring | None = None
+    base = 0  # the ring's lines made durable before this writer started
+    if ring_config:
+        ring = Ring(ring_config["fd"], ring_config["size"])
+        source = _RingSource(ring, ring_config["bytes"])
+        base = ring_config["lines"]
+    else:
+        source = _PipeSource(stdin)
     from hindsight_loop.store import open_store
     from hindsight_loop.triggers import Triggers
 
@@ -942,14 +1091,16 @@ def main() -> int:
         wake=lambda: send({"wake": 1}),
     )
     recorder: Recorder | None = None
-    # Acknowledgements: every ACK_EVERY events, and whenever this process is idle (nothing
-    # left to read from the agent) with events made durable since the last one. They count
-    # lines in the order they came; lines that need no writing (resent ones a dead writer
-    # stored, unreadable ones) count once the batch that was committed after them is durable
-    # (``marks``), so a count never runs ahead of what is durable.
+    # What is durable, in lines in the order they came: lines that need no writing (resent
+    # ones a dead writer stored, unreadable ones) count once the batch committed after them
+    # is durable (``marks``), so a count never runs ahead of what is durable. A ring learns
+    # it (lines and the byte they end at: the agent reuses the ring up to there) after every
+    # batch, and a flush waiting for it is told once nothing more is coming; a pipe is told
+    # every ACK_EVERY lines and whenever nothing more is coming.
     ack_lock = threading.Lock()
     acks = {"done": 0, "sent": 0, "idle": 0}
-    marks: deque[tuple[int, int]] = deque()  # (items committed through a batch, lines skipped)
+    # (items committed through a batch, lines skipped, the ring's byte after them, spool files)
+    marks: deque[tuple[int, int, int, list[Path]]] = deque()
     skipped_durable = 0
 
     def ack(n: int) -> None:  # under ack_lock
@@ -957,21 +1108,35 @@ def main() -> int:
         acks["sent"] = n
         send({"done": n, "stats": recorder.stats})
 
+    def answer() -> None:  # under ack_lock: a flush waits, and what was read is durable
+        if isinstance(source, _RingSource) and source.wanted and acks["idle"] and not marks:
+            source.wanted = False
+            ack(acks["done"])
+
     def done(n: int) -> None:
         nonlocal skipped_durable
         with ack_lock:
+            end = -1
             while marks and marks[0][0] <= n:
-                skipped_durable = marks.popleft()[1]
-            n = acks["done"] = max(acks["done"], n + skipped_durable)
-            if acks["idle"] or n - acks["sent"] >= ACK_EVERY:
+                _n, skipped_durable, end, spools = marks.popleft()
+                for path in spools:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+            n = acks["done"] = max(acks["done"], base + n + skipped_durable)
+            if ring is not None:
+                if end >= 0:
+                    ring.set_durable(n, end)
+                answer()
+            elif acks["idle"] or n - acks["sent"] >= ACK_EVERY:
                 ack(n)
 
-    def wait_for_lines() -> None:
-        """Before a read that may block: acknowledge what is durable, if nothing is coming."""
-        readable = select.select([stdin], [], [], 0)[0]
+    def idle() -> None:
+        """Before a read that may block: say what is durable, if someone waits for it."""
         with ack_lock:
-            acks["idle"] = not readable
-            if not readable and acks["done"] > acks["sent"]:
+            acks["idle"] = 1
+            if ring is not None:
+                answer()
+            elif acks["done"] > acks["sent"]:
                 ack(acks["done"])
 
     recorder = Recorder(
@@ -987,11 +1152,12 @@ def main() -> int:
     # This thread prepares (the Python work), the committer writes: two threads, not three.
     recorder.start_committer()
     session = config["session"]
-    resent = 0  # lines still to come that a dead writer may have stored
+    resent = ring_config.get("resent", 0) if ring_config else 0
     known: dict[str, set[str]] = {}
     tail: list[bytes] = []  # the pieces of a line not read to its end yet
     skipped = 0  # lines read that need no writing
     committed = 0  # items handed to the committer
+    spools: list[Path] = []  # spool files read since the last commit
     # Prepared and not yet handed to the committer: the pieces read since the last commit.
     rows: list[Row] = []
     raw: list[Item] = []
@@ -1001,23 +1167,24 @@ def main() -> int:
 
     def commit() -> None:
         """Hand what is prepared to the committer, one transaction (waits while the committer
-        still has a batch waiting: the pipe fills and the agent's sender waits in turn)."""
-        nonlocal rows, raw, cleans, held, held_bytes, committed, marked
+        still has a batch waiting: the ring fills and the agent waits in turn)."""
+        nonlocal rows, raw, cleans, held, held_bytes, committed, marked, spools
         committed += held
         marked = skipped
         with ack_lock:
-            marks.append((committed, skipped))
+            end = source.end() - sum(map(len, tail))  # after the last whole line read
+            marks.append((committed, skipped, end, spools))
         assert recorder is not None
         recorder.commit_prepared(held, rows, raw, cleans)
-        rows, raw, cleans = [], [], []
+        rows, raw, cleans, spools = [], [], [], []
         held = held_bytes = 0
 
     try:
         while True:
-            if (held or skipped > marked) and not select.select([stdin], [], [], 0)[0]:
+            if (held or skipped > marked) and not source.ready():
                 commit()  # nothing more to read for now: what is prepared goes to the store
-            wait_for_lines()
-            chunk = stdin.read1(READ_PIECE)
+            source.wait(idle)
+            chunk = source.read()
             with ack_lock:
                 acks["idle"] = 0
             if not chunk:
@@ -1036,20 +1203,28 @@ def main() -> int:
             while (end := find(b"\n", start)) >= 0:
                 first, start = start, end + 1
                 try:
-                    item = frame_item_at(buf, view, first, end, session, raws)
+                    item: Item | None = frame_item_at(buf, view, first, end, session, raws)
                 except Exception:  # noqa: BLE001
                     line = buf[first:end]
-                    try:
-                        control = orjson.loads(line)
-                    except orjson.JSONDecodeError:
-                        control = None
-                    if isinstance(control, dict) and "resent" in control:
-                        resent = int(control["resent"])
-                        known.clear()
-                    else:
-                        recorder.keep_refused(line[:100_000], "unreadable recorder line")
-                        skipped += 1
-                    continue
+                    spooled = _spooled_line(line)
+                    item = None
+                    if spooled is not None:
+                        with contextlib.suppress(Exception):
+                            item = frame_item(spooled[0], session, raws)
+                            spools.append(spooled[1])
+                    if item is None:
+                        try:
+                            control = orjson.loads(line)
+                        except orjson.JSONDecodeError:
+                            control = None
+                        if isinstance(control, dict) and "resent" in control:
+                            resent = int(control["resent"])
+                            known.clear()
+                        else:
+                            recorder.keep_refused(line[:100_000], "unreadable recorder line")
+                            skipped += 1
+                        continue
+                assert item is not None  # the except above continues when it has none
                 if resent:
                     ids = known.get(item[0])
                     if ids is None:
@@ -1075,10 +1250,10 @@ def main() -> int:
             if held >= BATCH_SIZE or held_bytes >= COMMIT_BYTES:
                 commit()
     finally:
-        if held or skipped > marked:
+        if held or skipped > marked or spools:
             commit()
         recorder.finish()
-        send({"done": committed + skipped, "stats": recorder.stats})
+        send({"done": base + committed + skipped, "stats": recorder.stats})
         store.close()
     return 0
 

@@ -1,0 +1,95 @@
+"""The ring of shared memory the agent's process writes its lines into and the writer reads.
+
+A pipe needed a thread in the agent's process to write to it, and a thread to read the writer's
+acknowledgements back: each took the GIL from the agent (every 5 ms switch interval at worst),
+lines reached the writer late and ``flush()`` waited for them. Here the agent's own thread copies
+each line into memory the writer process has mapped too and moves one counter; nothing in the
+agent's process wakes for it.
+
+Layout: a header of 8-byte words, then the data, used as a ring. Positions are byte counts since
+the ring was made (they never wrap in a 64-bit word); a position's byte is at ``pos % size``.
+
+- word 0, ``HEAD``: the bytes the agent has written (it moves it after the line's bytes).
+- word 8, on the next cache line, the writer's: which of the two ``DURABLE`` pairs is current.
+  Each pair is (lines, bytes) made durable; the writer writes the other pair and then flips
+  the index, so a writer killed mid-update leaves the current pair whole.
+- word 13, ``ASLEEP``: the writer waits for a doorbell (a byte on its stdin) rather than polling.
+
+The agent writes into ``[head, durable_bytes + size)`` only: what is not yet durable stays in the
+ring, so a writer started after one died reads it again from the durable position. A SIGKILL of
+the agent leaves the ring to the writer, which holds it mapped and reads it to ``HEAD``.
+
+x86-64 keeps stores in order, so the writer never sees ``HEAD`` move before the line's bytes;
+a weaker machine could, and the writer would dead-letter the line it read torn.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+
+#: The ring's data bytes (the memory is touched as lines arrive, and reused once they are stored).
+SIZE = 8 << 20
+HEADER = 128
+HEAD = 0
+_INDEX = 8
+_PAIRS = (9, 11)
+ASLEEP = 13
+
+
+class Ring:
+    """One mapping of a ring: the agent's (``create``) or the writer's (``Ring(fd, size)``)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+        self._map = mmap.mmap(fd, HEADER + size)
+        self.words = memoryview(self._map)[:HEADER].cast("Q")
+        self.data = memoryview(self._map)[HEADER:]
+
+    @classmethod
+    def create(cls, size: int = SIZE) -> Ring:
+        """A new ring in memory of its own (``memfd``; an unlinked temporary file elsewhere)."""
+        try:
+            fd = os.memfd_create("hindsight-ring", os.MFD_CLOEXEC)
+        except (AttributeError, OSError):
+            with tempfile.TemporaryFile() as f:
+                fd = os.dup(f.fileno())
+        os.ftruncate(fd, HEADER + size)
+        return cls(fd, size)
+
+    def put(self, pos: int, line: bytes) -> None:
+        """Copy ``line`` in at ``pos`` (the caller checked there is room)."""
+        at = pos % self.size
+        end = at + len(line)
+        if end <= self.size:
+            self.data[at:end] = line
+        else:
+            cut = self.size - at
+            self.data[at:] = line[:cut]
+            self.data[: end - self.size] = line[cut:]
+
+    def get(self, pos: int, n: int) -> bytes:
+        """Up to ``n`` bytes from ``pos``, stopping at the ring's end (the next read goes on)."""
+        at = pos % self.size
+        return bytes(self.data[at : min(at + n, self.size)])
+
+    def durable(self) -> tuple[int, int]:
+        """(lines, bytes) the writer has made durable."""
+        base = _PAIRS[self.words[_INDEX] & 1]
+        return self.words[base], self.words[base + 1]
+
+    def set_durable(self, lines: int, end: int) -> None:
+        index = (self.words[_INDEX] & 1) ^ 1
+        base = _PAIRS[index]
+        self.words[base] = lines
+        self.words[base + 1] = end
+        self.words[_INDEX] = index
+
+    def close(self) -> None:
+        """Let go of the mapping and the descriptor (the memory lives while another holds it)."""
+        self.words.release()
+        self.data.release()
+        self._map.close()
+        os.close(self.fd)
