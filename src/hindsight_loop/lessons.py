@@ -129,7 +129,9 @@ def _history(now: datetime, by: str, action: str, changes: dict[str, Any]) -> di
     return {"at": iso(now), "by": by, "action": action, "changes": changes}
 
 
-_CONCRETE_RE = re.compile(r"[\w.=/:'\"`-]*[\d_=./:'\"`-][\w.=/:'\"`-]*")
+# Each starts where a run of its characters starts (the lookbehind): the matches are the same
+# (a match is a whole run), and a long run without one is read once, not once per character.
+_CONCRETE_RE = re.compile(r"(?<![\w.=/:'\"`-])[\w.=/:'\"`-]*[\d_=./:'\"`-][\w.=/:'\"`-]*")
 
 
 def specificity(text: str) -> float:
@@ -199,7 +201,9 @@ _NEG_ZH = re.compile(
 )
 _EMPH_ZH = re.compile(r"总是|务必|一定要|应当|应该|优先")
 #: snake_case names in advice: tools and columns (``get_weather``, ``order_date``).
-_IDENTIFIER_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+")
+_IDENTIFIER_RE = re.compile(
+    r"(?<![A-Za-z])[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+"
+)  # see _CONCRETE_RE
 
 
 def _polarity(text: str) -> tuple[bool, str]:
@@ -922,7 +926,9 @@ def stance_cues(text: str) -> frozenset[str]:
 
 # Values the tokenizer does not keep whole: an argument set (``sep=';'``, ``thousands=','``:
 # the name is kept, the value dropped) and a keyword written in capitals (``LIMIT``, ``NOT NULL``).
-_ASSIGNED_RE = re.compile(r"([A-Za-z_][\w.-]*)\s*=\s*(?:'[^']*'|\"[^\"]*\"|[^\s,;，。；]+)")
+_ASSIGNED_RE = re.compile(  # the lookbehind: see _CONCRETE_RE
+    r"(?<![A-Za-z_])([A-Za-z_][\w.-]*)\s*=\s*(?:'[^']*'|\"[^\"]*\"|[^\s,;，。；]+)"
+)
 _CAPITALS_RE = re.compile(r"(?<![\w$])[A-Z]{2,}(?:\s+[A-Z]{2,})*(?![\w$])")
 
 
