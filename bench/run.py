@@ -412,11 +412,33 @@ Written by hand on 2026-12-02 (ninth session) from the full run above (main 1b54
 Xeon, load ~1): a later run changes the rows above, not these figures. Each says which writer it
 is for.
 
+Tenth session (2026-12-02, main after 5517f4b; this machine ran ~1.6x slower than for the run
+above: OTel's span +54-66 µs per step, the writer's CPU ~51-60 µs per event; every figure here
+beside its baseline in the same run). The sender and acknowledgement threads are gone: the
+agent's thread puts each line in a ring of shared memory the writer process maps (`ring.py`),
+and no thread of the agent's process wakes for it (a test counts their context switches).
+`bench/agent_step.py --rounds 9`, four runs of the ring and two of 522da6c turn about: one agent
+thread, writer process / OTel x0.12-0.45 (before x0.40-0.53), four threads x0.14-0.43 (before
+x0.77-0.84); extra per step +6-18 µs and +8-27 µs. Still missed, in most runs: the writer's CPU
+per event (~60 µs) is now about the agent's whole step here, so the block's flush waits for
+the writer to catch up, and the spinning-process baseline showed +10 µs per step with four
+threads in two of the runs (a busy other core costs this machine something today).
+`bench/record_cost.py` (the writer saturated, its ring full, lines in the overflow): process
+`record_action` p50 ~4.5 µs, p99 ~7.3-8.9 µs, beside 522da6c's ~3.8 / ~9.5 and `serialize_only`
+~2.5 / ~4.7 in the same run. `bench/ingest.py --busy-only --runs 3`, twice each: max pending
+15-16k (before 27-31k), agent slowdown x1.22-1.31 (x1.29-1.41). `bench/ingest.py --runs 3`:
+writer process / naive logger 0.57 (522da6c 0.59); its 1M-row run spilled 16 events to the dead
+letter under overload (the agent records as fast as it can; a commit held the ring full for
+block_seconds / 2). `bench/overload.py --writer process`: nothing lost, the agent's process
++91 MB at peak (the ring and the overflow's lines; the pipe's pages gave +38 MB), +0.0 MB over
+the second half; the writer's 97 MB, +0.2 MB.
+
 - **Recording a call with the writer process, the default** (issue 13: p50 ≤ 2 µs and p99 ≤ 5 µs
   on the agent's thread; p50 ≤ 1/10 of an OTel span): `TaskRun.record_action` p50 ~2.3 µs, p99
   ~9.9 µs (OTel ×8.7 at p50); `hs.record(dict)` ~2.6 / ~10.9 µs. All missed. The call keeps one
   piece of work on the agent's thread: it serializes the event (orjson) and copies the line into
-  a page that a sender thread writes to the writer's pipe. The same payload dict built,
+  a page that a sender thread writes to the writer's pipe (since the tenth session: into the
+  writer's ring). The same payload dict built,
   `orjson.dumps` and the copy into a page, with no Hindsight in the process, is the row's second
   baseline (`serialize_only` in `bench/record_cost.py`): p50 ~1.6 µs, p99 ~4.1 µs here. The rest
   of the p50 is the lock, the sequence number, the clock and TaskRun's indirections; the p99 is
