@@ -780,16 +780,18 @@ def _switches(native_id: int) -> int:
 
 
 def test_no_thread_of_the_agent_wakes_while_it_records_nothing_and_a_bell_wakes_the_writer(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The agent's lines go into the ring from its own thread: no thread of its process polls
     (each of Hindsight's threads there sleeps until the writer says something or the ring
     overflows). The writer polls the ring while lines come, then sleeps; the next event
-    rings it awake (and clears the flag itself), and is stored without a flush."""
+    rings it awake (and clears the flag itself), and is stored without a flush: the writer's
+    sleep is made longer than the test waits, so nothing else can wake it in time."""
     import threading
 
     from hindsight_loop.ring import ASLEEP
 
+    monkeypatch.setenv("HINDSIGHT_WRITER_DEEP_SLEEP", "600")
     hs = Hindsight(tmp_path / "b.db", writer="process", background=False, triggers=False)
     try:
         with hs.task("t", recall=False) as task:

@@ -70,7 +70,9 @@ MAX_RESTARTS = 3
 #: How long ``close()`` waits for the writer process to finish before killing it, in seconds.
 EXIT_WAIT = 60.0
 #: How often the writer process looks at the ring when it has nothing to read, in seconds; after
-#: ``IDLE_POLLS`` such looks it sleeps (``DEEP_SLEEP`` at most) until the agent rings.
+#: ``IDLE_POLLS`` such looks it sleeps (``DEEP_SLEEP`` at most, or what
+#: ``HINDSIGHT_WRITER_DEEP_SLEEP`` says: a test makes it long, so only a bell can wake it) until
+#: the agent rings.
 RING_POLL = 0.001
 IDLE_POLLS = 200
 DEEP_SLEEP = 1.0
@@ -142,6 +144,22 @@ def _payload_at(buf: bytes, start: int, end: int, head: tuple[Any, ...]) -> byte
     if n <= last and buf[last] == 93 and buf[n - 1] == 44 and buf.startswith(first[:-1], start):
         return buf[n:last]
     return None
+
+
+def _spool_line(path: Path) -> bytes:
+    """The ring's line for an event kept in a spool file (too long for the ring)."""
+    return orjson.dumps({"spool": str(path)}) + b"\n"
+
+
+def _spool_path(line: bytes) -> Path | None:
+    """The spool file a ring line names (``_spool_line``), None for any other line."""
+    if not line.startswith(b'{"spool":'):
+        return None
+    try:
+        path = orjson.loads(line)["spool"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    return Path(path) if isinstance(path, str) else None
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
@@ -241,9 +259,9 @@ class ProcessRecorder:
         self._mover_wake = threading.Event()
         self._mover: threading.Thread | None = None
         self._cond = threading.Condition()
-        # What is handled, as counts of accepted events: ring lines a writer made durable,
-        # spilled here under overload, handed to the in-process fallback, or after close.
-        self._acked = 0
+        # What is handled, as counts of accepted events: ring lines a writer made durable (the
+        # ring says, ``_durable_lines``), spilled here under overload, handed to the in-process
+        # fallback, or after close.
         self._spilled = 0
         self._moved = 0
         self._after = 0
@@ -253,7 +271,7 @@ class ProcessRecorder:
         self._proc: subprocess.Popen[bytes] | None = None
         self._bell = -1  # the writer's stdin: a byte there wakes it (-1: no writer yet)
         self._reader: threading.Thread | None = None
-        self._starting = False
+        self._starting = False  # the first writer process is on its way (set once)
         self._restarts = 0
         self._fallen_back = False
         self._gen = 0
@@ -377,18 +395,13 @@ class ProcessRecorder:
     @property
     def pending(self) -> int:
         """Events accepted and not yet durable."""
-        durable = self._acked_now()
-        return self._waiting + self._ring_lines - durable + self._local.pending
+        return self._waiting + self._ring_lines - self._durable_lines() + self._local.pending
 
-    def _acked_now(self) -> int:
-        """Ring lines made durable, as the ring says (a dead writer's last word stays there)."""
+    def _durable_lines(self) -> int:
+        """Ring lines a writer made durable, as the ring says (a dead writer's last word stays
+        there: one starts again from it, the fallback from it takes the rest)."""
         ring = self._ring
-        if ring is not None and not self._fallen_back:
-            lines = ring.durable()[0]
-            if lines > self._acked:
-                with self._cond:
-                    self._acked = max(self._acked, lines)
-        return self._acked
+        return 0 if ring is None else ring.durable()[0]
 
     # -- hot path ---------------------------------------------------------------------------
     def emit_event(self, event: dict[str, Any]) -> None:
@@ -471,7 +484,7 @@ class ProcessRecorder:
                 self._ring_lines += 1
         if self._words[ASLEEP]:
             self._ring_bell(b"w")
-        if self._proc is None and not self._starting:
+        if not self._starting:
             self._start_writer()
         return own
 
@@ -527,7 +540,7 @@ class ProcessRecorder:
         except OSError as exc:
             warn(f"a {len(frame)}-byte event could not be spooled ({exc!r}): written in-process")
             return None
-        return orjson.dumps({"spool": str(path)}) + b"\n"
+        return _spool_line(path)
 
     def _direct(self, frame: bytes) -> None:
         """With the lock, after falling back (or for a line no spool file took): the
@@ -538,8 +551,8 @@ class ProcessRecorder:
         """The lines themselves, for lines that name a spool file (the file is removed)."""
         out = []
         for frame in frames:
-            if frame.startswith(b'{"spool":'):
-                path = Path(orjson.loads(frame)["spool"])
+            path = _spool_path(frame)
+            if path is not None:
                 try:
                     frame = path.read_bytes()
                     path.unlink()
@@ -663,7 +676,7 @@ class ProcessRecorder:
         """Start the writer process from a short-lived thread (a process takes milliseconds to
         start: not on the agent's call); lines wait in the ring meanwhile."""
         with self._mark_lock:
-            if self._starting or self._proc is not None:
+            if self._starting:  # set once: later writers are the reader thread's (_recover)
                 return
             self._starting = True
         threading.Thread(target=self._first_writer, name="hindsight-start", daemon=True).start()
@@ -722,7 +735,6 @@ class ProcessRecorder:
         os.set_blocking(proc.stdin.fileno(), False)
         with self._cond:
             self._gen += 1
-            self._acked = max(self._acked, lines)
             if self._remote:
                 for k, v in self._remote.items():
                     self._remote_past[k] = self._remote_past.get(k, 0) + v
@@ -751,8 +763,7 @@ class ProcessRecorder:
                 done = msg.get("done")
                 if done is not None:
                     with self._cond:
-                        if gen == self._gen:
-                            self._acked = max(self._acked, done)
+                        if gen == self._gen:  # a flush's answer: the count is in the ring
                             self._remote = msg.get("stats") or self._remote
                             self._cond.notify_all()
                 elif "wake" in msg:
@@ -824,10 +835,7 @@ class ProcessRecorder:
         with self._lock:
             self._fallen_back = True
             self._room = -1  # every line takes the slow path, to the in-process writer
-            lines, start = ring.durable()
-            with self._cond:
-                self._acked = max(self._acked, lines)
-            frames = self._ring_lines_between(start, self._head)
+            frames = self._ring_lines_between(ring.durable()[1], self._head)
             frames += self._overflow
             self._overflow.clear()
             self._waiting = 0
@@ -889,14 +897,14 @@ class ProcessRecorder:
             if self._overflow:
                 with self._lock:
                     self._make_room(0)
-            self._acked_now()
+            durable = self._durable_lines()
             with self._cond:
-                if self._acked + self._spilled + self._moved + self._after >= target:
+                if durable + self._spilled + self._moved + self._after >= target:
                     break
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
-            if self._proc is None and not self._starting and not self._fallen_back:
+            if not self._starting and not self._fallen_back:
                 self._start_writer()
             if not self._fallen_back:
                 self._ring_bell(b"f")
@@ -966,8 +974,9 @@ class _PipeSource:
 class _RingSource:
     """Lines from the agent's ring; stdin carries only bells, and its end is the agent's."""
 
-    def __init__(self, ring: Ring, start: int) -> None:
+    def __init__(self, ring: Ring, start: int, deep_sleep: float = DEEP_SLEEP) -> None:
         self.ring = ring
+        self.deep_sleep = deep_sleep
         self.pos = start  # the next byte to read
         self.eof = False
         self.wanted = False  # a flush waits for word of what is durable
@@ -987,7 +996,7 @@ class _RingSource:
                 if words[HEAD] > self.pos:  # written before it could see the flag
                     words[ASLEEP] = 0
                     break
-            readable = select.select([0], [], [], DEEP_SLEEP if deep else RING_POLL)[0]
+            readable = select.select([0], [], [], self.deep_sleep if deep else RING_POLL)[0]
             words[ASLEEP] = 0
             quiet += 1
             if readable:
@@ -1007,21 +1016,6 @@ class _RingSource:
 
     def end(self) -> int:
         return self.pos
-
-
-def _spooled_line(line: bytes) -> tuple[bytes, Path] | None:
-    """The line a ``{"spool": path}`` line names, and its file."""
-    try:
-        control = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(control, dict) or not isinstance(control.get("spool"), str):
-        return None
-    path = Path(control["spool"])
-    try:
-        return path.read_bytes(), path
-    except OSError:
-        return None
 
 
 def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, acknowledge
@@ -1068,7 +1062,11 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
     base = 0  # the ring's lines made durable before this writer started
     if ring_config:
         ring = Ring(ring_config["fd"], ring_config["size"])
-        source = _RingSource(ring, ring_config["bytes"])
+        try:
+            deep_sleep = float(os.environ.get("HINDSIGHT_WRITER_DEEP_SLEEP", DEEP_SLEEP))
+        except ValueError:
+            deep_sleep = DEEP_SLEEP
+        source = _RingSource(ring, ring_config["bytes"], deep_sleep)
         base = ring_config["lines"]
     else:
         source = _PipeSource(stdin)
@@ -1206,23 +1204,15 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
                     item: Item | None = frame_item_at(buf, view, first, end, session, raws)
                 except Exception:  # noqa: BLE001
                     line = buf[first:end]
-                    spooled = _spooled_line(line)
+                    path = _spool_path(line)
                     item = None
-                    if spooled is not None:
+                    if path is not None:
                         with contextlib.suppress(Exception):
-                            item = frame_item(spooled[0], session, raws)
-                            spools.append(spooled[1])
+                            item = frame_item(path.read_bytes(), session, raws)
+                            spools.append(path)
                     if item is None:
-                        try:
-                            control = orjson.loads(line)
-                        except orjson.JSONDecodeError:
-                            control = None
-                        if isinstance(control, dict) and "resent" in control:
-                            resent = int(control["resent"])
-                            known.clear()
-                        else:
-                            recorder.keep_refused(line[:100_000], "unreadable recorder line")
-                            skipped += 1
+                        recorder.keep_refused(line[:100_000], "unreadable recorder line")
+                        skipped += 1
                         continue
                 assert item is not None  # the except above continues when it has none
                 if resent:
