@@ -450,7 +450,9 @@ def test_agent_threads_lines_and_pages_of_every_size_arrive_in_order(tmp_path: P
             warnings.simplefilter("ignore", HindsightWarning)
             assert hs.flush(timeout=120) is True
         hs.close()
-        assert not list(Path(f"{hs.recorder.dead_letter}.spool").glob("*"))  # durable: removed
+        if mode == "process":
+            spool = hs.recorder.spool_dir  # type: ignore[attr-defined]
+            assert not list(spool.glob(f"{hs.recorder.session}-*"))  # type: ignore[attr-defined]
         rows = _rows(db)
         by_task: dict[str, list[tuple[str, str]]] = {}
         for _id, etype, body in rows:
@@ -824,3 +826,39 @@ def test_no_thread_of_the_agent_wakes_while_it_records_nothing_and_a_bell_wakes_
         hs.close()
     bodies = [orjson.loads(r[2]) for r in _rows(tmp_path / "b.db") if r[1] == "action_executed"]
     assert bodies[-1]["input"]["args"]["i"] == "rung" and len(bodies) == 501
+
+
+def test_an_event_too_long_for_the_ring_waits_in_a_private_file_and_is_stored_redacted(
+    tmp_path: Path,
+) -> None:
+    """A line longer than the ring's eighth goes through a spool file. It holds the event
+    before redaction, so it lives in memory (``/dev/shm``) in a directory and a file of this
+    user's alone, and goes once the event is durable; the store has it redacted."""
+    from hindsight_loop.ring import SIZE
+
+    db = tmp_path / "s.db"
+    hs = Hindsight(db, writer="process", background=False, triggers=False)
+    try:
+        hs.record({"type": "task_start", "task_id": "tsk_s", "task_type": "t"})
+        assert hs.flush(timeout=60) is True
+        pid = hs.recorder.pid  # type: ignore[attr-defined]
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)  # the file stays until the writer reads and stores it
+        try:
+            text = "password: SpoolSecret9 " + "y" * (SIZE // 8)
+            hs.record({"type": "user_input", "task_id": "tsk_s", "input": {"text": text}})
+            spool = hs.recorder.spool_dir  # type: ignore[attr-defined]
+            files = list(spool.glob(f"{hs.recorder.session}-*"))  # type: ignore[attr-defined]
+            assert len(files) == 1
+            if Path("/dev/shm").is_dir():
+                assert spool.parent == Path("/dev/shm")
+            assert spool.stat().st_mode & 0o077 == 0 and files[0].stat().st_mode & 0o077 == 0
+            assert b"SpoolSecret9" in files[0].read_bytes()  # not yet redacted: hence private
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert hs.flush(timeout=60) is True
+        assert not files[0].exists()
+    finally:
+        hs.close()
+    body = next(r[2] for r in _rows(db) if r[1] == "user_input")
+    assert "SpoolSecret9" not in body and "password" in body

@@ -33,6 +33,7 @@ import math
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -529,14 +530,33 @@ class ProcessRecorder:
             with contextlib.suppress(OSError):  # full of bells already, or the writer is gone
                 os.write(fd, why)
 
+    @property
+    def spool_dir(self) -> Path:
+        """Where lines too long for the ring wait for the writer: a directory of this user's
+        alone in ``/dev/shm`` (memory: the event is not yet redacted, so it never touches a
+        disk), else beside the dead letter; each file is the user's alone too."""
+        shm = Path("/dev/shm")  # noqa: S108 - a private directory in it, checked below
+        if shm.is_dir():
+            mine = shm / f"hindsight-{os.getuid()}"
+            with contextlib.suppress(OSError):
+                mine.mkdir(mode=0o700, exist_ok=True)
+                st = mine.lstat()
+                if st.st_uid == os.getuid() and stat.S_ISDIR(st.st_mode) and not st.st_mode & 0o077:
+                    return mine
+        return Path(f"{self._local.dead_letter}.spool")
+
     def _spooled(self, frame: bytes, own: int) -> bytes | None:
-        """A line too long for the ring, in a file beside the dead letter; the ring gets a
-        line naming it (the writer deletes the file once the event is durable)."""
-        where = Path(f"{self._local.dead_letter}.spool")
+        """A line too long for the ring, in a spool file (``spool_dir``); the ring gets a line
+        naming it (the writer deletes the file once the event is durable)."""
         try:
-            where.mkdir(exist_ok=True)
+            where = self.spool_dir
+            where.mkdir(mode=0o700, exist_ok=True)
             path = where / f"{self.session}-{own}.line"
-            path.write_bytes(frame)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                _write_all(fd, frame)
+            finally:
+                os.close(fd)
         except OSError as exc:
             warn(f"a {len(frame)}-byte event could not be spooled ({exc!r}): written in-process")
             return None
