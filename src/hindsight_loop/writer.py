@@ -1086,6 +1086,8 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
             deep_sleep = float(os.environ.get("HINDSIGHT_WRITER_DEEP_SLEEP", DEEP_SLEEP))
         except ValueError:
             deep_sleep = DEEP_SLEEP
+        if not 0 < deep_sleep <= 3600:  # NaN, negative or endless: select() would refuse it
+            deep_sleep = DEEP_SLEEP
         source = _RingSource(ring, ring_config["bytes"], deep_sleep)
         base = ring_config["lines"]
     else:
