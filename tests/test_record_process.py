@@ -87,6 +87,29 @@ def test_records_through_a_writer_process_and_close_reaps_it(tmp_path: Path) -> 
     assert hs.stats["written"] == 203 and hs.stats["lost"] == 0
 
 
+def test_a_slow_stream_of_lines_is_written_a_few_transactions_at_a_time(tmp_path: Path) -> None:
+    """The writer looks at the ring every millisecond; what it finds waits a few more for company
+    before one transaction writes it (a commit costs the same pages whatever it holds), unless
+    a flush asks first. A machine slower than this one makes the groups larger, never smaller."""
+    hs = Hindsight(tmp_path / "h.db", writer="process", background=False)
+    with hs.task("parse", goal="load", recall=False) as task:
+        task.record_action("warm_up", {})
+        assert hs.flush() is True
+        before = hs.stats["batches"]
+        for i in range(100):  # one line every ~0.2 ms: ~5 a poll, ~25 in COMMIT_DELAY
+            task.record_action("read_csv", {"i": i}, output="x" * 500)
+            end = time.perf_counter() + 0.0002
+            while time.perf_counter() < end:
+                pass
+        assert hs.flush() is True
+        grouped = hs.stats["batches"] - before
+    hs.close()
+    assert hs.stats["written"] == 103 and hs.stats["lost"] == 0
+    # One a poll would be ~20 transactions; a few a COMMIT_DELAY (5 ms) of 20 ms, ~4-5.
+    assert 1 <= grouped <= 10, grouped
+    assert len(_rows(tmp_path / "h.db")) == 103
+
+
 class Color(enum.Enum):
     RED = "red"
 

@@ -1019,7 +1019,15 @@ class Recorder:
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._stop = False
-        self.stats = {"written": 0, "dead_lettered": 0, "spilled": 0, "warnings": 0, "lost": 0}
+        # "batches": the store's transactions that wrote them (how well writes are grouped).
+        self.stats = {
+            "written": 0,
+            "batches": 0,
+            "dead_lettered": 0,
+            "spilled": 0,
+            "warnings": 0,
+            "lost": 0,
+        }
         self._lost_reported = 0  # what flush() has already reported
         self._dead_letter_lock = threading.Lock()
         self._stamp: tuple[int, str, int, str] = (-1, "", -1, "")  # see _iso
@@ -1589,6 +1597,7 @@ class Recorder:
                 self._write_batch([row], cleans[i : i + 1])
             return
         self.stats["written"] += len(rows)
+        self.stats["batches"] += 1
         if unknown:
             self.stats["warnings"] += 1
             warn(
