@@ -19,7 +19,7 @@ Also ``--book``: the 42 lessons of ``bench/retrieval`` curated one after another
 right answer is almost always "add" (they are distinct lessons), and the review cost of a lesson
 merged into 1 vs 2,000 times (``--review``).
 
-Nine splits, each reported on its own (``--split`` picks): ``tuning`` (``pairs.jsonl``, what the
+Eleven splits, each reported on its own (``--split`` picks): ``tuning`` (``pairs.jsonl``, what the
 rules and thresholds were shaped on), ``heldout`` (``heldout.jsonl``, 32 pairs on other subjects
 written before the 2026-12 changes), ``blind`` (``blind.jsonl``, 24 pairs written before the
 concept lexicon and first run for the final measurement), ``blind2`` (``blind2.jsonl``,
@@ -106,6 +106,9 @@ def make_embedder(spec: str) -> Embedder:
 #: the seventh session's curation code was final.
 #: ``blind8`` (``blind8.jsonl``): the same (never opened src/ or a benchmark), first run once the
 #: ninth session's curation code was final.
+#: ``blind9`` (``blind9.jsonl``): the same (48 pairs in 20 new task types, written by another
+#: engineer who opened neither src/ nor any .py file), first run on the eleventh session's code,
+#: whose curation had not changed since the ninth.
 SPLITS = {
     "tuning": "pairs.jsonl",
     "heldout": "heldout.jsonl",
@@ -117,6 +120,7 @@ SPLITS = {
     "blind6": "blind6.jsonl",
     "blind7": "blind7.jsonl",
     "blind8": "blind8.jsonl",
+    "blind9": "blind9.jsonl",
 }
 
 
@@ -259,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "--split",
         action="append",
         choices=tuple(SPLITS),
-        help="tuning, heldout, blind, blind2 ... blind8 (default: all, each reported on its own)",
+        help="tuning, heldout, blind, blind2 ... blind9 (default: all, each reported on its own)",
     )
     parser.add_argument("--verbose", action="store_true", help="list every wrong decision")
     parser.add_argument("--book", action="store_true", help="also curate the retrieval book")

@@ -82,8 +82,9 @@ class Case:
 #: session) changes to the cut-offs, and run only once that code was final; its book is the
 #: tuning book plus its own lessons.
 #: ``blind3`` and ``blind4``: written by other engineers who never opened ``src/``, during the
-#: sixth and seventh sessions, each run once on that session's final recall.
-SPLITS = ("tuning", "heldout", "blind", "blind2", "blind3", "blind4", "blind5")
+#: sixth and seventh sessions, each run once on that session's final recall; ``blind5`` and
+#: ``blind6`` the same (ninth and eleventh sessions; README.md says how each was written).
+SPLITS = ("tuning", "heldout", "blind", "blind2", "blind3", "blind4", "blind5", "blind6")
 
 
 def load(split: str = "tuning") -> tuple[list[Lesson], list[Case]]:
@@ -270,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--split",
         action="append",
         choices=SPLITS,
-        help="tuning, heldout, blind, blind2, blind3, blind4 and/or blind5 (default: all, each on its own)",
+        help="tuning, heldout, blind, blind2 ... blind6 (default: all, each on its own)",
     )
     parser.add_argument("--verbose", action="store_true", help="list every query with a miss")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
