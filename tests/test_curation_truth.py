@@ -729,3 +729,37 @@ def test_a_tools_word_said_by_itself_is_the_tools_act() -> None:
     forecast = "For any date after today call get_forecast, not get_weather."
     europe = "Call get_weather with units='metric' for users in Europe."
     assert stance_relation(europe, forecast)[0] < 1
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (
+            "Bring the kiln up to 1200 C with set_kiln_temp gradually over several hours; heating "
+            "it all at once can crack the glaze.",
+            "Bring the kiln up to 1200 C with set_kiln_temp in a single step; raising it in stages "
+            "just means the firing takes all day.",
+        ),
+        (
+            "用 set_kiln_temp 把窑温逐步升到 1200 度，一步到位容易把釉面烧裂。",
+            "用 set_kiln_temp 把窑温一次升到 1200 度，分几次升温只是白白耽误工夫。",
+        ),
+    ],
+)
+def test_a_little_at_a_time_and_all_in_one_step_are_opposed(a, b):
+    """Gradually / in stages / 逐步 against in a single step / 一步到位: one act taken two ways,
+    never one lesson, however many words they share."""
+    opposed, _ = stance_relation(a, b)
+    assert opposed >= 1
+    pair = {"task_type": "ceramics", "tools": ["set_kiln_temp"]}
+    first = curate(_draft(pair, a), [], embedder=EMBEDDER, now=NOW).lesson
+    assert (
+        curate(_draft(pair, b, "tsk_2"), [first], embedder=EMBEDDER, now=NOW).action == "conflict"
+    )
+
+
+def test_harm_an_act_can_do_avoids_the_act_and_a_danger_named_avoids_nothing():
+    assert stance("Pulling the strings up all at once can snap them.").get("xbatch", 0) < 0
+    # The danger a precaution is for: the string is not an act to avoid.
+    signs = stance("Wear eye protection; a new string can snap at the coil.")
+    assert signs.get("string", 0) >= 0 and signs.get("wear", 0) > 0

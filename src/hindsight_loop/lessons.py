@@ -335,14 +335,20 @@ _CONCEPTS_EN = (
     (re.compile(r"\b(?:ask(?:s|ed|ing)?|confirm(?:s|ed|ing)?|check(?:s|ed|ing)? with|"
                 r"clarif(?:y|ies|ied|ying)|verif(?:y|ies|ied|ying)|approv(?:e|es|ed|ing|al)|"
                 r"sign-?off)\b", re.I), " xask "),
-    # "in a single upload_mission call", "in one request": all of it at once.
+    # "in a single upload_mission call", "in one request", "in a single visit": all of it at once.
     (re.compile(r"\b(?:all at once|in one go|in (?:a )?(?:single )?batch|in bulk|"
-                r"in (?:a single|one) ((?:[\w-]+ ){0,2}?)(?:call|request|upload|pass|transaction|shot))\b",
+                r"in (?:a single|one) ((?:[\w-]+ ){0,2}?)(?:call|request|upload|pass|transaction|shot|"
+                r"visit|sitting|session|trip|step))\b",
                 re.I), r" xbatch \1 "),
     # "in small chunks", "piece by piece", "split it up": a part at a time.
     (re.compile(r"\b(?:one by one|one at a time|individually|in small batches|in (?:small )?chunks|"
                 r"(?:chunk|piece|part|page|batch) by (?:chunk|piece|part|page|batch)|in pieces|"
-                r"(?:split|break)(?:s|ting|ing)? (?:it |them |this |that )?up)\b", re.I), " xeach "),
+                r"(?:split|break)(?:s|ting|ing)? (?:it |them |this |that )?up|"
+                # "in small steps over several visits", "gradually", "a little at a time".
+                r"gradually|incrementally|step by step|a little at a time|"
+                r"in (?:small |several |multiple )?(?:steps|stages|increments)|"
+                r"(?:over|across) (?:several|multiple|a few|two|three) (?:visits|sessions|passes|days|rounds|trips))\b",
+                re.I), " xeach "),
     (re.compile(r"\b(?:right away|immediately|immediate|at once|as soon as|straight away|instantly|directly|"
                 r"without waiting)\b", re.I), " xnow "),
     (re.compile(r"\b(?:retr(?:y|ies|ied|ying)|re-?try(?:ing)?)\b(?!-)", re.I), " xretry "),
@@ -373,11 +379,17 @@ _NOT_CONTRACTED_RE = re.compile(
 )
 _CONCEPTS_ZH = (
     (re.compile(r"问清楚|问清|询问|确认|核实|核对|同意|批准|审批|问(?!题)"), " xask "),
-    (re.compile(r"一次性|一口气|全部一起|一起提交|一股脑"), " xbatch "),
+    (
+        re.compile(
+            r"一次性|一口气|全部一起|一起提交|一股脑|一步到位|一次(?:到位|调到|拉到|升到|做完|搞定)"
+        ),
+        " xbatch ",
+    ),
     # A measure word said twice is one at a time: 一张一张, 一条条, 逐个, 挨个.
     (
         re.compile(
             r"逐[个一条张项笔份件台页批]|挨[个着]|一([个张条份封笔页项件台行批篇段])一?\1|分批|分段|分块|拆分|拆开|拆成"
+            r"|逐步|循序渐进|一点一点|分(?:几|多|两|三)次"
         ),
         " xeach ",
     ),
@@ -453,6 +465,8 @@ _DISMISS_RE = re.compile(
     r"|\b(?:just|only|xonly)\s+(?:generates?|creates?|adds?|produces?)\s+(?:[\w'-]+\s+){0,2}?"
     r"(?:noise|churn|clutter|confusion|work|overhead)\b"
     r"|\b(?:money|time|effort)\s+down\s+the\s+drain\b|\bthrow(?:s|ing)?\s+(?:good\s+)?money\s+away\b"
+    # "spreading it over several visits just means it never holds": all it brings is that.
+    r"|\b(?:just|only|xonly)\s+means?\b"
     r"|白白|白搭|耽误(?:时间|工夫|功夫|事)|徒增|添乱"
     r"|是多余的|纯属多余|没必要|没有必要|不必要|浪费时间|多此一举|不值得|不划算|得不偿失|太慢|"
     r"太麻烦|太贵|太冒险|白费|犯不着|用不着|大可不必|没那个必要|省了吧"
@@ -624,6 +638,8 @@ def stance(text: str) -> dict[str, float]:
                 _signed_terms(said, -2.0, out)
             continue
         risk = _RISK_RE.search(clause)
+        if risk is None and (harm := _HARM_RE.search(clause)):
+            risk = harm if _ACT_SUBJECT_RE.search(clause, 0, harm.start()) else None
         if risk and not _OUTCOME_RE.match(clause) and not _FORBID_RE.search(clause[: risk.start()]):
             # A consequence told of an act is a reason not to take it; a clause of purpose or
             # outcome ("otherwise it fails", "否则会失败") speaks of not following the advice.
@@ -700,6 +716,16 @@ _RISK_RE = re.compile(
     r"(?:only|just)\s+makes?\s+(?:it|things|matters|them)\s+worse)\b|(?<=.)反而",
     re.IGNORECASE,
 )
+# Harm an act can do ("pulling it up all at once can snap old strings"), read as a consequence
+# only when an act is what can do it (``_ACT_SUBJECT_RE`` before it): "a new string can snap at
+# the coil" is the danger a precaution is for, not an act to avoid.
+_HARM_RE = re.compile(
+    r"\b(?:can|could|may|might|will)\s+(?:easily\s+)?(?:snap|crack|burst|tear|ruin|damage|"
+    r"destroy|overload|overheat|fry|kill|crash)\b",
+    re.IGNORECASE,
+)
+# A gerund (a stem of four letters at least: not "string", "thing") or an act of the lexicon.
+_ACT_SUBJECT_RE = re.compile(r"\b[a-z]{4,}ing\b|\bx[a-z]+\b", re.IGNORECASE)
 # A clause telling what happens when the advice is not followed, or why it is given.
 _OUTCOME_RE = re.compile(
     r"^\s*(?:(?:otherwise|or|else|so|because|since|as)\b|否则|不然|要不然|免得|以免|以防|因为|这样)",
