@@ -412,6 +412,43 @@ Written by hand on 2026-12-02 (ninth session) from the full run above (main 1b54
 Xeon, load ~1): a later run changes the rows above, not these figures. Each says which writer it
 is for.
 
+Eleventh session (2026-12-02, main after 8384da5; the machine's speed moved within the session:
+the writer's CPU per event 35-55 µs for the same code; every figure beside its baseline in the
+same run). The writer process now lets what one poll of the ring finds wait up to 5 ms for
+more lines to share its transaction, unless a flush asks (`COMMIT_DELAY`; ~110 lines a
+transaction instead of ~20 beside an agent recording every 50 µs, `stats["batches"]`):
+`bench/writer_cpu.py --pace 50 --compare` with 6afd2ac, x0.98 and x0.96 of its CPU per event
+(a first interleaved run had shown ~50 → ~40 µs; it did not hold). `bench/agent_step.py
+--rounds 11`, two runs each of this code and 6afd2ac turn about: one agent thread +5.2 / +5.0
+µs (x0.18 / x0.17 OTel) against +5.8 / +7.6 (x0.17 / x0.28); four threads +12.1 / +13.1 (x0.43)
+against +15.0 / +13.6 (x0.49 / x0.32). Over the session's seven runs of the final code, one
+thread met the target (≤ 10 µs and ≤ 1/4 of OTel's) in five; four threads missed it in every
+one (+12 to +20 µs, x0.34-0.50). Where the four-thread extra goes (2,000-step blocks, four
+threads; a script that times the loop apart from the flush): the flush ~1 µs per step, the
+agent's process CPU +5-6 µs, its wall +11-13 µs; with the writer pinned to one core from outside
++9-10, with the writer and the agent each pinned to its own core +4-5.5; SCHED_BATCH or
+SCHED_IDLE for the writer −1 to −2 µs; the writer waiting for each commit (one core at a
+time) no clear change; the writer pinning itself to the last CPU, in `agent_step.py`, +18.6 /
++16.0 against +20.0 / +17.2 (not kept). The agent's lock is not it (contended 0-157 times in
+2,000 calls, in fast blocks as in slow ones). What is left is the two cores' scheduler moving
+four agent threads and the writer's two between them. The record call itself, measured in
+parts beside a live writer: `record_action` p50 ~4-5 µs against orjson's serialization
+~1.4-1.6, the lock ~0.4-0.6 and the copy into the ring ~0.3-1.1: no part to remove in Python.
+`bench/ingest.py --busy-only --runs 3`, twice each turn about: indistinguishable (max pending
+34-37k / 25-40k, slowdown x1.34-1.54 / x1.26-1.61). Curation (issue 11): `blind9`, written
+this session by an engineer who opened no code, first look on curation unchanged since the
+ninth session: rewordings merged 0/10 EN, 0/10 ZH (hash) and 0/10, 2/10 (e5); **one opposite
+merged** with both (b9-28: raise a piano's pitch "in small steps over several visits" / "in a
+single visit"), conflicts 94%; mended (6ad5af5: a little at a time / all in one step, harm an act
+can do, "just means"), so that pair is a conflict and `blind9`'s opposites are no longer
+unseen (16/16 flagged, 0 merged); every other decision of every split is unchanged.
+`bench/curation/similarity.py` shows why rewordings stay apart: over every split, the
+similarity curation computes puts 17-52% of rewordings at the merge threshold and 5-16% of
+unrelated pairs, and opposites highest (57-86%); a threshold low enough for 90% of rewordings
+(their 10th percentile, 0.09-0.33) passes most unrelated pairs. Retrieval: `blind6` (48
+lessons, 56 queries), first look: precision@3 0.895, recall@3 0.920, wrong injections 0.089
+(recall met; the other two missed).
+
 Tenth session (2026-12-02, main after 5517f4b; this machine ran ~1.6x slower than for the run
 above: OTel's span +54-66 µs per step, the writer's CPU ~51-60 µs per event; every figure here
 beside its baseline in the same run). The sender and acknowledgement threads are gone: the
