@@ -885,3 +885,72 @@ def test_an_event_too_long_for_the_ring_waits_in_a_private_file_and_is_stored_re
         hs.close()
     body = next(r[2] for r in _rows(db) if r[1] == "user_input")
     assert "SpoolSecret9" not in body and "password" in body
+
+
+_ORPHAN = textwrap.dedent(
+    """
+    import os, signal, sys
+    from hindsight_loop import Hindsight
+    from hindsight_loop.ring import SIZE
+    hs = Hindsight(sys.argv[1], writer="process", background=False, triggers=False)
+    hs.record({"type": "task_start", "task_id": "tsk_o", "task_type": "t"})
+    assert hs.flush(timeout=60)
+    writer = hs.recorder.pid
+    os.kill(writer, signal.SIGSTOP)  # it will never read the spool file
+    text = "password: OrphanSecret7 " + "z" * (SIZE // 8)
+    hs.record({"type": "user_input", "task_id": "tsk_o", "input": {"text": text}})
+    print(hs.recorder.spool_dir, hs.recorder.session, writer, flush=True)
+    os.kill(writer, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)  # both gone, the file not read
+    """
+)
+
+
+def test_what_a_dead_agent_and_writer_left_in_a_spool_file_goes_when_the_next_recorder_starts(
+    tmp_path: Path,
+) -> None:
+    """A spool file holds an event not yet redacted. When agent and writer both die before the
+    writer read it, nothing of theirs will: the next recorder to start removes it, and leaves
+    the files of a session whose agent or writer still lives."""
+    done = subprocess.run(
+        [sys.executable, "-c", _ORPHAN, str(tmp_path / "o.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    where, session, writer = done.stdout.split()
+    _wait_gone(int(writer))
+    spool = Path(where)
+    orphans = list(spool.glob(f"{session}-*.line"))
+    assert len(orphans) == 1 and b"OrphanSecret7" in orphans[0].read_bytes()
+    assert (spool / f"{session}.lock").exists()
+
+    # A live session with a file of its own: its writer is stopped, so the file waits.
+    from hindsight_loop.ring import SIZE
+
+    live = Hindsight(tmp_path / "l.db", writer="process", background=False, triggers=False)
+    try:
+        live.record({"type": "task_start", "task_id": "tsk_l", "task_type": "t"})
+        assert live.flush(timeout=60) is True
+        pid = live.recorder.pid  # type: ignore[attr-defined]
+        # Its start swept already: the dead session's file and lock are gone.
+        assert not orphans[0].exists() and not (spool / f"{session}.lock").exists()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            text = "q" * (SIZE // 8 + 10)
+            live.record({"type": "user_input", "task_id": "tsk_l", "input": {"text": text}})
+            mine = list(spool.glob(f"{live.recorder.session}-*.line"))  # type: ignore[attr-defined]
+            assert len(mine) == 1
+            other = Hindsight(tmp_path / "n.db", writer="process", background=False)
+            other.record({"type": "task_start", "task_id": "tsk_n", "task_type": "t"})
+            assert other.flush(timeout=60) is True
+            other.close()
+            assert mine[0].exists()  # held by a live agent: not swept
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert live.flush(timeout=60) is True
+    finally:
+        live.close()
+    assert not list(spool.glob(f"{live.recorder.session}*"))  # type: ignore[attr-defined]
+    assert [r[1] for r in _rows(tmp_path / "l.db")] == ["task_start", "user_input"]

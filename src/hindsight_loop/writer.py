@@ -48,6 +48,11 @@ from typing import Any, cast
 
 import orjson
 
+try:
+    import fcntl
+except ImportError:  # not on Windows: no session lock, and no sweep of what dead ones left
+    fcntl = None  # type: ignore[assignment]
+
 from hindsight_loop.models import new_id
 from hindsight_loop.record import (
     BATCH_SIZE,
@@ -294,6 +299,69 @@ class ProcessRecorder:
         self._room = ring.size
         self._big = ring.size // 8  # a line longer than this goes through a spool file
         self._ring = ring
+        self._hold_session()
+
+    def _hold_session(self) -> None:
+        """A lock file of this session in the spool directory, locked (``flock``) by this
+        process and shared by every writer process it starts (they inherit the descriptor):
+        while one of them lives, the session's spool files may still be read. Spool files hold
+        events not yet redacted; when agent and writer both die before the writer read one,
+        the next recorder to start removes it (``_sweep_spools``) instead of leaving it in
+        memory until the machine restarts."""
+        self._session_lock = -1
+        if fcntl is None:
+            return
+        try:
+            where = self.spool_dir
+            where.mkdir(mode=0o700, exist_ok=True)
+            self._sweep_spools(where)
+            # Locked under a name no sweep looks at, then renamed: a sweep never finds it
+            # unlocked.
+            fresh = where / f"{self.session}.lock.new"
+            fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                fresh.rename(where / f"{self.session}.lock")
+            except OSError:
+                os.close(fd)
+                raise
+            self._session_lock = fd
+        except OSError as exc:
+            log.debug("hindsight: no session lock for spool files: %r", exc)
+
+    @staticmethod
+    def _sweep_spools(where: Path) -> None:
+        """Remove the spool files of sessions no process holds any more (their lock file is
+        free), and the lock files. Files of a session without a lock file are left alone."""
+        assert fcntl is not None
+        for lock in where.glob("*.lock"):
+            try:
+                fd = os.open(lock, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # an agent or its writer still holds it
+                session = lock.name.removesuffix(".lock")
+                for line in where.glob(f"{session}-*.line"):
+                    with contextlib.suppress(OSError):
+                        line.unlink()
+                with contextlib.suppress(OSError):
+                    lock.unlink()
+            finally:
+                os.close(fd)
+
+    def _release_session(self) -> None:
+        fd = getattr(self, "_session_lock", -1)
+        if fd < 0:
+            return
+        self._session_lock = -1
+        with contextlib.suppress(OSError):
+            (self.spool_dir / f"{self.session}.lock").unlink()
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
     def _forked(self) -> None:
         """In a child forked from the agent (multiprocessing, a pre-forking server): the
@@ -324,6 +392,12 @@ class ProcessRecorder:
             with contextlib.suppress(OSError):
                 os.close(ring.fd)
             self._parents_ring = ring
+        lock = getattr(self, "_session_lock", -1)
+        if lock >= 0:
+            # Closing the child's copy leaves the parent's lock held (by the parent's copy).
+            with contextlib.suppress(OSError):
+                os.close(lock)
+            self._session_lock = -1
         self._local._renew_locks()  # the in-process fallback's: a parent's thread may hold one
         if not self._stop:
             # Fresh locks now (a thread of the parent may have held one at the fork); a ring
@@ -750,7 +824,8 @@ class ProcessRecorder:
                 stdout=subprocess.PIPE,
                 env=env,
                 close_fds=True,
-                pass_fds=(ring.fd,),
+                # The session's lock too: it stays held while this writer lives.
+                pass_fds=(ring.fd,) if self._session_lock < 0 else (ring.fd, self._session_lock),
                 # Its own session: a Ctrl-C meant for the agent must not kill its writer.
                 start_new_session=True,
             )
@@ -972,6 +1047,7 @@ class ProcessRecorder:
                 with contextlib.suppress(OSError):
                     os.close(ring.fd)
                 ring.fd = -1
+            self._release_session()
             self._local.close()
 
 
