@@ -954,3 +954,38 @@ def test_what_a_dead_agent_and_writer_left_in_a_spool_file_goes_when_the_next_re
         live.close()
     assert not list(spool.glob(f"{live.recorder.session}*"))  # type: ignore[attr-defined]
     assert [r[1] for r in _rows(tmp_path / "l.db")] == ["task_start", "user_input"]
+
+
+def test_an_event_too_long_for_the_ring_with_nowhere_to_spool_is_written_in_process(
+    tmp_path: Path,
+) -> None:
+    """No private directory for spool files (the one in /dev/shm is open to others, the one
+    beside the dead letter cannot be made): the long event goes to the in-process writer,
+    with a warning, and is stored like the others."""
+    from hindsight_loop.ring import SIZE
+
+    shm = Path("/dev/shm") / f"hindsight-{os.getuid()}"
+    mode = shm.stat().st_mode & 0o777 if shm.is_dir() else None
+    db = tmp_path / "n.db"
+    Path(f"{db}.deadletter.jsonl.spool").write_text("not a directory")
+    hs = Hindsight(db, writer="process", background=False, triggers=False)
+    try:
+        if mode is not None:
+            shm.chmod(0o755)  # no longer this user's alone: not used
+        hs.record({"type": "task_start", "task_id": "tsk_n", "task_type": "t"})
+        assert hs.flush(timeout=60) is True
+        text = "password: NowhereSecret3 " + "w" * (SIZE // 8)
+        with pytest.warns(HindsightWarning, match="could not be spooled"):
+            hs.record({"type": "user_input", "task_id": "tsk_n", "input": {"text": text}})
+        hs.record({"type": "user_input", "task_id": "tsk_n", "input": {"text": "after"}})
+        assert hs.flush(timeout=60) is True
+        assert hs.recorder.mode == "process"  # type: ignore[attr-defined]
+    finally:
+        if mode is not None:
+            shm.chmod(mode)
+        hs.close()
+    rows = _rows(db)
+    assert sorted(r[1] for r in rows) == ["task_start", "user_input", "user_input"]
+    body = next(r[2] for r in rows if "NowhereSecret3" in r[2] or "password" in r[2])
+    assert "NowhereSecret3" not in body  # redacted by the in-process writer
+    assert hs.stats["lost"] == 0
