@@ -674,14 +674,22 @@ def test_the_token_patterns_start_only_where_a_run_starts_and_find_what_they_fou
         "_IDENTIFIER_RE": r"[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+",
         "_ASSIGNED_RE": r"([A-Za-z_][\w.-]*)\s*=\s*(?:'[^']*'|\"[^\"]*\"|[^\s,;，。；]+)",
     }
-    alphabet = "aZ9_=.-/:'\"` ,;，。；值x1"
+    alphabet = "aZ9_=.-/:'\"` ,;，。；值x1城b"
     rng = random.Random(7)
     texts = [
         "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 40))) for _ in range(4000)
     ]
     texts += ["--encoding=utf-8-sig", "9abc_def x.y=1 -sep=';'", "值=1 read_csv_file 用utf_8"]
+    texts += ["a9" * 50 + "_b", "城9" * 30 + "x=1", "设置encoding='utf-8'", "3d_model 2fa_code"]
     for name, pattern in before.items():
         old, new = re.compile(pattern), getattr(lessons, name)
         assert new.pattern != pattern  # the lookbehind is there
         for text in texts:
             assert new.findall(text) == old.findall(text), (name, text)
+            if name != "_CONCRETE_RE":  # their match starts where the run does: the name's
+                # own text (group 1 on) is what the old pattern matched, and is what goes
+                spans = [text[m.start(1) : m.end()] for m in new.finditer(text)]
+                assert spans == [m[0] for m in old.finditer(text)], (name, text)
+    old_identifier = re.compile(before["_IDENTIFIER_RE"])
+    for text in texts:
+        assert lessons._IDENTIFIER_RE.sub(lessons._unname, text) == old_identifier.sub(" ", text)
