@@ -763,3 +763,61 @@ def test_harm_an_act_can_do_avoids_the_act_and_a_danger_named_avoids_nothing():
     # The danger a precaution is for: the string is not an act to avoid.
     signs = stance("Wear eye protection; a new string can snap at the coil.")
     assert signs.get("string", 0) >= 0 and signs.get("wear", 0) > 0
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (
+            "An empty result just means no rows matched; do not retry the query.",
+            "An empty result means no rows matched, so do not retry the query.",
+        ),
+        (
+            "A 'pending' status just means the refund is queued; tell the customer it will arrive "
+            "in 5 days.",
+            "A 'pending' status means the refund is queued; tell the customer it will arrive in 5 "
+            "days.",
+        ),
+        ("每一次做完都要调用 save_draft 保存。", "每次做完都要调用 save_draft 保存，逐步推进。"),
+        (
+            "A loose fitting can crack the line under pressure; tighten every fitting before "
+            "you pressurize.",
+            "Tighten every fitting before you pressurize the line, because loose ones may crack "
+            "it.",
+        ),
+    ],
+)
+def test_a_definition_a_first_time_or_a_thing_in_ing_is_no_stance(a, b):
+    """ "X just means Y" of a thing defines it (only of an act is it all the act brings); 每一次 /
+    第一次 are not 一次 (at once); "a loose fitting", "by morning" are things, not acts a harm
+    is told of. Rewordings using them are not opposed."""
+    assert stance_relation(a, b)[0] == 0
+    assert _action(a, b, ("save_draft",)) == "merge"
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (
+            "用 set_kiln_temp 把窑温逐渐升到 1200 度。",
+            "用 set_kiln_temp 把窑温一下子升到 1200 度。",
+        ),
+        (
+            "用 set_kiln_temp 把窑温逐步升到 1200 度。",
+            "用 set_kiln_temp 把窑温一次就升到 1200 度。",
+        ),
+        (
+            "Bring the kiln up to 1200 C with set_kiln_temp bit by bit over several hours.",
+            "Bring the kiln up to 1200 C with set_kiln_temp in one jump.",
+        ),
+    ],
+)
+def test_more_ways_of_a_little_at_a_time_and_all_at_once_are_opposed(a, b):
+    assert stance_relation(a, b)[0] >= 1
+    assert _action(a, b, ("set_kiln_temp",)) == "conflict"
+
+
+def test_harm_a_thing_in_ing_can_do_avoids_nothing():
+    assert stance("A worn bearing can overheat the motor; replace it.").get("bearing", 0) >= 0
+    assert stance("Anything metal can damage the microwave.").get("metal", 0) >= 0
+    assert stance("Heating it all at once can warp the shelves.").get("xbatch", 0) < 0

@@ -344,16 +344,16 @@ _CONCEPTS_EN = (
     # "in a single upload_mission call", "in one request", "in a single visit": all of it at once.
     (re.compile(r"\b(?:all at once|in one go|in (?:a )?(?:single )?batch|in bulk|"
                 r"in (?:a single|one) ((?:[\w-]+ ){0,2}?)(?:call|request|upload|pass|transaction|shot|"
-                r"visit|sitting|session|trip|step))\b",
+                r"visit|sitting|session|trip|step|jump|leap))\b",
                 re.I), r" xbatch \1 "),
     # "in small chunks", "piece by piece", "split it up": a part at a time.
     (re.compile(r"\b(?:one by one|one at a time|individually|in small batches|in (?:small )?chunks|"
                 r"(?:chunk|piece|part|page|batch) by (?:chunk|piece|part|page|batch)|in pieces|"
                 r"(?:split|break)(?:s|ting|ing)? (?:it |them |this |that )?up|"
                 # "in small steps over several visits", "gradually", "a little at a time".
-                r"gradually|incrementally|step by step|a little at a time|"
+                r"gradually|incrementally|step by step|a little at a time|bit by bit|little by little|"
                 r"in (?:small |several |multiple )?(?:steps|stages|increments)|"
-                r"(?:over|across) (?:several|multiple|a few|two|three) (?:visits|sessions|passes|days|rounds|trips))\b",
+                r"(?:over|across) (?:several|multiple|a few|two|three) (?:visits|sessions|passes|days|hours|rounds|trips))\b",
                 re.I), " xeach "),
     (re.compile(r"\b(?:right away|immediately|immediate|at once|as soon as|straight away|instantly|directly|"
                 r"without waiting)\b", re.I), " xnow "),
@@ -387,7 +387,9 @@ _CONCEPTS_ZH = (
     (re.compile(r"问清楚|问清|询问|确认|核实|核对|同意|批准|审批|问(?!题)"), " xask "),
     (
         re.compile(
-            r"一次性|一口气|全部一起|一起提交|一股脑|一步到位|一次(?:到位|调到|拉到|升到|做完|搞定)"
+            r"一次性|一口气|全部一起|一起提交|一股脑|一步到位|一下子"
+            # Not 第一次 / 每一次 / 这一次 (the first, each, this time).
+            r"|(?<![第每这上下再同某哪])一次就?(?:到位|调到|拉到|升到|做完|搞定)"
         ),
         " xbatch ",
     ),
@@ -395,7 +397,7 @@ _CONCEPTS_ZH = (
     (
         re.compile(
             r"逐[个一条张项笔份件台页批]|挨[个着]|一([个张条份封笔页项件台行批篇段])一?\1|分批|分段|分块|拆分|拆开|拆成"
-            r"|逐步|循序渐进|一点一点|分(?:几|多|两|三)次"
+            r"|逐步|逐渐|渐渐|循序渐进|一点一点|分阶段|分(?:几|多|两|三)次"
         ),
         " xeach ",
     ),
@@ -471,8 +473,9 @@ _DISMISS_RE = re.compile(
     r"|\b(?:just|only|xonly)\s+(?:generates?|creates?|adds?|produces?)\s+(?:[\w'-]+\s+){0,2}?"
     r"(?:noise|churn|clutter|confusion|work|overhead)\b"
     r"|\b(?:money|time|effort)\s+down\s+the\s+drain\b|\bthrow(?:s|ing)?\s+(?:good\s+)?money\s+away\b"
-    # "spreading it over several visits just means it never holds": all it brings is that.
-    r"|\b(?:just|only|xonly)\s+means?\b"
+    # "spreading it over several visits just means it never holds": all an act brings is that
+    # (not a definition, "an empty result just means no rows matched": ``_act_before``).
+    r"|(?P<means>\b(?:just|only|xonly)\s+means?\b)"
     r"|白白|白搭|耽误(?:时间|工夫|功夫|事)|徒增|添乱"
     r"|是多余的|纯属多余|没必要|没有必要|不必要|浪费时间|多此一举|不值得|不划算|得不偿失|太慢|"
     r"太麻烦|太贵|太冒险|白费|犯不着|用不着|大可不必|没那个必要|省了吧"
@@ -631,7 +634,10 @@ def stance(text: str) -> dict[str, float]:
             # "so you don't create a duplicate", "以免重复扣款", "不然最后一天会漏掉": why, not
             # which act (one lesson's purpose is another's "otherwise"): read neither way.
             continue
-        if dismissed := _DISMISS_RE.search(clause):
+        dismissed = _DISMISS_RE.search(clause)
+        if dismissed and dismissed["means"] and not _act_before(clause, dismissed.start()):
+            dismissed = None
+        if dismissed:
             head, tail = clause[: dismissed.start()], clause[dismissed.end() :]
             if _terms(head) or not (said or _terms(tail)):
                 _avoid(head, out)
@@ -645,7 +651,7 @@ def stance(text: str) -> dict[str, float]:
             continue
         risk = _RISK_RE.search(clause)
         if risk is None and (harm := _HARM_RE.search(clause)):
-            risk = harm if _ACT_SUBJECT_RE.search(clause, 0, harm.start()) else None
+            risk = harm if _act_before(clause, harm.start()) else None
         if risk and not _OUTCOME_RE.match(clause) and not _FORBID_RE.search(clause[: risk.start()]):
             # A consequence told of an act is a reason not to take it; a clause of purpose or
             # outcome ("otherwise it fails", "否则会失败") speaks of not following the advice.
@@ -723,15 +729,41 @@ _RISK_RE = re.compile(
     re.IGNORECASE,
 )
 # Harm an act can do ("pulling it up all at once can snap old strings"), read as a consequence
-# only when an act is what can do it (``_ACT_SUBJECT_RE`` before it): "a new string can snap at
+# only when an act is what can do it (``_act_before``): "a new string can snap at
 # the coil" is the danger a precaution is for, not an act to avoid.
 _HARM_RE = re.compile(
     r"\b(?:can|could|may|might|will)\s+(?:easily\s+)?(?:snap|crack|burst|tear|ruin|damage|"
-    r"destroy|overload|overheat|fry|kill|crash)\b",
+    r"destroy|overload|overheat|fry|kill|crash|warp|shatter|scorch|melt|deform|jam|clog)\b",
     re.IGNORECASE,
 )
-# A gerund (a stem of four letters at least: not "string", "thing") or an act of the lexicon.
-_ACT_SUBJECT_RE = re.compile(r"\b[a-z]{4,}ing\b|\bx[a-z]+\b", re.IGNORECASE)
+# A gerund (a stem of four letters at least: not "string"), unless an article makes it a noun
+# ("a worn bearing", "the ceiling fan"; group 1) or it is one of the nouns in ``_ING_NOUNS``.
+_GERUND_RE = re.compile(
+    r"\b(?:(a|an|the|this|that|its|every|each|any|no)\s+(?:[a-z'-]+\s+)?)?['\"‘“]?([a-z]{4,}ing)\b",
+    re.I,
+)
+# Nouns and adjectives in -ing ("by morning frost", "a pending status").
+_ING_NOUNS = frozenset({
+    "morning", "evening", "ceiling", "bearing", "fitting", "building", "housing", "casing",
+    "tubing", "wiring", "piping", "lightning", "clothing", "bedding", "pudding", "pending",
+    "missing", "existing", "remaining", "incoming", "outgoing", "upcoming", "following",
+    "matching", "corresponding", "leading", "trailing",
+})  # fmt: skip
+_ACT_TOKEN_RE = re.compile(r"\b(?:" + "|".join(sorted(_CONCEPT_TOKENS)) + r")\b")
+
+
+def _act_before(clause: str, end: int) -> bool:
+    """Whether an act (a gerund or an act of the lexicon: "pulling it up", ``xbatch``) comes
+    before ``end`` in a clause: what can do a harm or bring nothing, not a thing ("a new string",
+    "anything metal", "by morning frost")."""
+    if _ACT_TOKEN_RE.search(clause, 0, end):
+        return True
+    return any(
+        not m[1] and (word := m[2].lower()) not in _ING_NOUNS and not word.endswith("thing")
+        for m in _GERUND_RE.finditer(clause, 0, end)
+    )
+
+
 # A clause telling what happens when the advice is not followed, or why it is given.
 _OUTCOME_RE = re.compile(
     r"^\s*(?:(?:otherwise|or|else|so|because|since|as)\b|否则|不然|要不然|免得|以免|以防|因为|这样)",
@@ -928,32 +960,6 @@ def _tool_words(signs: Mapping[str, float]) -> dict[str, str]:
         for word in tokenize(term.replace("_", " "))
         if len(word) > 3 and word not in _GENERIC_ACTS
     }
-
-
-# Words that set which way advice goes beyond do / don't: a dismissal, a consequence, a default
-# filled in, haste or waiting, "only", all at once or one by one, an order of steps.
-_CUES = (
-    ("dismiss", _DISMISS_RE),
-    ("risk", _RISK_RE),
-    ("default", re.compile(r"\bxguess\b")),
-    # Haste and waiting are one question (when), answered either way by ``stance``.
-    ("timing", re.compile(r"\bx(?:now|wait)\b")),
-    ("only", re.compile(r"\bx(?:only|both)\b")),
-    ("batch", re.compile(r"\bx(?:batch|each)\b")),
-)
-
-
-def stance_cues(text: str) -> frozenset[str]:
-    """The kinds of stance-bearing words advice uses (``_CUES``), outside its outcome clauses."""
-    found: set[str] = set()
-    for clause in _CLAUSE_SPLIT_RE.split(_fold_acts(text)):
-        clause = clause.strip()
-        if not clause or _OUTCOME_RE.match(clause) or _CONDITION_EN.match(clause):
-            continue  # "否则会失败", "otherwise it times out": why, not which way; "if …": when
-        if is_cjk(clause[0]) and _CONDITION_ZH.search(clause):
-            continue
-        found |= {name for name, pattern in _CUES if pattern.search(clause)}
-    return frozenset(found)
 
 
 # Values the tokenizer does not keep whole: an argument set (``sep=';'``, ``thousands=','``:

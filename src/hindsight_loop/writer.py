@@ -93,7 +93,8 @@ GC_THRESHOLD = 200_000
 #: to the prepared row).
 READ_PIECE = 1 << 16
 #: It hands the store what it has prepared once this many bytes of lines are in it (or
-#: ``BATCH_SIZE`` events), or as soon as there is nothing more to read.
+#: ``BATCH_SIZE`` events), or when there is nothing more to read (from a ring, after
+#: ``COMMIT_DELAY``).
 COMMIT_BYTES = 1 << 20
 #: What is prepared from a ring waits this long (seconds, from its first line) for more lines to
 #: join its transaction, unless a flush asks first: a commit rewrites the same index and table
@@ -1003,13 +1004,15 @@ class ProcessRecorder:
             with self._cond:
                 if durable + self._spilled + self._moved + self._after >= target:
                     break
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
             if not self._starting and not self._fallen_back:
                 self._start_writer()
             if not self._fallen_back:
+                # Before the timeout is looked at: even ``flush(timeout=0)`` has the writer
+                # commit now rather than after ``COMMIT_DELAY``.
                 self._ring_bell(b"f")
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
             wait = 0.002 if self._overflow else 0.05
             with self._cond:
                 self._cond.wait(wait if left is None else min(left, wait))
