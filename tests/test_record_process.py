@@ -989,3 +989,52 @@ def test_an_event_too_long_for_the_ring_with_nowhere_to_spool_is_written_in_proc
     body = next(r[2] for r in rows if "NowhereSecret3" in r[2] or "password" in r[2])
     assert "NowhereSecret3" not in body  # redacted by the in-process writer
     assert hs.stats["lost"] == 0
+
+
+def _ring_rss_kib() -> int:
+    """Resident KiB of this process's mappings of a ring (its memfd's name in smaps)."""
+    rss, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isalnum() and "-" in line.split()[0]:  # a mapping's header line
+            inside = "hindsight-ring" in line
+        elif inside and line.startswith("Rss:"):
+            rss += int(line.split()[1])
+    return rss
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")
+def test_the_ring_is_faulted_in_off_the_agents_thread(tmp_path: Path) -> None:
+    import resource
+    import threading
+
+    from hindsight_loop.ring import Ring
+
+    def faults_writing_every_page(ring: Ring) -> int:
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        for at in range(0, ring.size, 4096):
+            ring.data[at : at + 8] = b"12345678"
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+
+    cold, warm = Ring.create(), Ring.create()
+    try:
+        assert warm.populate() is True
+        assert faults_writing_every_page(cold) >= cold.size // 4096 // 2  # a fault a page
+        assert faults_writing_every_page(warm) < 16
+    finally:
+        cold.close()
+        warm.close()
+
+    # The recorder has its ring populated by the thread that starts the writer, on the first
+    # event: the whole ring is resident though one line is in it.
+    hs = Hindsight(tmp_path / "h.db", writer="process", background=False)
+    try:
+        with hs.task("parse", goal="load", recall=False) as task:
+            task.record_action("read_csv", {"path": "a.csv"}, output={"rows": 3})
+        assert hs.flush() is True
+        deadline = time.monotonic() + 10
+        while any(t.name == "hindsight-start" for t in threading.enumerate()):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert _ring_rss_kib() >= hs.recorder._size // 1024
+    finally:
+        hs.close()
