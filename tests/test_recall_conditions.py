@@ -81,6 +81,11 @@ def test_a_condition_the_request_does_not_report_keeps_the_relative_cut(db_path:
     once = _recall(db_path, query="export_video failed with OutOfDiskSpace")
     assert "twice" not in once and "twice_zh" not in once
     assert "twice" not in _recall(db_path, query="export it again at 24 fps")
+    # Nor a retry asked for after one failure (the caller names the error, so every clause is
+    # read for it).
+    retry = "export_video failed with OutOfDiskSpace. try again?"
+    got = _recall(db_path, query=retry, error_type="OutOfDiskSpace")
+    assert got[0] == "export" and "twice" not in got
 
 
 def test_condition_kinds_read_each_clause() -> None:
@@ -99,6 +104,13 @@ def test_condition_kinds_read_each_clause() -> None:
     assert read("publish it again - yesterday the readme was broken") == set()
     assert read("how many timeout errors were logged today?", intent="query") == set()
     assert read("Send the report again") == set()
+    # A retry the request asks for is no failure repeated, even where every clause is read
+    # for the error the caller names; a failure told again still is.
+    assert read("renew_loan failed with HoldExists. try again?", error_type="HoldExists") == set()
+    bounced = "upload got bounced with PdfNotSearchable. if i print it to pdf again will it go?"
+    assert read(bounced, error_type="PdfNotSearchable") == set()
+    assert read("export failed again: OutOfDiskSpace", error_type="OutOfDiskSpace") == {"repeat"}
+    assert read("hit JobTimeout again, run it once more", error_type="JobTimeout") >= {"repeat"}
     flags = recall.advice_flags
     assert flags(TWICE.advice)[2] == 1 << names.index("repeat")
     assert flags(TWICE_ZH.advice)[2] == 1 << names.index("repeat")

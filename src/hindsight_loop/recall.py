@@ -1057,6 +1057,17 @@ def _kinds_in(text: str) -> int:
     return sum(1 << i for i, (_, rx) in enumerate(_FAILURE_KINDS) if rx.search(text))
 
 
+#: "again" of an act the request proposes ("try again?", "if I print it to PDF again will it go
+#: through?", "just run the whole thing again"): a retry asked for, not a failure repeated
+#: ("failed again", "hit the timeout again"), so no "repeat" condition for it.
+_RETRY_ASKED_RE = re.compile(
+    r"\b(?:(?:try|retry|re-?run|run|redo|do|send|resend|submit|upload|print|call)\b"
+    r"|if\s+(?:i|we|you)\b|(?:should|can|could|shall)\s+(?:i|we|you)\b|let(?:'s|\s+me|\s+us)\b)"
+    r"[^,;.?!]{0,40}?\bagain\b",
+    re.IGNORECASE,
+)
+
+
 def condition_kinds(q: RecallQuery) -> int:
     """The kinds of failure a request reports (``Ranking.condition``), as a mask of
     ``_FAILURE_KINDS``: those its error type names, and those of each clause of its text that
@@ -1073,7 +1084,7 @@ def condition_kinds(q: RecallQuery) -> int:
     kinds = _kinds_in(q.error_type) if q.error_type else 0
     for clause in _clauses(text):
         if named or _OUTCOME_EN_RE.search(clause) or _OUTCOME_ZH_RE.search(clause):
-            kinds |= _kinds_in(clause)
+            kinds |= _kinds_in(_RETRY_ASKED_RE.sub(lambda m: m[0][: -len("again")], clause))
     return kinds
 
 
