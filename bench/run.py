@@ -433,7 +433,13 @@ gain is inside this machine's noise in the quick bench (6.7-9.3 µs with, 5.1-12
 Curation (53fe90c): the lexicon's mends from an adversarial review ("just means" of a thing,
 一次 inside 第一次, -ing nouns, 逐渐/一下子/bit by bit/in one jump) changed no decision of any
 split, nor the retrieval bench's output; `blind9` has been looked at and mended against, so it
-is a tuning split now, not an unseen one.
+is a tuning split now, not an unseen one. Recall (dc5dad7): "again" of a retry the request asks
+for ("try again?", "if I print it to PDF again will it go through?") no longer reads as a
+failure repeated, so the general "failed twice" lesson is not held for it: `blind6` and `blind7`
+wrong injections 0.089 → 0.071 (b6q30, b7q09, the only misses that changed on any split),
+precision 0.895 → 0.911 and 0.900 → 0.915; still above 1 in 16. Raising the penalty on a remedy
+served to a request that reports no failure (`remedy_miss` 0.15 → 0.2-0.3) fixed none of the
+rest and cost `heldout` 0.087 → 0.109: not kept.
 
 Eleventh session (2026-12-02, main after 8384da5; the machine's speed moved within the session:
 the writer's CPU per event 35-55 µs for the same code; every figure beside its baseline in the
