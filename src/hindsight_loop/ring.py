@@ -55,7 +55,6 @@ class Ring:
         # The mapping's address, for ``populate`` (the ctypes view of it goes at once: a buffer
         # still exported would keep ``close`` from unmapping).
         self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
-        self._closed = False
 
     @classmethod
     def create(cls, size: int = SIZE) -> Ring:
@@ -106,7 +105,7 @@ class Ring:
         call, and the kernel maps the 8 MiB (~5-7 ms) while the agent goes on writing (what it
         writes is left as it is). Where the call is missing (before Linux 5.14, another
         system), the pages fault in as lines arrive, as before."""
-        if self._closed or not sys.platform.startswith("linux"):  # 23 is Linux's number
+        if self._map.closed or not sys.platform.startswith("linux"):  # 23 is Linux's number
             return False
         try:
             libc = ctypes.CDLL(None, use_errno=True)
@@ -119,7 +118,6 @@ class Ring:
 
     def close(self) -> None:
         """Let go of the mapping and the descriptor (the memory lives while another holds it)."""
-        self._closed = True
         self.words.release()
         self.data.release()
         self._map.close()

@@ -791,9 +791,8 @@ class ProcessRecorder:
         try:
             if not self._spawn():
                 self._fall_back("the writer process could not be started")
-            ring = self._ring
-            if ring is not None:  # here, not on the agent's call (``Ring.populate``)
-                ring.populate()
+            elif self._ring is not None:  # here, not on the agent's call (``Ring.populate``)
+                self._ring.populate()
         except Exception:  # noqa: BLE001 - the agent must never crash because of Hindsight
             log.exception("hindsight: starting the writer failed; writing in-process from now")
             with contextlib.suppress(Exception):
