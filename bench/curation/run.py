@@ -35,6 +35,10 @@ final). A gain that shows on ``tuning`` only is not a gain.
 Run: ``python bench/curation/run.py`` (``--embedder hash|concept|e5|st:MODEL|openai:MODEL``,
 repeatable; ``--judge`` adds a run with the model of ``HINDSIGHT_LLM_*`` judging the pairs the
 rules leave open; ``--verbose`` lists every wrong decision; ``--json``).
+
+``--oracle`` adds a run whose judge answers from the pair's label: not a model's figure, but the
+ceiling of what any judge can add to the rules, since it shows which pairs reach the judge at
+all (a pair the rules settle is never asked about, so a perfect model still misses it).
 """
 
 from __future__ import annotations
@@ -129,8 +133,29 @@ def load_pairs(split: str = "tuning") -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
+class LabelJudge:
+    """A judge that is always right: the pair's label (``--oracle``). Anything but the pair
+    being decided gets no answer, as from a model that failed."""
+
+    label = "oracle judge"
+    VERDICTS = {"rewording": "same", "opposite": "opposite", "unrelated": "different"}
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.pair: dict | None = None
+
+    def __call__(self, kept: str, new: str) -> str | None:
+        self.asked += 1
+        p = self.pair
+        if p is None or (kept, new) != (p["a"], p["b"]):
+            return None
+        return self.VERDICTS[p["kind"]]
+
+
 def decide(pair: dict, embedder: Embedder, judge: Any = None) -> str:
     """The action curation takes for the second lesson of a pair, the first already in the book."""
+    if isinstance(judge, LabelJudge):
+        judge.pair = pair
 
     def draft(text: str, task: str) -> LessonDraft:
         features = Features(tools=list(pair.get("tools", [])))
@@ -147,7 +172,8 @@ def evaluate(
     pairs: list[dict], embedder: Embedder, judge: Any = None
 ) -> tuple[dict, list[tuple[dict, str]]]:
     decisions = [(pair, decide(pair, embedder, judge)) for pair in pairs]
-    out: dict = {"embedder": embedder.name + (f" + judge {judge.llm.name}" if judge else "")}
+    label = (getattr(judge, "label", None) or f"judge {judge.llm.name}") if judge else ""
+    out: dict = {"embedder": embedder.name + (f" + {label}" if judge else "")}
     if judge is not None:
         out["judge_requests"] = judge.asked
     for lang in ("en", "zh", "all"):
@@ -277,9 +303,15 @@ def main(argv: list[str] | None = None) -> int:
         help="also run each embedder with the model configured by HINDSIGHT_LLM_* as the judge "
         "of the pairs the rules leave open",
     )
+    parser.add_argument(
+        "--oracle",
+        action="store_true",
+        help="also run each embedder with a judge that answers from the labels: the ceiling of "
+        "what a model judging the pairs can add to the rules",
+    )
     args = parser.parse_args(argv)
     splits = args.split or list(SPLITS)
-    judge = None
+    judge: Any = None
     if args.judge:
         from hindsight_loop.llm import from_env
         from hindsight_loop.llm.judge import PairJudge
@@ -291,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     runs = [(spec, None) for spec in args.embedder or ["hash"]]
     runs += [(spec, judge) for spec in args.embedder or ["hash"]] if judge else []
+    runs += [(spec, LabelJudge()) for spec in args.embedder or ["hash"]] if args.oracle else []
     for spec, judging in runs:
         embedder = make_embedder(spec)
         for n, split in enumerate(splits):

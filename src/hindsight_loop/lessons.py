@@ -77,7 +77,7 @@ MAX_VARIANTS = 8
 #: Pairs within this of the merge threshold (either side) are open: a model, when one is
 #: configured, has the last word on them (``llm.judge``).
 JUDGE_MARGIN = 0.15
-#: Open pairs a model is asked about per draft, closest first.
+#: Pairs a model is asked about per draft: the open ones closest first, then the far ones.
 MAX_JUDGED = 2
 
 #: A lesson is flagged when, since it was last confirmed, it hurt at least this often and more
@@ -1248,7 +1248,9 @@ def curate(
             a new suspect lesson waits in review instead of going live.
         judge: Optional ``(kept, new) -> "same" | "opposite" | "different" | None`` (a model,
             ``llm.judge.PairJudge``), asked only about the pairs the rules leave open: close
-            enough to matter, too far apart in words to merge. ``None`` keeps the rules' call.
+            enough to matter, too far apart in words to merge, then (while nothing repeats the
+            draft) lessons of its scenario and language too far apart in words for the rules to
+            read at all; ``MAX_JUDGED`` at most. ``None`` keeps the rules' call.
 
     Returns:
         A ``Change``; save ``change.saves``.
@@ -1336,6 +1338,10 @@ def _relations(
     unsure: set[str] = set()
     polar: list[tuple[Lesson, str, float]] = []
     open_pairs: list[tuple[float, Lesson]] = []  # close, but below the merge threshold
+    # Of one scenario and language but far apart in words: a judge's turn only after the open
+    # pairs (``_judged``), since most are other advice for the same tool.
+    far_pairs: list[tuple[float, Lesson]] = []
+    draft_language = detect_language(draft.advice) if judge is not None else None
     settled = False  # the rules found a repeat beyond doubt: nothing is left to ask about
     for lesson, (start, stop) in zip(candidates, spans, strict=True):
         relation = _structured_relation(draft.structured, lesson.structured)
@@ -1365,6 +1371,8 @@ def _relations(
         )
         threshold = _MERGE_THRESHOLDS[agreement]
         if sim < min(threshold, CONFLICT_MIN_SIMILARITY):
+            if judge is not None and detect_language(lesson.advice) == draft_language:
+                far_pairs.append((sim, lesson))
             continue
         opposed, agreed = stance_relation(draft.advice, lesson.advice)
         if opposed >= MIN_OPPOSITION and (
@@ -1445,8 +1453,8 @@ def _relations(
                 conflicts.append(lesson)
             else:
                 same.append((sim, lesson))
-    if judge is not None and open_pairs and not settled:
-        same, conflicts = _judged(draft, same, conflicts, open_pairs, judge)
+    if judge is not None and (open_pairs or far_pairs) and not settled:
+        same, conflicts = _judged(draft, same, conflicts, open_pairs, far_pairs, judge)
     return same, conflicts, unsure
 
 
@@ -1455,17 +1463,30 @@ def _judged(
     same: list[tuple[float, Lesson]],
     conflicts: list[Lesson],
     open_pairs: list[tuple[float, Lesson]],
+    far_pairs: list[tuple[float, Lesson]],
     judge: Callable[[str, str], str | None],
 ) -> tuple[list[tuple[float, Lesson]], list[Lesson]]:
     """The model's word on the closest pairs the words left open (``None``: the rules stand).
 
     A near merge it calls different is kept apart, one it calls opposite is a conflict; a pair
     below the threshold it calls the same is merged. A rule's conflict is never asked about.
+    The ``far_pairs`` (one scenario and language, few words shared) come after the open ones,
+    closest first, and only while nothing is the draft's repeat: a rewording in other words
+    ("keep them off the deep wrecks unless they hold an advanced card" / "book_dive deeper than
+    18 m only for Advanced Open Water") shares too few words for any threshold that keeps
+    other advice of the same tool apart, and an opposite in other words too ("至少提前八周寄出" /
+    "婚礼前三四周再发就够了"). ``MAX_JUDGED`` requests at most, whichever they are.
     """
     same, conflicts = list(same), list(conflicts)
-    for sim, lesson in sorted(open_pairs, key=lambda p: -p[0])[:MAX_JUDGED]:
-        if lesson in conflicts:
+    ask = sorted(open_pairs, key=lambda p: -p[0]) + sorted(far_pairs, key=lambda p: -p[0])
+    far_from = len(open_pairs)
+    asked = 0
+    for at, (sim, lesson) in enumerate(ask):
+        if asked >= MAX_JUDGED:
+            break
+        if lesson in conflicts or (at >= far_from and same):
             continue
+        asked += 1
         verdict = judge(lesson.advice, draft.advice)
         merged = any(other is lesson for _, other in same)
         if verdict == "same" and not merged:

@@ -3,8 +3,10 @@
 Curation decides most pairs by rules (structured forms, stance, text similarity). What is left is
 a band of pairs close enough to matter and too far apart in words to call: Chinese rewordings that
 share few characters ("调用天气接口前，先向用户确认城市" / "查询天气之前，先问清楚用户是哪个城市"),
-synonyms the offline embedder does not know. When a model is configured, it is asked about those
-pairs only, one short JSON answer each; any failure leaves the rules' decision as it was.
+synonyms the offline embedder does not know; and, when nothing repeats a new lesson, the lessons
+of its tool and language it shares almost no words with (a rewording or an opposite in other
+words). When a model is configured, it is asked about those pairs only (two per new lesson at
+most), one short JSON answer each; any failure leaves the rules' decision as it was.
 """
 
 from __future__ import annotations
