@@ -1360,7 +1360,8 @@ def _relations(
             same.append((1.0, lesson))
             settled = True
             continue
-        agreement = _scenario_agreement(draft_scenario, _scenario(lesson))
+        scenario = _scenario(lesson)
+        agreement = _scenario_agreement(draft_scenario, scenario)
         if agreement == -2:
             continue  # different situations: neither a repeat nor a contradiction
         sim = max(
@@ -1371,7 +1372,11 @@ def _relations(
         )
         threshold = _MERGE_THRESHOLDS[agreement]
         if sim < min(threshold, CONFLICT_MIN_SIMILARITY):
-            if judge is not None and detect_language(lesson.advice) == draft_language:
+            if (
+                judge is not None
+                and draft_scenario["tools"] & scenario["tools"]  # a tool both name
+                and detect_language(lesson.advice) == draft_language
+            ):
                 far_pairs.append((sim, lesson))
             continue
         opposed, agreed = stance_relation(draft.advice, lesson.advice)
