@@ -412,6 +412,37 @@ Written by hand on 2026-12-02 (ninth session) from the full run above (main 1b54
 Xeon, load ~1): a later run changes the rows above, not these figures. Each says which writer it
 is for.
 
+Fourteenth session (2026-12-03, main after a3ce5c7; the same AMD EPYC, in its slow phase).
+Curation (issue 11): with a judge configured, a lesson of the draft's tool and language that
+shares almost no words with it (similarity below 0.2, where the rules read nothing) now goes to
+the judge after the open pairs, while nothing repeats the draft, two requests per draft at most
+as before (5de3165, 18a3c0a); without a judge every decision of every split is unchanged.
+What a model can add is measured by `bench/curation/run.py --oracle`, a judge answering from
+the labels (the ceiling: which pairs reach the judge, not a model's figure). Hash embedder,
+before → after, rewordings merged: heldout 0.81 → 0.81, blind 0.83 → 0.92, blind2 0.55 → 0.85,
+blind3 0.69 → 0.94, blind4 0.79 → 0.93, blind5 0.50 → 0.94, blind6 0.62 → 0.94, blind7 0.55 →
+0.85, blind8 0.44 → 0.75, blind9 0.70 → 0.80; conflicts flagged 0.88-1.00 → 1.00 on every
+split; opposites merged 0 and unrelated merged 0 throughout (e5: the same shares but blind8
+0.56). What is left under the ceiling is rewordings the rules read as opposed (false
+conflicts, 1-5 a split): a conflict the rules read is never put to the judge, so a model's
+mistake cannot merge opposites; those go to a person. Without a judge the figures are those
+above (rewordings merged 0-38% on the unseen splits with hash, 0-57% with e5). Retrieval with
+e5 (`bench/retrieval/run.py --embedder e5`), precision@3 / recall@3 / wrong injections: tuning
+0.938/0.942/0.069, heldout 0.882/0.949/0.109, blind 0.933/0.880/0.062, blind2 0.868/0.906/0.125,
+blind3 0.847/0.818/0.163, blind4 0.944/0.855/0.057, blind5 0.938/0.741/0.054, blind6
+0.945/0.960/0.054, blind7 0.900/0.918/0.107: no better than the hashed default overall. Tried
+and not kept: a remedy for a call gone wrong ("When request_refill fails with RefillTooSoon …")
+no longer a strong rule match for a request reporting nothing wrong: blind7 precision 0.915 →
+0.931 (b7q27), but b6q54 lost its lesson, wrong injections unchanged everywhere. Writer
+(issue 13): `bench/writer_cpu.py --runs 3` 45.6 µs of CPU per ~1 KB event fed from a file,
+51.0 µs beside an agent recording every 50 µs (`--pace 50`); sampled (py-spy, 1 kHz): SQLite's
+insert and commit ~23% of the samples, redaction ~14% (Hyperscan's one-pass scan 4.8 µs an
+event, no guard hit in the pool; the bounded repeat of the 16-character run guard ~1 µs of it),
+decoding the line ~10%, the projection ~8%: no piece to halve. `bench/agent_step.py`: one
+thread +10.2 µs (x0.26 OTel), four +19.1 µs (x0.36), the writer's CPU 57-58 µs per step;
+`bench/record_cost.py --quick`: record_action/process p50 4.5 µs, p99 7.2, serialize_only
+2.7 / 5.2.
+
 Twelfth and thirteenth sessions (2026-12-02/03, main after ae34b6a; an AMD EPYC with 2 vCPUs,
 whose speed moved by ~1.7x within the session: OTel's span p50 19 µs, later 33 µs, for the same
 code). The record call on the agent's thread: `bench/record_cost.py --quick` gives
