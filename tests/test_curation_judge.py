@@ -6,11 +6,15 @@ fails the rules' decision stands. The model is a real HTTP server speaking the O
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hindsight_loop import Features, Hindsight, LessonDraft
-from hindsight_loop.lessons import MAX_JUDGED
+import pytest
+
+from hindsight_loop import Features, Hindsight, Lesson, LessonDraft
+from hindsight_loop.embed import HashEmbedder
+from hindsight_loop.lessons import MAX_JUDGED, curate, reject
 from hindsight_loop.llm.judge import PairJudge
 from hindsight_loop.llm.openai import OpenAILLM
 from hindsight_loop.llm.reflector import LLMReflector
@@ -32,7 +36,9 @@ CITY_FAR_TOO = "地点不明确就别急着查，问清楚人在哪个地方"
 CITY_EN_FAR = "Don't assume a location nobody gave you; have them tell you first."
 CITY_EN_FAR_OPPOSITE = "Skip the question and go with their profile's home town."
 
-#: What the scripted model answers for each pair (kept, new); any other pair fails the test.
+#: What the scripted model answers for each pair (kept, new); any other pair is kept in
+#: ``UNEXPECTED`` (an assert in the server's handler would only fail that request) and fails the
+#: test that asked it.
 VERDICTS = {
     (CITY, CITY_REWORDED): "same",
     (CITY, CITY_UNITS): "different",
@@ -48,9 +54,21 @@ def _pair(request: RecordedRequest) -> tuple[str, str]:
     return a, b
 
 
+UNEXPECTED: list[tuple[str, str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _nothing_unexpected() -> Iterator[None]:
+    UNEXPECTED.clear()
+    yield
+    assert not UNEXPECTED, f"asked about pairs the rules settle: {UNEXPECTED}"
+
+
 def judging(request: RecordedRequest) -> Any:
     verdict = VERDICTS.get(_pair(request))
-    assert verdict is not None, f"asked about a pair the rules settle: {_pair(request)}"
+    if verdict is None:
+        UNEXPECTED.append(_pair(request))
+        return server_error(500)
     return answer({"relation": verdict, "reason": "scripted"})
 
 
@@ -170,3 +188,90 @@ def test_far_pairs_wait_for_a_repeat_and_are_asked_about_a_few_at_most(tmp_path:
         assert hs.curate(draft(CITY)).action == "merge"
         assert not asked
         assert server.requests
+
+
+#: Same tool, same language, few words shared with CITY_REWORDED (closest first).
+FAR_ONES = [
+    "天气接口超时时，告诉用户稍后再试，不要编造温度",
+    "预报只给到未来七天，超出的日期直接告诉用户查不到",
+    "报温度时用用户要求的单位",
+]
+
+
+def test_far_pairs_come_after_the_open_ones_closest_first_and_wait_for_no_repeat() -> None:
+    emb = HashEmbedder()
+    book: list[Lesson] = []
+    for text in [CITY, *reversed(FAR_ONES)]:
+        book += curate(draft(text), book, embedder=emb).saves
+    for for_city, expected in (("same", "merge"), ("different", "add")):
+        asked: list[str] = []
+
+        def judge(kept: str, new: str, answer: str = for_city, asked: list[str] = asked) -> str:
+            asked.append(kept)
+            return answer if kept == CITY else "different"
+
+        assert curate(draft(CITY_REWORDED), book, embedder=emb, judge=judge).action == expected
+        if for_city == "same":  # a repeat found: no far lesson is asked about
+            assert asked == [CITY]
+        else:  # the open pair first, then the closest far one, and no more
+            assert asked == [CITY, FAR_ONES[0]]
+
+
+def _toolless(advice: str) -> LessonDraft:
+    return LessonDraft(task_type="weather_query", advice=advice, root_cause="r")
+
+
+def test_a_far_pair_names_a_tool_the_draft_names_and_is_alive() -> None:
+    emb = HashEmbedder()
+    toolless = curate(_toolless("报温度时用用户要求的单位"), [], embedder=emb).lesson
+    dead = reject(
+        curate(draft("天气接口超时时，告诉用户稍后再试，不要编造温度"), [], embedder=emb).lesson,
+        by="a person",
+    )
+    asked: list[str] = []
+    change = curate(
+        draft(CITY_FAR),
+        [toolless, dead],
+        embedder=emb,
+        judge=lambda kept, new: asked.append(kept) or "same",
+    )
+    assert change.action == "add" and not asked
+    # Alive and of the same tool, the same lesson is asked about (and merged, on "same").
+    alive = curate(draft(dead.advice), [], embedder=emb).lesson
+    change = curate(
+        draft(CITY_FAR), [alive], embedder=emb, judge=lambda kept, new: asked.append(kept) or "same"
+    )
+    assert change.action == "merge" and asked == [alive.advice]
+
+
+def test_a_far_same_never_overrides_a_conflict_the_rules_read() -> None:
+    """A far lesson the model calls the same must not swallow a draft the rules flag."""
+    emb = HashEmbedder()
+    a = curate(draft(CITY_EN), [], embedder=emb).lesson
+    b = curate(
+        draft("If a get_weather call returns 429, back off for a minute."), [a], embedder=emb
+    ).lesson
+    opposite = "Don't confirm which city the user means before calling get_weather; just call it."
+    change = curate(draft(opposite), [a, b], embedder=emb, judge=lambda kept, new: "same")
+    assert change.action == "conflict" and change.other is not None
+    assert change.other.lesson_id == a.lesson_id
+
+
+def test_without_the_models_word_the_rules_flag_what_they_would_have() -> None:
+    """Pairs the rules would flag go to the model instead; when it fails (None, a raise),
+    the rules' conflict stands and nothing escapes into the caller."""
+    emb = HashEmbedder()
+    kept = "Serve cached get_weather results for repeat questions within the hour."
+    flipped = "Serve fresh get_weather results for repeat questions within the hour."
+    book = [curate(draft(kept), [], embedder=emb).lesson]
+    assert curate(draft(flipped), book, embedder=emb).action == "conflict"
+
+    def broken(a: str, b: str) -> str | None:
+        raise RuntimeError("a judge of the caller's own")
+
+    for judge in (lambda a, b: None, broken, lambda a, b: "SAME!"):
+        change = curate(draft(flipped), book, embedder=emb, judge=judge)
+        assert change.action == "conflict" and change.lesson.status == "needs_review"
+    assert curate(draft(flipped), book, embedder=emb, judge=lambda a, b: "different").action == (
+        "add"
+    )

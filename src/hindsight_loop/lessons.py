@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import logging
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +42,8 @@ from hindsight_loop.models import (
     utcnow,
 )
 from hindsight_loop.text import STOPWORDS, detect_language, is_cjk, tokenize
+
+log = logging.getLogger("hindsight_loop")
 
 # Two lessons' advice is compared by the mean of the embedder's cosine and a weighted overlap of
 # their terms (``text_similarity``). The offline hashed embedder knows no synonyms and scores
@@ -1272,7 +1275,9 @@ def curate(
     conflict_with: Lesson | None = None
     unsure: set[str] = set()
     if candidates:
-        same, conflicts, unsure = _relations(draft, candidates, embedder=embedder, judge=judge)
+        same, conflicts, unsure = _relations(
+            draft, candidates, embedder=embedder, judge=judge, now=now
+        )
         if same:
             # Among equal repeats one that is not dead wins: one a person merged away (rejected, "same
             # as" another) still matches its own text, and the one it went into holds it too.
@@ -1316,9 +1321,11 @@ def _relations(
     *,
     embedder: Any,
     judge: Callable[[str, str], str | None] | None = None,
+    now: datetime | None = None,
 ) -> tuple[list[tuple[float, Lesson]], list[Lesson], set[str]]:
     """Split candidates into those the draft repeats (with similarity) and those it contradicts,
-    and name the conflicts that are only near text the rules could not read (``agreement_shown``)."""
+    and name the conflicts that are only near text the rules could not read (``agreement_shown``).
+    ``now`` tells the dead lessons (rejected, expired) apart, which no far pair asks about."""
     texts = [draft.advice]
     spans: list[tuple[int, int]] = []  # which rows of ``texts`` hold each candidate's wordings
     for lesson in candidates:
@@ -1342,6 +1349,9 @@ def _relations(
     # pairs (``_judged``), since most are other advice for the same tool.
     far_pairs: list[tuple[float, Lesson]] = []
     draft_language = detect_language(draft.advice) if judge is not None else None
+    # The pairs the rules would flag that go to the judge instead (lesson id: whether "unsure"):
+    # without its word on one (it failed, or its turn never came) the rules' conflict stands.
+    held: dict[str, bool] = {}
     settled = False  # the rules found a repeat beyond doubt: nothing is left to ask about
     for lesson, (start, stop) in zip(candidates, spans, strict=True):
         relation = _structured_relation(draft.structured, lesson.structured)
@@ -1375,7 +1385,8 @@ def _relations(
             if (
                 judge is not None
                 and draft_scenario["tools"] & scenario["tools"]  # a tool both name
-                and detect_language(lesson.advice) == draft_language
+                and (lesson.language or detect_language(lesson.advice)) == draft_language
+                and not _is_dead(lesson, now or utcnow())
             ):
                 far_pairs.append((sim, lesson))
             continue
@@ -1412,6 +1423,7 @@ def _relations(
                 conflicts.append(lesson)
             else:
                 open_pairs.append((sim, lesson))
+                held[lesson.lesson_id] = False
             continue
         if sim < threshold + JUDGE_MARGIN:
             # Close to the threshold on either side: the words alone do not settle it.
@@ -1435,8 +1447,10 @@ def _relations(
             if judge is None:
                 conflicts.append(lesson)
                 unsure.add(lesson.lesson_id)
-            elif not any(other is lesson for _, other in open_pairs):
-                open_pairs.append((sim, lesson))
+            else:
+                if not any(other is lesson for _, other in open_pairs):
+                    open_pairs.append((sim, lesson))
+                held[lesson.lesson_id] = True
             continue
         negative, core = _polarity(lesson.advice)
         if negative != draft_negative and opposed > 0:
@@ -1458,8 +1472,20 @@ def _relations(
                 conflicts.append(lesson)
             else:
                 same.append((sim, lesson))
+    verdicts: dict[str, str] = {}
     if judge is not None and (open_pairs or far_pairs) and not settled:
-        same, conflicts = _judged(draft, same, conflicts, open_pairs, far_pairs, judge)
+        same, conflicts, verdicts = _judged(
+            draft, same, conflicts, open_pairs, far_pairs, judge, set(held)
+        )
+    for lesson in candidates:
+        if (
+            lesson.lesson_id in held
+            and lesson.lesson_id not in verdicts
+            and lesson not in conflicts
+        ):
+            conflicts.append(lesson)  # no word from the judge: the rules' call
+            if held[lesson.lesson_id]:
+                unsure.add(lesson.lesson_id)
     return same, conflicts, unsure
 
 
@@ -1470,29 +1496,43 @@ def _judged(
     open_pairs: list[tuple[float, Lesson]],
     far_pairs: list[tuple[float, Lesson]],
     judge: Callable[[str, str], str | None],
-) -> tuple[list[tuple[float, Lesson]], list[Lesson]]:
-    """The model's word on the closest pairs the words left open (``None``: the rules stand).
+    held: set[str],
+) -> tuple[list[tuple[float, Lesson]], list[Lesson], dict[str, str]]:
+    """The model's word on the closest pairs the words left open, and the verdicts it gave
+    (lesson id: "same", "opposite" or "different"; a pair without one keeps the rules' call).
 
     A near merge it calls different is kept apart, one it calls opposite is a conflict; a pair
-    below the threshold it calls the same is merged. A rule's conflict is never asked about.
-    The ``far_pairs`` (one scenario and language, few words shared) come after the open ones,
-    closest first, and only while nothing is the draft's repeat: a rewording in other words
-    ("keep them off the deep wrecks unless they hold an advanced card" / "book_dive deeper than
-    18 m only for Advanced Open Water") shares too few words for any threshold that keeps
-    other advice of the same tool apart, and an opposite in other words too ("至少提前八周寄出" /
-    "婚礼前三四周再发就够了"). ``MAX_JUDGED`` requests at most, whichever they are.
+    below the threshold it calls the same is merged. A contradiction the rules read is never
+    asked about. The ``far_pairs`` (one scenario and language, few words shared) come after the
+    open ones, closest first, and only while nothing is the draft's repeat or its opposite and
+    no ``held`` pair (one the rules would flag) waits for a verdict: a far "same" must not
+    override a conflict for a person. A rewording in other words ("keep them off the deep wrecks
+    unless they hold an advanced card" / "book_dive deeper than 18 m only for Advanced Open
+    Water") shares too few words for any threshold that keeps other advice of the same tool
+    apart, and an opposite in other words too ("至少提前八周寄出" / "婚礼前三四周再发就够了").
+    ``MAX_JUDGED`` requests at most, whichever they are.
     """
     same, conflicts = list(same), list(conflicts)
     ask = sorted(open_pairs, key=lambda p: -p[0]) + sorted(far_pairs, key=lambda p: -p[0])
     far_from = len(open_pairs)
+    verdicts: dict[str, str] = {}
     asked = 0
     for at, (sim, lesson) in enumerate(ask):
         if asked >= MAX_JUDGED:
             break
-        if lesson in conflicts or (at >= far_from and same):
+        if lesson in conflicts:
             continue
+        if at >= far_from and (same or conflicts or held.difference(verdicts)):
+            break
         asked += 1
-        verdict = judge(lesson.advice, draft.advice)
+        try:
+            verdict = judge(lesson.advice, draft.advice)
+        except Exception:  # noqa: BLE001 - a judge's failure leaves the rules' call
+            log.warning("hindsight: the pair judge failed", exc_info=True)
+            verdict = None
+        if verdict not in ("same", "opposite", "different"):
+            continue
+        verdicts[lesson.lesson_id] = verdict
         merged = any(other is lesson for _, other in same)
         if verdict == "same" and not merged:
             same.append((sim, lesson))
@@ -1500,7 +1540,7 @@ def _judged(
             same = [(x, other) for x, other in same if other is not lesson]
         if verdict == "opposite":
             conflicts.append(lesson)
-    return same, conflicts
+    return same, conflicts, verdicts
 
 
 def _is_dead(lesson: Lesson, now: datetime) -> bool:
