@@ -1349,9 +1349,11 @@ def _relations(
     # pairs (``_judged``), since most are other advice for the same tool.
     far_pairs: list[tuple[float, Lesson]] = []
     draft_language = detect_language(draft.advice) if judge is not None else None
-    # The pairs the rules would flag that go to the judge instead (lesson id: whether "unsure"):
-    # without its word on one (it failed, or its turn never came) the rules' conflict stands.
-    held: dict[str, bool] = {}
+    # The pairs the rules would flag that go to the judge instead (lesson id: the lesson and
+    # whether "unsure"): without its word on one (it failed, or its turn never came) the rules'
+    # conflict stands.
+    held: dict[str, tuple[Lesson, bool]] = {}
+    now = now or utcnow()
     settled = False  # the rules found a repeat beyond doubt: nothing is left to ask about
     for lesson, (start, stop) in zip(candidates, spans, strict=True):
         relation = _structured_relation(draft.structured, lesson.structured)
@@ -1386,7 +1388,7 @@ def _relations(
                 judge is not None
                 and draft_scenario["tools"] & scenario["tools"]  # a tool both name
                 and (lesson.language or detect_language(lesson.advice)) == draft_language
-                and not _is_dead(lesson, now or utcnow())
+                and not _is_dead(lesson, now)
             ):
                 far_pairs.append((sim, lesson))
             continue
@@ -1423,7 +1425,7 @@ def _relations(
                 conflicts.append(lesson)
             else:
                 open_pairs.append((sim, lesson))
-                held[lesson.lesson_id] = False
+                held[lesson.lesson_id] = (lesson, False)
             continue
         if sim < threshold + JUDGE_MARGIN:
             # Close to the threshold on either side: the words alone do not settle it.
@@ -1450,7 +1452,7 @@ def _relations(
             else:
                 if not any(other is lesson for _, other in open_pairs):
                     open_pairs.append((sim, lesson))
-                held[lesson.lesson_id] = True
+                held[lesson.lesson_id] = (lesson, True)
             continue
         negative, core = _polarity(lesson.advice)
         if negative != draft_negative and opposed > 0:
@@ -1477,15 +1479,11 @@ def _relations(
         same, conflicts, verdicts = _judged(
             draft, same, conflicts, open_pairs, far_pairs, judge, set(held)
         )
-    for lesson in candidates:
-        if (
-            lesson.lesson_id in held
-            and lesson.lesson_id not in verdicts
-            and lesson not in conflicts
-        ):
-            conflicts.append(lesson)  # no word from the judge: the rules' call
-            if held[lesson.lesson_id]:
-                unsure.add(lesson.lesson_id)
+    for lesson_id, (lesson, is_unsure) in held.items():
+        if lesson_id not in verdicts:  # no word from the judge: the rules' call
+            conflicts.append(lesson)
+            if is_unsure:
+                unsure.add(lesson_id)
     return same, conflicts, unsure
 
 
