@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -12,9 +13,10 @@ from typer.testing import CliRunner
 from hindsight_loop.cli import app
 from hindsight_loop.llm import LLMConfig, LLMConfigError, from_env, reflector_from_env
 from hindsight_loop.llm.anthropic import AnthropicLLM
+from hindsight_loop.llm.judge import CANARIES
 from hindsight_loop.llm.openai import OpenAILLM
 from hindsight_loop.llm.reflector import LLMReflector
-from hindsight_loop.testing.llm_server import LLMServer, answer, server_error
+from hindsight_loop.testing.llm_server import LLMServer, RecordedRequest, answer, server_error
 
 ENV_NAMES = (
     "PROVIDER",
@@ -203,6 +205,44 @@ def test_llm_check_reports_each_model() -> None:
     assert [r.model for r in server.requests[:2]] == ["strong", "cheap"]
     assert text.exit_code == 1  # the script ran out: the server answered 500
     assert "HINDSIGHT_LLM_BASE_URL" in text.output
+
+
+def _model(right: bool) -> Callable[[RecordedRequest], Any]:
+    """A model that answers the judge's check pairs right, or "same" to every pair."""
+    relations = {b: r for _, b, r in CANARIES}
+
+    def handle(request: RecordedRequest) -> Any:
+        for b, relation in relations.items():
+            if f'Lesson B: "{b}"' in request.prompt:
+                return answer({"relation": relation if right else "same"})
+        return answer({"ok": True})
+
+    return handle
+
+
+def test_llm_check_judge_says_whether_curation_will_use_the_model() -> None:
+    for right in (True, False):
+        with LLMServer(_model(right)) as server:
+            env = {"HINDSIGHT_LLM_BASE_URL": server.openai_base_url, "HINDSIGHT_LLM_MODEL": "m"}
+            text = runner.invoke(app, ["llm", "check", "--no-local", "--judge"], env=env)
+            out = json.loads(
+                runner.invoke(app, ["llm", "check", "--judge", "--json"], env=env).output
+            )
+        assert text.exit_code == 0, text.output
+        assert len(server.requests) == 2 * (1 + len(CANARIES))
+        assert out["judge"]["trusted"] is right
+        if right:
+            assert "6 of 6 check pairs right: curation uses its word" in text.output
+            assert out["judge"]["missed"] == []
+        else:
+            assert "2 of 6 check pairs right" in text.output
+            assert "curation will not use it" in text.output
+            assert {m["expected"] for m in out["judge"]["missed"]} == {"opposite", "different"}
+    # Without --judge: one request, as before.
+    with LLMServer(_model(True)) as server:
+        env = {"HINDSIGHT_LLM_BASE_URL": server.openai_base_url, "HINDSIGHT_LLM_MODEL": "m"}
+        assert runner.invoke(app, ["llm", "check", "--no-local"], env=env).exit_code == 0
+    assert len(server.requests) == 1
 
 
 def test_llm_check_fails_with_the_fix_when_the_server_errs() -> None:

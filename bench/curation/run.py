@@ -34,7 +34,9 @@ final). A gain that shows on ``tuning`` only is not a gain.
 
 Run: ``python bench/curation/run.py`` (``--embedder hash|concept|e5|st:MODEL|openai:MODEL``,
 repeatable; ``--judge`` adds a run with the model of ``HINDSIGHT_LLM_*`` judging the pairs the
-rules leave open; ``--verbose`` lists every wrong decision; ``--json``).
+rules leave open, once it has answered the judge's six check pairs (``llm.judge.CANARIES``) right,
+and says how it did on them; ``--unchecked`` with ``--judge`` counts its verdicts whatever it
+answered there, to see what the check keeps out; ``--verbose`` lists every wrong decision; ``--json``).
 
 ``--oracle`` adds a run whose judge answers from the pair's label: not a model's figure, but the
 ceiling of what any judge can add to the rules, since it shows which pairs reach the judge at
@@ -309,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also run each embedder with a judge that answers from the labels: the ceiling of "
         "what a model judging the pairs can add to the rules",
     )
+    parser.add_argument(
+        "--unchecked",
+        action="store_true",
+        help="with --judge: count the model's verdicts even if it misses the judge's check pairs",
+    )
     args = parser.parse_args(argv)
     splits = args.split or list(SPLITS)
     judge: Any = None
@@ -320,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         if llm is None:
             raise SystemExit("--judge needs a model: set HINDSIGHT_LLM_PROVIDER and its settings")
         judge = PairJudge(llm)
+        if args.unchecked:
+            judge.trusted = True
     results = []
     runs = [(spec, None) for spec in args.embedder or ["hash"]]
     runs += [(spec, judge) for spec in args.embedder or ["hash"]] if judge else []
@@ -381,7 +390,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{res['embedder']}, {res['split']}: wrong decisions")
             for p, a in wrong:
                 print(f"  {p['id']} {p['kind']} -> {a}\n    a: {p['a']}\n    b: {p['b']}")
+    if judge is not None:
+        print(f"\n{judge_report(judge, unchecked=args.unchecked)}")
     return 0
+
+
+def judge_report(judge: Any, *, unchecked: bool) -> str:
+    """How the model did on the judge's check pairs, and whether its verdicts counted."""
+    from hindsight_loop.llm.judge import CANARIES
+
+    name = f"judge {judge.llm.name}"
+    if unchecked:
+        return f"{name}: not put to the check pairs (--unchecked): every verdict counted"
+    if judge.trusted is None:
+        return f"{name}: the check pairs could not be asked (the model did not answer)"
+    right = len(CANARIES) - len(judge.missed)
+    head = f"{name}: {right} of {len(CANARIES)} check pairs right"
+    if judge.trusted:
+        return f"{head}: its verdicts counted"
+    missed = "; ".join(f"{want} answered {got!r}" for _, _, want, got in judge.missed)
+    return f"{head} ({missed}): not used, the rules decided every pair"
 
 
 if __name__ == "__main__":

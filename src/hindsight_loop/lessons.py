@@ -1275,7 +1275,7 @@ def curate(
     conflict_with: Lesson | None = None
     unsure: set[str] = set()
     if candidates:
-        same, conflicts, unsure = _relations(
+        same, conflicts, unsure, judged = _relations(
             draft, candidates, embedder=embedder, judge=judge, now=now
         )
         if same:
@@ -1287,9 +1287,18 @@ def curate(
             conflict_with = live[0]
 
     if best_same is not None:
+        # A merge on the model's word alone adds support and the wording, never the text the
+        # agent is told: a model that is wrong (an opposite it calls the same) must not rewrite it.
         return Change(
             action="merge",
-            lesson=_merge(best_same[1], draft, now=now, validity=validity, merge_text=merge_text),
+            lesson=_merge(
+                best_same[1],
+                draft,
+                now=now,
+                validity=validity,
+                merge_text=merge_text,
+                judged=best_same[1].lesson_id in judged,
+            ),
         )
 
     lesson = _new_lesson(draft, now=now, validity=validity)
@@ -1322,9 +1331,10 @@ def _relations(
     embedder: Any,
     judge: Callable[[str, str], str | None] | None = None,
     now: datetime | None = None,
-) -> tuple[list[tuple[float, Lesson]], list[Lesson], set[str]]:
+) -> tuple[list[tuple[float, Lesson]], list[Lesson], set[str], set[str]]:
     """Split candidates into those the draft repeats (with similarity) and those it contradicts,
-    and name the conflicts that are only near text the rules could not read (``agreement_shown``).
+    and name the conflicts that are only near text the rules could not read (``agreement_shown``)
+    and the repeats only the judge found (its "same" on a pair the rules would not merge).
     ``now`` tells the dead lessons (rejected, expired) apart, which no far pair asks about."""
     texts = [draft.advice]
     spans: list[tuple[int, int]] = []  # which rows of ``texts`` hold each candidate's wordings
@@ -1475,6 +1485,7 @@ def _relations(
             else:
                 same.append((sim, lesson))
     verdicts: dict[str, str] = {}
+    by_rules = {lesson.lesson_id for _, lesson in same}
     if judge is not None and (open_pairs or far_pairs) and not settled:
         same, conflicts, verdicts = _judged(
             draft, same, conflicts, open_pairs, far_pairs, judge, set(held)
@@ -1484,7 +1495,8 @@ def _relations(
             conflicts.append(lesson)
             if is_unsure:
                 unsure.add(lesson_id)
-    return same, conflicts, unsure
+    judged = {lesson.lesson_id for _, lesson in same} - by_rules
+    return same, conflicts, unsure, judged
 
 
 def _judged(
@@ -1598,7 +1610,11 @@ def _merge(
     validity: timedelta,
     merge_text: Callable[[str, str], str] | None,
     by: str = "curator",
+    judged: bool = False,
 ) -> Lesson:
+    """``kept`` with ``draft`` merged in. ``judged``: the pair judge's word alone made it a
+    repeat: the draft's support, sources and wording go in, none of its text (as for a lesson a
+    person vouched for), and the history says so."""
     lesson = copy.deepcopy(kept)
     old_advice = lesson.advice
     new_advice = draft.advice.strip()
@@ -1607,10 +1623,12 @@ def _merge(
     # the two would let the text and the structured form disagree; sources and support add up.
     pattern = _is_pattern(kept.structured) and _is_pattern(draft.structured)
     fix_new, fix_old = _has_fix(draft), _has_fix(kept)
-    # A person who says two lessons are one has chosen which text stays.
-    vouched = _vouched(kept) or by not in MACHINE_ACTORS
+    # A person who says two lessons are one has chosen which text stays; a model's word is
+    # enough to count a repeat, not to change the advice.
+    vouched = _vouched(kept) or by not in MACHINE_ACTORS or judged
     if vouched:
-        # A person's words stand: the repeat adds support and sources, never its text.
+        # A person's words (or the text already served) stand: the repeat adds support and
+        # sources, never its text.
         advice = old_advice
     elif pattern:
         advice = new_advice
@@ -1652,6 +1670,8 @@ def _merge(
     lesson.support += draft.support if isinstance(draft, Lesson) else 1
     lesson.updated_at = iso(now)
     changes: dict[str, Any] = {"support": lesson.support, "merged_advice": new_advice}
+    if judged:
+        changes["judged"] = True
     if added_sources:
         changes["source_task_ids"] = added_sources
     if advice != old_advice:

@@ -76,6 +76,14 @@ def check(
     local: Annotated[
         bool, typer.Option("--local/--no-local", help="Also check the local-review model.")
     ] = True,
+    judge: Annotated[
+        bool,
+        typer.Option(
+            "--judge",
+            help="Also put the model to the pair judge's six check pairs (six more requests): "
+            "curation uses its word on lesson pairs only if it answers them all right.",
+        ),
+    ] = False,
 ) -> None:
     """Send one tiny JSON request to the configured model(s); report model, latency and tokens."""
     config = _config()
@@ -108,11 +116,13 @@ def check(
                     "answer": answer.text[:200],
                 }
             )
+        judged = _judge_check(llm) if judge and results[0]["ok"] else None
     finally:
         llm.close()
     failed = [r for r in results if not r["ok"]]
     if json_out:
-        print_json({"provider": config.provider, "base_url": config.base_url, "results": results})
+        out = {"provider": config.provider, "base_url": config.base_url, "results": results}
+        print_json(out if judged is None else {**out, "judge": judged})
     else:
         for r in results:
             if r["ok"]:
@@ -127,8 +137,33 @@ def check(
                 )
             else:
                 say(f"err {config.provider}:{r['model']}: {r['error']}", err=True)
+        if judged is not None:
+            say(judged["summary"])
     if failed:
         raise fail(
             "the model did not answer: check HINDSIGHT_LLM_BASE_URL, HINDSIGHT_LLM_MODEL and "
             "HINDSIGHT_LLM_API_KEY (or raise HINDSIGHT_LLM_TIMEOUT)"
         )
+
+
+def _judge_check(llm: Any) -> dict[str, Any]:
+    """The pair judge's check pairs (``llm.judge.CANARIES``), as curation puts them to the model."""
+    from hindsight_loop.llm.judge import CANARIES, PairJudge
+
+    judge = PairJudge(llm)
+    trusted = judge.qualify()
+    missed = [
+        {"a": a, "b": b, "expected": want, "answered": got} for a, b, want, got in judge.missed
+    ]
+    total = len(CANARIES)
+    if trusted is None:
+        summary = "judge: the check pairs got no answer (see the warning above)"
+    elif trusted:
+        summary = f"judge: {total} of {total} check pairs right: curation uses its word"
+    else:
+        wrong = "; ".join(f"{m['expected']} answered {m['answered']!r}" for m in missed)
+        summary = (
+            f"judge: {total - len(missed)} of {total} check pairs right ({wrong}): "
+            "curation will not use it and keeps its rules' decisions"
+        )
+    return {"trusted": trusted, "missed": missed, "summary": summary}

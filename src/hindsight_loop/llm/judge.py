@@ -7,11 +7,19 @@ synonyms the offline embedder does not know; and, when nothing repeats a new les
 of its tool and language it shares almost no words with (a rewording or an opposite in other
 words). When a model is configured, it is asked about those pairs only (two per new lesson at
 most), one short JSON answer each; any failure leaves the rules' decision as it was.
+
+A model's "same" merges lessons the rules would keep apart, so a model that says "same" to
+everything would merge opposite advice (a real one did: SmolLM2-135M-Instruct through
+llama.cpp's OpenAI-compatible server merged 32 of the benchmark's 154 opposite pairs). So before
+its first verdict counts, the judge is put to ``CANARIES``: six pairs whose answer is beyond
+doubt, in English and Chinese. A model that misses any of them is not used (a warning says
+which it missed); curation then keeps the rules' decisions, as without a model.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Literal
 
 from hindsight_loop.llm import LLM, LLMError
@@ -41,33 +49,101 @@ Answer with one JSON object: {{"relation": "...", "reason": "..."}} where relati
 - "different": they are about different things.
 Keep the reason under 20 words."""
 
+_INVOICE = "Before calling send_invoice, check that the customer's billing address is filled in."
+_FLIGHT = "调用 book_flight 之前，先向用户确认出发日期。"
+
+#: Pairs any model fit to judge answers right, each relation in both languages: (A, B, relation).
+#: Of no subject the benchmark's pairs are about, and never used to decide a real pair.
+CANARIES: tuple[tuple[str, str, Relation], ...] = (
+    (_INVOICE, "Make sure the billing address is present before you send_invoice.", "same"),
+    (
+        "Always ask the user to confirm before calling delete_files.",
+        "Call delete_files right away; never ask the user to confirm.",
+        "opposite",
+    ),
+    (
+        _INVOICE,
+        "send_invoice sets the currency from its currency field; it defaults to USD.",
+        "different",
+    ),
+    (_FLIGHT, "先问清楚用户哪天出发，再去调 book_flight。", "same"),
+    (_FLIGHT, "不用问用户出发日期，直接按今天的日期调用 book_flight。", "opposite"),
+    (_FLIGHT, "book_flight 返回超时错误时，等几秒再重试一次。", "different"),
+)
+
 
 class PairJudge:
-    """Asks a model whether two lessons say the same thing; ``None`` when it cannot tell."""
+    """Asks a model whether two lessons say the same thing; ``None`` when it cannot tell, or when
+    the model missed one of the ``CANARIES`` (asked once, before its first verdict)."""
 
     def __init__(self, llm: LLM, *, model: str | None = None) -> None:
         self.llm = llm
         self.model = model
         self.asked = 0
-        """Pairs sent to the model (each is one request)."""
+        """Pairs sent to the model for curation (each is one request); the canaries apart."""
+        self.canary_requests = 0
+        """Requests spent putting the model to the canaries."""
+        self.trusted: bool | None = None
+        """Whether the model answered every canary right; None until it has answered them all
+        (a failed request leaves it None: the canaries are asked again before the next pair)."""
+        self.missed: list[tuple[str, str, str, str | None]] = []
+        """The canaries the model got wrong: (A, B, expected, its answer)."""
+        self._lock = threading.Lock()
 
     def __call__(self, a: str, b: str) -> Relation | None:
+        if not self.qualify():
+            return None
         self.asked += 1
         try:
-            answer = self.llm.complete(
-                PROMPT.format(a=_quote(a), b=_quote(b)),
-                system=SYSTEM,
-                model=self.model,
-                json_mode=True,
-                temperature=0.0,
-                max_tokens=MAX_TOKENS,
-            )
+            return self._ask(a, b)
         except LLMError as exc:
             log.warning("hindsight: judging a pair of lessons failed: %s", exc)
             return None
+
+    def _ask(self, a: str, b: str) -> Relation | None:
+        answer = self.llm.complete(
+            PROMPT.format(a=_quote(a), b=_quote(b)),
+            system=SYSTEM,
+            model=self.model,
+            json_mode=True,
+            temperature=0.0,
+            max_tokens=MAX_TOKENS,
+        )
         data = extract_json(answer.text) or {}
         relation = str(data.get("relation", "")).strip().lower()
         return relation if relation in RELATIONS else None  # type: ignore[return-value]
+
+    def qualify(self) -> bool | None:
+        """Put the model to the canaries (once: the answer is kept); whether its verdicts may
+        count, None when a request failed (asked again next time)."""
+        if self.trusted is not None:
+            return self.trusted
+        with self._lock:  # one round of canaries, whichever thread asks first
+            if self.trusted is None:
+                missed: list[tuple[str, str, str, str | None]] = []
+                for a, b, expected in CANARIES:
+                    self.canary_requests += 1
+                    try:
+                        got = self._ask(a, b)
+                    except LLMError as exc:
+                        log.warning("hindsight: the pair judge's check failed: %s", exc)
+                        return None  # no verdict now; the check runs again next time
+                    if got != expected:
+                        missed.append((a, b, expected, got))
+                self.missed = missed
+                self.trusted = not missed
+                if missed:
+                    first = missed[0]
+                    log.warning(
+                        "hindsight: %s is not used to judge lesson pairs: it answered %d of %d "
+                        "check pairs wrong (%r / %r is %r, it said %r); curation keeps its rules' "
+                        "decisions",
+                        self.llm.name,
+                        len(missed),
+                        len(CANARIES),
+                        *first,
+                    )
+        return self.trusted
 
 
 def _quote(text: str) -> str:
@@ -75,4 +151,4 @@ def _quote(text: str) -> str:
     return '"' + " ".join(text.split())[:600].replace('"', "'") + '"'
 
 
-__all__ = ["RELATIONS", "PairJudge", "Relation"]
+__all__ = ["CANARIES", "RELATIONS", "PairJudge", "Relation"]
