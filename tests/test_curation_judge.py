@@ -17,7 +17,7 @@ import pytest
 
 from hindsight_loop import Features, Hindsight, Lesson, LessonDraft
 from hindsight_loop.embed import HashEmbedder
-from hindsight_loop.lessons import MAX_JUDGED, curate, reject
+from hindsight_loop.lessons import MAX_JUDGED, MAX_MERGE_ENTRIES, curate, reject
 from hindsight_loop.llm.judge import CANARIES, PairJudge
 from hindsight_loop.llm.openai import OpenAILLM
 from hindsight_loop.llm.reflector import LLMReflector
@@ -391,3 +391,19 @@ def test_one_check_pair_missed_is_enough_not_to_use_the_model(wrong: int) -> Non
         assert judge(CITY, CITY_FAR) is None and judge.asked == 0  # never asked again
         llm.close()
     assert not asked(server)
+
+
+def test_merges_on_the_models_word_stay_counted_when_the_history_is_folded() -> None:
+    emb = HashEmbedder()
+    lesson = curate(draft(CITY_EN), [], embedder=emb).lesson
+    words = ["amber", "bison", "cobalt", "dune", "ember", "fjord", "garnet", "heron", "iris"]
+    n = MAX_MERGE_ENTRIES + 4
+    for i in range(n):
+        far = f"Mind the {words[i % 9]} {words[(i * 4 + 1) % 9]} quota {i} at night."
+        change = curate(draft(far), [lesson], embedder=emb, judge=lambda a, b: "same")
+        assert change.action == "merge" and change.lesson.advice == CITY_EN
+        lesson = change.lesson
+    summary = next(h for h in lesson.history if h["action"] == "merge_summary")
+    assert summary["changes"]["merges"] == summary["changes"]["judged_merges"] == 4
+    kept = [h for h in lesson.history if h["action"] == "merge"]
+    assert len(kept) == MAX_MERGE_ENTRIES and all(h["changes"]["judged"] for h in kept)

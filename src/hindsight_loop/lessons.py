@@ -1757,6 +1757,8 @@ def _compact_history(lesson: Lesson, dropped_sources: int = 0) -> None:
         counts["last_at"] = entry.get("at")
         if "advice" in changes:
             counts["advice_changes"] = counts.get("advice_changes", 0) + 1
+        if changes.get("judged"):  # on the pair judge's word alone: still told apart
+            counts["judged_merges"] = counts.get("judged_merges", 0) + 1
     counts["sources_not_sampled"] = counts.get("sources_not_sampled", 0) + dropped_sources
     counts["source_count"] = len(lesson.source_task_ids) + counts["sources_not_sampled"]
     lesson.history = [e for i, e in enumerate(history) if i not in fold]
