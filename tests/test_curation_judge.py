@@ -7,9 +7,13 @@ the OpenAI protocol."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -331,7 +335,7 @@ def test_a_check_the_model_did_not_answer_is_asked_again() -> None:
     script.append(answer({"relation": "same", "reason": "scripted"}))
     with LLMServer(script) as server:
         llm = OpenAILLM("judge-1", base_url=server.openai_base_url, api_key="k", timeout=2)
-        judge = PairJudge(llm)
+        judge = PairJudge(llm, check_retry_seconds=0)
         assert judge(CITY, CITY_FAR) is None and judge.trusted is None  # no answer: no verdict
         assert judge(CITY, CITY_FAR) == "same" and judge.trusted is True
         assert judge.canary_requests == 1 + len(CANARIES) and judge.asked == 1
@@ -407,3 +411,90 @@ def test_merges_on_the_models_word_stay_counted_when_the_history_is_folded() -> 
     assert summary["changes"]["merges"] == summary["changes"]["judged_merges"] == 4
     kept = [h for h in lesson.history if h["action"] == "merge"]
     assert len(kept) == MAX_MERGE_ENTRIES and all(h["changes"]["judged"] for h in kept)
+
+
+OPPOSITE_CONCRETE = (
+    "Call get_weather(city='Beijing', units='metric') straight away when no city is given."
+)
+
+
+def test_a_wording_merged_on_the_models_word_never_rewrites_the_advice_later() -> None:
+    """Learned again word for word (a rules repeat of that wording), the opposite the model let
+    in still adds support only; the clean lesson's text is what the agent is told."""
+    emb = HashEmbedder()
+    lesson = curate(draft(CITY_EN), [], embedder=emb).lesson
+    lesson = curate(draft(OPPOSITE_CONCRETE), [lesson], embedder=emb, judge=lambda a, b: "same")
+    lesson = lesson.lesson
+    for judge in (None, lambda a, b: "opposite"):
+        change = curate(draft(OPPOSITE_CONCRETE), [lesson], embedder=emb, judge=judge)
+        assert change.action == "merge" and change.lesson.advice == CITY_EN
+        assert change.lesson.history[-1]["changes"]["judged"] is True
+
+
+def test_the_models_word_alone_neither_revives_nor_feeds_a_dead_lesson() -> None:
+    emb = HashEmbedder()
+    kept = curate(draft(CITY), [], embedder=emb).lesson
+    expired = copy.deepcopy(kept)
+    expired.status = "expired"
+    rejected = reject(kept, by="a person")
+    for dead in (expired, rejected):
+        change = curate(draft(CITY_LAST), [dead], embedder=emb, judge=lambda a, b: "same")
+        assert change.action == "add" and change.lesson.lesson_id != kept.lesson_id
+        assert change.lesson.advice == CITY_LAST and change.other is None
+
+
+def test_the_check_resumes_where_it_stopped_after_a_wait() -> None:
+    right = [checked_reply(a, b) for a, b, _ in CANARIES]
+    script = [*right[:2], rejected(401), *right[2:], answer({"relation": "same"})]
+    with LLMServer(script) as server:
+        llm = OpenAILLM("judge-1", base_url=server.openai_base_url, api_key="k", timeout=2)
+        judge = PairJudge(llm, check_retry_seconds=60)
+        assert judge(CITY, CITY_FAR) is None and judge.trusted is None
+        assert len(server.requests) == 3
+        assert judge(CITY, CITY_FAR) is None and len(server.requests) == 3  # waits its time
+        judge._retry_at = 0.0  # the wait is over
+        assert judge(CITY, CITY_FAR) == "same" and judge.trusted is True
+        # Only the pairs not answered were asked again: 6 check requests and one failure.
+        assert judge.canary_requests == len(CANARIES) + 1
+        llm.close()
+    assert len(server.requests) == len(script)
+
+
+def test_an_answer_with_no_verdict_is_asked_again_and_the_third_is_final() -> None:
+    a, b, relation = CANARIES[0]
+    empty = answer("")
+    right = [checked_reply(x, y) for x, y, _ in CANARIES]
+    script = [empty, *right[1:], empty, right[0], answer({"relation": "same"})]
+    with LLMServer(script) as server:
+        llm = OpenAILLM("judge-1", base_url=server.openai_base_url, api_key="k", timeout=2)
+        judge = PairJudge(llm, check_retry_seconds=0)
+        assert judge(CITY, CITY_FAR) is None and judge.trusted is None
+        assert judge(CITY, CITY_FAR) is None and judge.trusted is None  # the second glitch
+        assert judge(CITY, CITY_FAR) == "same" and judge.trusted is True
+        llm.close()
+    with LLMServer([], default=empty) as server:
+        llm = OpenAILLM("judge-1", base_url=server.openai_base_url, api_key="k", timeout=2)
+        judge = PairJudge(llm, check_retry_seconds=0)
+        for _ in range(3):
+            assert judge(CITY, CITY_FAR) is None
+        assert judge.trusted is False and judge.missed[0] == (a, b, relation, None)
+        asked_before = len(server.requests)
+        assert judge(CITY, CITY_FAR) is None and len(server.requests) == asked_before
+        llm.close()
+
+
+def test_while_one_thread_checks_the_model_the_others_do_not_wait() -> None:
+    slow = [replace(checked_reply(a, b), delay=0.3) for a, b, _ in CANARIES]
+    with LLMServer(slow) as server:
+        llm = OpenAILLM("judge-1", base_url=server.openai_base_url, api_key="k", timeout=5)
+        judge = PairJudge(llm)
+        checking = threading.Thread(target=judge, args=(CITY, CITY_FAR))
+        checking.start()
+        while not server.requests:
+            time.sleep(0.01)
+        started = time.monotonic()
+        assert judge(CITY, CITY_FAR) is None  # the rules decide meanwhile
+        assert time.monotonic() - started < 0.25
+        checking.join()
+        assert judge.trusted is True and judge.canary_requests == len(CANARIES)
+        llm.close()

@@ -16,7 +16,13 @@ from hindsight_loop.llm.anthropic import AnthropicLLM
 from hindsight_loop.llm.judge import CANARIES
 from hindsight_loop.llm.openai import OpenAILLM
 from hindsight_loop.llm.reflector import LLMReflector
-from hindsight_loop.testing.llm_server import LLMServer, RecordedRequest, answer, server_error
+from hindsight_loop.testing.llm_server import (
+    LLMServer,
+    RecordedRequest,
+    answer,
+    rejected,
+    server_error,
+)
 
 ENV_NAMES = (
     "PROVIDER",
@@ -243,6 +249,15 @@ def test_llm_check_judge_says_whether_curation_will_use_the_model() -> None:
         env = {"HINDSIGHT_LLM_BASE_URL": server.openai_base_url, "HINDSIGHT_LLM_MODEL": "m"}
         assert runner.invoke(app, ["llm", "check", "--no-local"], env=env).exit_code == 0
     assert len(server.requests) == 1
+
+
+def test_llm_check_judge_fails_when_the_check_pairs_get_no_answer() -> None:
+    with LLMServer([answer({"ok": True})], default=rejected(401)) as server:
+        env = {"HINDSIGHT_LLM_BASE_URL": server.openai_base_url, "HINDSIGHT_LLM_MODEL": "m"}
+        result = runner.invoke(app, ["llm", "check", "--no-local", "--judge"], env=env)
+    assert result.exit_code == 1
+    assert "check pairs got no answer" in result.output
+    assert len(server.requests) == 1 + 3  # the check tried three times, one request each
 
 
 def test_llm_check_fails_with_the_fix_when_the_server_errs() -> None:

@@ -178,6 +178,12 @@ def evaluate(
     out: dict = {"embedder": embedder.name + (f" + {label}" if judge else "")}
     if judge is not None:
         out["judge_requests"] = judge.asked
+        if hasattr(judge, "canary_requests"):  # a model's judge: how it did on the check pairs
+            out["judge_check"] = {
+                "trusted": judge.trusted,
+                "requests": judge.canary_requests,
+                "missed": [{"expected": want, "answered": got} for *_, want, got in judge.missed],
+            }
     for lang in ("en", "zh", "all"):
         mine = [(p, a) for p, a in decisions if lang == "all" or p["lang"] == lang]
         count = Counter((p["kind"], a) for p, a in mine)

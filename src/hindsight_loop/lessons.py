@@ -1201,6 +1201,17 @@ def _structured_relation(a: Structured | None, b: Structured | None) -> str | No
     return None
 
 
+def _judged_wordings(lesson: Lesson) -> frozenset[str]:
+    """The wordings merged into ``lesson`` on the pair judge's word alone (not its advice)."""
+    return frozenset(
+        text
+        for entry in lesson.history
+        if (changes := entry.get("changes") or {}).get("judged")
+        and isinstance(text := changes.get("merged_advice"), str)
+        and text != lesson.advice
+    )
+
+
 def variants(lesson: Lesson) -> list[str]:
     """The lesson's advice and the rewordings merged into it (most recent first)."""
     texts = [lesson.advice]
@@ -1278,6 +1289,13 @@ def curate(
         same, conflicts, unsure, judged = _relations(
             draft, candidates, embedder=embedder, judge=judge, now=now
         )
+        # The judge's word alone neither revives an expired lesson nor sinks the draft into a
+        # rejected one: the draft goes in on its own.
+        same = [
+            (x, other)
+            for x, other in same
+            if not (other.lesson_id in judged and _is_dead(other, now))
+        ]
         if same:
             # Among equal repeats one that is not dead wins: one a person merged away (rejected, "same
             # as" another) still matches its own text, and the one it went into holds it too.
@@ -1365,6 +1383,7 @@ def _relations(
     held: dict[str, tuple[Lesson, bool]] = {}
     now = now or utcnow()
     settled = False  # the rules found a repeat beyond doubt: nothing is left to ask about
+    via_judged: set[str] = set()  # lessons matched through a wording merged on the judge's word
     for lesson, (start, stop) in zip(candidates, spans, strict=True):
         relation = _structured_relation(draft.structured, lesson.structured)
         if relation == "conflict":
@@ -1376,16 +1395,22 @@ def _relations(
             continue
         if relation == "different":
             continue
+        said = _judged_wordings(lesson)
         if any(text.strip() == draft_text for text in texts[start:stop]):
             # Word for word a wording it holds (its text, a merged rewording, one a person said
-            # was the same): a repeat, whatever the rules can read of it.
+            # was the same): a repeat, whatever the rules can read of it. Of a wording merged on
+            # the judge's word, a repeat on that word too (it must not rewrite the advice).
             same.append((1.0, lesson))
             settled = True
+            if draft_text in said:
+                via_judged.add(lesson.lesson_id)
             continue
         scenario = _scenario(lesson)
         agreement = _scenario_agreement(draft_scenario, scenario)
         if agreement == -2:
             continue  # different situations: neither a repeat nor a contradiction
+        # Near a wording the judge let in is not enough to merge: the stance rules below read
+        # the draft against the lesson's own advice.
         sim = max(
             text_similarity(draft.advice, text, float(c), weight)
             for text, c in zip(
@@ -1495,7 +1520,8 @@ def _relations(
             conflicts.append(lesson)
             if is_unsure:
                 unsure.add(lesson_id)
-    judged = {lesson.lesson_id for _, lesson in same} - by_rules
+    repeats = {lesson.lesson_id for _, lesson in same}
+    judged = (repeats - by_rules) | (repeats & via_judged)
     return same, conflicts, unsure, judged
 
 

@@ -139,6 +139,8 @@ def check(
                 say(f"err {config.provider}:{r['model']}: {r['error']}", err=True)
         if judged is not None:
             say(judged["summary"])
+    if judged is not None and judged["trusted"] is None:
+        raise fail("the pair judge's check pairs got no answer: the model cannot judge lessons now")
     if failed:
         raise fail(
             "the model did not answer: check HINDSIGHT_LLM_BASE_URL, HINDSIGHT_LLM_MODEL and "
@@ -148,10 +150,13 @@ def check(
 
 def _judge_check(llm: Any) -> dict[str, Any]:
     """The pair judge's check pairs (``llm.judge.CANARIES``), as curation puts them to the model."""
-    from hindsight_loop.llm.judge import CANARIES, PairJudge
+    from hindsight_loop.llm.judge import CANARIES, MAX_UNREADABLE, PairJudge
 
-    judge = PairJudge(llm)
-    trusted = judge.qualify()
+    judge = PairJudge(llm, check_retry_seconds=0)
+    for _ in range(MAX_UNREADABLE):  # as curation would, over its attempts, but now
+        trusted = judge.qualify()
+        if trusted is not None:
+            break
     missed = [
         {"a": a, "b": b, "expected": want, "answered": got} for a, b, want, got in judge.missed
     ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Literal
 
 from hindsight_loop.llm import LLM, LLMError
@@ -32,6 +33,10 @@ RELATIONS: tuple[str, ...] = ("same", "opposite", "different")
 
 #: Tokens an answer may take (``{"relation": "same"}`` and a short reason).
 MAX_TOKENS = 120
+#: Answers with no verdict in them a check pair may get before that is its answer.
+MAX_UNREADABLE = 3
+#: The longest wait before the check is tried again after an attempt that did not finish.
+MAX_RETRY_SECONDS = 600.0
 
 SYSTEM = (
     "You compare two pieces of advice written for an AI agent that uses tools. "
@@ -74,20 +79,32 @@ CANARIES: tuple[tuple[str, str, Relation], ...] = (
 
 class PairJudge:
     """Asks a model whether two lessons say the same thing; ``None`` when it cannot tell, or when
-    the model missed one of the ``CANARIES`` (asked once, before its first verdict)."""
+    the model missed one of the ``CANARIES`` (asked before its first verdict, once answered).
 
-    def __init__(self, llm: LLM, *, model: str | None = None) -> None:
+    The check is asked by one thread at a time; the others get ``None`` meanwhile (the rules
+    decide), as they do between attempts when a request of the check failed: the next attempt
+    comes ``check_retry_seconds`` later (doubling, up to ten minutes) and asks only the pairs
+    not yet answered. An answer with no verdict in it counts as one only the third time.
+    """
+
+    def __init__(
+        self, llm: LLM, *, model: str | None = None, check_retry_seconds: float = 30.0
+    ) -> None:
         self.llm = llm
         self.model = model
+        self.check_retry_seconds = check_retry_seconds
         self.asked = 0
         """Pairs sent to the model for curation (each is one request); the canaries apart."""
         self.canary_requests = 0
         """Requests spent putting the model to the canaries."""
         self.trusted: bool | None = None
-        """Whether the model answered every canary right; None until it has answered them all
-        (a failed request leaves it None: the canaries are asked again before the next pair)."""
+        """Whether the model answered every canary right; None until it is known."""
         self.missed: list[tuple[str, str, str, str | None]] = []
         """The canaries the model got wrong: (A, B, expected, its answer)."""
+        self._answers: dict[int, str | None] = {}  # canary index: its final answer
+        self._unreadable: dict[int, int] = {}  # canary index: answers with no verdict in them
+        self._failures = 0  # attempts in a row that ended without knowing
+        self._retry_at = 0.0
         self._lock = threading.Lock()
 
     def __call__(self, a: str, b: str) -> Relation | None:
@@ -114,36 +131,56 @@ class PairJudge:
         return relation if relation in RELATIONS else None  # type: ignore[return-value]
 
     def qualify(self) -> bool | None:
-        """Put the model to the canaries (once: the answer is kept); whether its verdicts may
-        count, None when a request failed (asked again next time)."""
+        """Put the model to the canaries; whether its verdicts may count, None while that is not
+        known (the check is under way in another thread, or waits to be tried again)."""
         if self.trusted is not None:
             return self.trusted
-        with self._lock:  # one round of canaries, whichever thread asks first
+        if time.monotonic() < self._retry_at or not self._lock.acquire(blocking=False):
+            return None
+        try:
             if self.trusted is None:
-                missed: list[tuple[str, str, str, str | None]] = []
-                for a, b, expected in CANARIES:
-                    self.canary_requests += 1
-                    try:
-                        got = self._ask(a, b)
-                    except LLMError as exc:
-                        log.warning("hindsight: the pair judge's check failed: %s", exc)
-                        return None  # no verdict now; the check runs again next time
-                    if got != expected:
-                        missed.append((a, b, expected, got))
-                self.missed = missed
-                self.trusted = not missed
-                if missed:
-                    first = missed[0]
-                    log.warning(
-                        "hindsight: %s is not used to judge lesson pairs: it answered %d of %d "
-                        "check pairs wrong (%r / %r is %r, it said %r); curation keeps its rules' "
-                        "decisions",
-                        self.llm.name,
-                        len(missed),
-                        len(CANARIES),
-                        *first,
-                    )
+                self._check()
+        finally:
+            self._lock.release()
         return self.trusted
+
+    def _check(self) -> None:
+        """One attempt at the canaries not yet answered (with the lock)."""
+        for i, (a, b, _) in enumerate(CANARIES):
+            if i in self._answers:
+                continue
+            self.canary_requests += 1
+            try:
+                got = self._ask(a, b)
+            except LLMError as exc:
+                log.warning("hindsight: the pair judge's check failed: %s", exc)
+                break
+            if got is None:
+                self._unreadable[i] = self._unreadable.get(i, 0) + 1
+                if self._unreadable[i] < MAX_UNREADABLE:
+                    continue  # perhaps a glitch: asked again next attempt
+            self._answers[i] = got
+        self.missed = [
+            (a, b, expected, self._answers[i])
+            for i, (a, b, expected) in enumerate(CANARIES)
+            if i in self._answers and self._answers[i] != expected
+        ]
+        if self.missed:
+            self.trusted = False  # one wrong answer settles it
+            log.warning(
+                "hindsight: %s is not used to judge lesson pairs: it answered %d of %d check "
+                "pairs wrong (%r / %r is %r, it said %r); curation keeps its rules' decisions",
+                self.llm.name,
+                len(self.missed),
+                len(CANARIES),
+                *self.missed[0],
+            )
+        elif len(self._answers) == len(CANARIES):
+            self.trusted = True
+        else:
+            self._failures += 1
+            delay = min(MAX_RETRY_SECONDS, self.check_retry_seconds * 2 ** (self._failures - 1))
+            self._retry_at = time.monotonic() + delay
 
 
 def _quote(text: str) -> str:
