@@ -403,19 +403,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def judge_report(judge: Any, *, unchecked: bool) -> str:
     """How the model did on the judge's check pairs, and whether its verdicts counted."""
-    from hindsight_loop.llm.judge import CANARIES
-
     name = f"judge {judge.llm.name}"
     if unchecked:
         return f"{name}: not put to the check pairs (--unchecked): every verdict counted"
     if judge.trusted is None:
-        return f"{name}: the check pairs could not be asked (the model did not answer)"
-    right = len(CANARIES) - len(judge.missed)
-    head = f"{name}: {right} of {len(CANARIES)} check pairs right"
-    if judge.trusted:
-        return f"{head}: its verdicts counted"
-    missed = "; ".join(f"{want} answered {got!r}" for _, _, want, got in judge.missed)
-    return f"{head} ({missed}): not used, the rules decided every pair"
+        return f"{name}: {judge.outcome()} (the model did not answer)"
+    verdicts = "its verdicts counted" if judge.trusted else "not used, the rules decided every pair"
+    return f"{name}: {judge.outcome()}: {verdicts}"
 
 
 if __name__ == "__main__":

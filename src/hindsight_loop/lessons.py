@@ -1395,14 +1395,13 @@ def _relations(
             continue
         if relation == "different":
             continue
-        said = _judged_wordings(lesson)
         if any(text.strip() == draft_text for text in texts[start:stop]):
             # Word for word a wording it holds (its text, a merged rewording, one a person said
             # was the same): a repeat, whatever the rules can read of it. Of a wording merged on
             # the judge's word, a repeat on that word too (it must not rewrite the advice).
             same.append((1.0, lesson))
             settled = True
-            if draft_text in said:
+            if draft_text in _judged_wordings(lesson):
                 via_judged.add(lesson.lesson_id)
             continue
         scenario = _scenario(lesson)

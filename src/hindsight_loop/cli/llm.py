@@ -150,7 +150,7 @@ def check(
 
 def _judge_check(llm: Any) -> dict[str, Any]:
     """The pair judge's check pairs (``llm.judge.CANARIES``), as curation puts them to the model."""
-    from hindsight_loop.llm.judge import CANARIES, MAX_UNREADABLE, PairJudge
+    from hindsight_loop.llm.judge import MAX_UNREADABLE, PairJudge
 
     judge = PairJudge(llm, check_retry_seconds=0)
     for _ in range(MAX_UNREADABLE):  # as curation would, over its attempts, but now
@@ -160,15 +160,10 @@ def _judge_check(llm: Any) -> dict[str, Any]:
     missed = [
         {"a": a, "b": b, "expected": want, "answered": got} for a, b, want, got in judge.missed
     ]
-    total = len(CANARIES)
-    if trusted is None:
-        summary = "judge: the check pairs got no answer (see the warning above)"
-    elif trusted:
-        summary = f"judge: {total} of {total} check pairs right: curation uses its word"
-    else:
-        wrong = "; ".join(f"{m['expected']} answered {m['answered']!r}" for m in missed)
-        summary = (
-            f"judge: {total - len(missed)} of {total} check pairs right ({wrong}): "
-            "curation will not use it and keeps its rules' decisions"
-        )
+    consequence = {
+        None: " (see the warning above)",
+        True: ": curation uses its word",
+        False: ": curation will not use it and keeps its rules' decisions",
+    }[trusted]
+    summary = f"judge: {judge.outcome()}{consequence}"
     return {"trusted": trusted, "missed": missed, "summary": summary}

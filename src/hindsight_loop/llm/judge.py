@@ -144,6 +144,16 @@ class PairJudge:
             self._lock.release()
         return self.trusted
 
+    def outcome(self) -> str:
+        """How the model did on the canaries so far, in words ("4 of 6 check pairs right (…)")."""
+        if self.trusted is None:
+            return "the check pairs got no answer"
+        total = len(CANARIES)
+        head = f"{total - len(self.missed)} of {total} check pairs right"
+        if not self.missed:
+            return head
+        return head + " (" + "; ".join(f"{w} answered {g!r}" for *_, w, g in self.missed) + ")"
+
     def _check(self) -> None:
         """One attempt at the canaries not yet answered (with the lock)."""
         for i, (a, b, _) in enumerate(CANARIES):
