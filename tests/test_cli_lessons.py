@@ -59,7 +59,7 @@ def seeded(db_path: Path, tmp_path: Path) -> dict[str, str]:
 
 def test_every_lessons_command_has_help() -> None:
     assert "Review and curate the lesson book" in run("lessons", "--help")
-    for command in ("list", "show", "review", "confirm", "merge", "reject", "pin", "unpin", "expire", "edit",
+    for command in ("list", "show", "review", "confirm", "merge", "split", "reject", "pin", "unpin", "expire", "edit",
                     "export", "import"):  # fmt: skip
         out = run("lessons", command, "--help")
         assert "Usage:" in out and "--db" in out

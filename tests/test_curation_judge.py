@@ -17,11 +17,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from hindsight_loop import Features, Hindsight, Lesson, LessonDraft
 from hindsight_loop.embed import HashEmbedder
-from hindsight_loop.lessons import MAX_JUDGED, MAX_MERGE_ENTRIES, curate, reject
+from hindsight_loop.lessons import (
+    MAX_JUDGED,
+    MAX_MERGE_ENTRIES,
+    confirm,
+    curate,
+    judged_merges,
+    reject,
+    review_reasons,
+    split_judged,
+    variants,
+)
 from hindsight_loop.llm.judge import CANARIES, PairJudge
 from hindsight_loop.llm.openai import OpenAILLM
 from hindsight_loop.llm.reflector import LLMReflector
@@ -498,3 +509,106 @@ def test_while_one_thread_checks_the_model_the_others_do_not_wait() -> None:
         checking.join()
         assert judge.trusted is True and judge.canary_requests == len(CANARIES)
         llm.close()
+
+
+# -- a person looks at what the model merged ------------------------------------------------------
+
+
+def _sourced(advice: str, task: str) -> LessonDraft:
+    return replace(draft(advice), source_task_ids=[task])
+
+
+def test_a_person_sees_the_models_merges_and_can_take_them_back_out() -> None:
+    emb = HashEmbedder()
+    kept = curate(_sourced(CITY_EN, "t1"), [], embedder=emb).lesson
+    same = lambda a, b: "same"  # noqa: E731 - a wrong model, as a person will find
+    for task in ("t2", "t3"):  # the same wording twice: one lesson once split, support 2
+        change = curate(_sourced(OPPOSITE_CONCRETE, task), [kept], embedder=emb, judge=same)
+        assert change.action == "merge" and change.lesson.lesson_id == kept.lesson_id
+        kept = change.lesson
+    assert kept.support == 3 and kept.source_task_ids == ["t1", "t2", "t3"]
+    assert judged_merges(kept) == [
+        {
+            "wording": OPPOSITE_CONCRETE,
+            "at": kept.history[1]["at"],
+            "merges": 2,
+            "support": 2,
+            "source_task_ids": ["t2", "t3"],
+        }
+    ]
+    assert review_reasons(kept) == [
+        "1 wording merged on the model's word alone: do they say the same?"
+    ]
+    assert OPPOSITE_CONCRETE in variants(kept)
+
+    back, [part] = split_judged(kept, by="alice")
+    assert back.advice == CITY_EN and back.status == "active"
+    assert back.support == 1 and back.source_task_ids == ["t1"]
+    assert variants(back) == [CITY_EN] and judged_merges(back) == []
+    assert review_reasons(back) == [] and back.history[-1]["action"] == "split"
+    assert back.history[-1]["by"] == "alice"
+    assert (part.advice, part.status, part.support) == (OPPOSITE_CONCRETE, "needs_review", 2)
+    assert part.source_task_ids == ["t2", "t3"] and part.task_type == kept.task_type
+    assert part.features.tools == ["get_weather"] and part.lesson_id != kept.lesson_id
+    assert review_reasons(part) == [
+        f"split from {kept.lesson_id}: the model called it the same, a person did not"
+    ]
+    with pytest.raises(ValueError, match="no merge made on the model's word"):
+        split_judged(back, by="alice")
+    # Learned again word for word, it goes to its own lesson, not back into the first.
+    change = curate(_sourced(OPPOSITE_CONCRETE, "t4"), [back, part], embedder=emb, judge=same)
+    assert change.action == "merge" and change.lesson.lesson_id == part.lesson_id
+    # And once the person rejects it, the rejected lesson takes the repeat, as any would.
+    gone = reject(part, by="alice")
+    change = curate(_sourced(OPPOSITE_CONCRETE, "t4"), [back, gone], embedder=emb, judge=same)
+    assert change.lesson.lesson_id == part.lesson_id and change.lesson.status == "rejected"
+
+
+def test_confirming_the_lesson_settles_the_models_merges_before_it() -> None:
+    emb = HashEmbedder()
+    kept = curate(draft(CITY_EN), [], embedder=emb).lesson
+    kept = curate(draft(CITY_EN_FAR), [kept], embedder=emb, judge=lambda a, b: "same").lesson
+    assert len(judged_merges(kept)) == 1
+    kept = confirm(kept, by="alice")
+    assert judged_merges(kept) == [] and review_reasons(kept) == []
+    with pytest.raises(ValueError):
+        split_judged(kept, by="alice")
+    # A merge on the model's word after the confirmation is the person's to look at again.
+    kept = curate(draft(OPPOSITE_CONCRETE), [kept], embedder=emb, judge=lambda a, b: "same").lesson
+    assert [m["wording"] for m in judged_merges(kept)] == [OPPOSITE_CONCRETE]
+    # A machine's "confirm" is no person's.
+    assert judged_merges(confirm(kept, by="curator")) != []
+
+
+def test_review_lists_the_models_merges_and_split_takes_them_back(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from hindsight_loop.cli import app
+
+    with LLMServer(judging) as server, _hs(tmp_path, server) as hs:
+        kept = hs.curate(draft(CITY)).lesson
+        assert hs.curate(draft(CITY_REWORDED)).action == "merge"  # on the model's word
+    db = str(tmp_path / "hs.db")
+    runner = CliRunner()
+
+    def run(*args: str, code: int = 0) -> str:
+        result = runner.invoke(app, [*args, "--db", db])
+        assert result.exit_code == code, result.output
+        return result.output
+
+    text = run("lessons", "review")
+    assert f"+ merged on the model's word: {CITY_REWORDED}" in text
+    assert "hindsight lessons split ID" in text
+    [queued] = orjson.loads(run("lessons", "review", "--json"))
+    assert queued["lesson_id"] == kept.lesson_id
+    assert [m["wording"] for m in queued["judged_merges"]] == [CITY_REWORDED]
+    out = orjson.loads(run("lessons", "split", kept.lesson_id, "--by", "alice", "--json"))
+    [part] = out["split"]
+    assert out["lesson"]["support"] == 1 and out["lesson"]["advice"] == CITY
+    assert part["advice"] == CITY_REWORDED and part["status"] == "needs_review"
+    [queued] = orjson.loads(run("lessons", "review", "--json"))
+    assert queued["lesson_id"] == part["lesson_id"]  # the split one waits; the first is settled
+    assert "holds no merge made on the model's word" in run(
+        "lessons", "split", kept.lesson_id, code=1
+    )
+    run("lessons", "split", "les_nope", code=1)

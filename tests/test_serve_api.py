@@ -477,3 +477,49 @@ def test_a_change_by_another_instance_shows_on_the_next_page(server: Any) -> Non
     assert "les_drop" not in {x["lesson_id"] for x in active["lessons"]}
     rejected = anon.get("/api/lessons", params={"status": "rejected", "limit": 500}).json()
     assert "les_drop" in {x["lesson_id"] for x in rejected["lessons"]}
+
+
+def test_a_merge_on_the_models_word_is_shown_for_review_and_split_back_out(server: Any) -> None:
+    """The model's "same" merged a wording that says the opposite: the review page and the API
+    show it under the lesson, and a person takes it back out as a lesson of its own."""
+    from hindsight_loop.embed import HashEmbedder
+    from hindsight_loop.lessons import curate
+    from hindsight_loop.models import Features, LessonDraft
+
+    def draft(advice: str) -> LessonDraft:
+        return LessonDraft(
+            task_type="weather_query", advice=advice, features=Features(tools=["get_weather"])
+        )
+
+    wrong = "Call get_weather(city='Beijing') straight away when no city is given."
+    emb = HashEmbedder()
+    kept = curate(draft("Confirm which city the user means before calling get_weather."), [],
+                  embedder=emb).lesson  # fmt: skip
+    kept = curate(draft(wrong), [kept], embedder=emb, judge=lambda a, b: "same").lesson
+    with Hindsight(server["db"], background=False) as hs:
+        hs.save_lesson(kept)
+    anon, agent = server["anon"], server["agent"]
+    [item] = [i for i in agent.get("/api/review").json()["queue"]
+              if i["lesson"]["lesson_id"] == kept.lesson_id]  # fmt: skip
+    assert [m["wording"] for m in item["judged_merges"]] == [wrong]
+    assert "merged on the model's word alone" in item["reasons"][0]
+    # The page, for a person logged in: the wording under the lesson, and a button to split it.
+    assert anon.post("/login", data={"token": TOKEN, "name": "ana"}).status_code == 303
+    page = anon.get("/review").text
+    assert "Merged on the model&#39;s word" in page and "straight away when no city" in page
+    assert f'action="/review/{kept.lesson_id}/split"' in page
+    csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    done = anon.post(f"/review/{kept.lesson_id}/split", data={"csrf": csrf},
+                     headers={"HX-Request": "true"})  # fmt: skip
+    assert done.status_code == 200 and "split: what the model merged" in done.text
+    back = agent.get(f"/api/lessons/{kept.lesson_id}").json()
+    assert back["support"] == 1 and back["history"][-1]["action"] == "split"
+    assert back["history"][-1]["by"] == "ana"
+    [part_id] = back["history"][-1]["changes"]["lessons"]
+    part = agent.get(f"/api/lessons/{part_id}").json()
+    assert part["advice"] == wrong and part["status"] == "needs_review"
+    queue = {i["lesson"]["lesson_id"]: i for i in agent.get("/api/review").json()["queue"]}
+    assert kept.lesson_id not in queue and part_id in queue
+    again = agent.post(f"/api/lessons/{kept.lesson_id}/split", json={"by": "ana"})
+    assert again.status_code == 400 and "no merge made on the model's word" in again.json()["error"]
+    assert agent.post("/api/lessons/les_none/split", json={"by": "ana"}).status_code == 404

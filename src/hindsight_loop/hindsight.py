@@ -368,6 +368,15 @@ class Hindsight:
         )
         return None if changed is None else changed[0]
 
+    def split_lesson(self, lesson_id: str, *, by: str) -> tuple[Lesson, list[Lesson]] | None:
+        """A person says the wordings merged into a lesson on the pair judge's word alone do not
+        say what it says (``lessons.split_judged``): each becomes a lesson of its own, waiting
+        for review. Returns the lesson as changed and the new ones, None if it is missing;
+        ``ValueError`` when it holds no such merge."""
+        from hindsight_loop.lessons import split_judged
+
+        return self.curator.split(lesson_id, lambda lesson: split_judged(lesson, by=by))
+
     def expire_due(self) -> list[Lesson]:
         """Expire the lessons past their ``valid_until`` (an explicit step: recall never writes)."""
         return self.curator.expire_due()

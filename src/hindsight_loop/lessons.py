@@ -1202,22 +1202,26 @@ def _structured_relation(a: Structured | None, b: Structured | None) -> str | No
 
 
 def _judged_wordings(lesson: Lesson) -> frozenset[str]:
-    """The wordings merged into ``lesson`` on the pair judge's word alone (not its advice)."""
+    """The wordings merged into ``lesson`` on the pair judge's word alone (not its advice), but
+    for those a person split back out (``split_judged``)."""
     return frozenset(
         text
         for entry in lesson.history
         if (changes := entry.get("changes") or {}).get("judged")
+        and "split_into" not in changes
         and isinstance(text := changes.get("merged_advice"), str)
         and text != lesson.advice
     )
 
 
 def variants(lesson: Lesson) -> list[str]:
-    """The lesson's advice and the rewordings merged into it (most recent first)."""
+    """The lesson's advice and the rewordings merged into it (most recent first); a wording a
+    person split back out is another lesson's now, not one of these."""
     texts = [lesson.advice]
     for entry in reversed(lesson.history):
-        text = (entry.get("changes") or {}).get("merged_advice")
-        if isinstance(text, str) and text not in texts:
+        changes = entry.get("changes") or {}
+        text = changes.get("merged_advice")
+        if isinstance(text, str) and text not in texts and "split_into" not in changes:
             texts.append(text)
         if len(texts) >= MAX_VARIANTS:
             break
@@ -1696,7 +1700,9 @@ def _merge(
     lesson.updated_at = iso(now)
     changes: dict[str, Any] = {"support": lesson.support, "merged_advice": new_advice}
     if judged:
+        # What the merge added, so a person who says the model was wrong can take it back out.
         changes["judged"] = True
+        changes["support_added"] = draft.support if isinstance(draft, Lesson) else 1
     if added_sources:
         changes["source_task_ids"] = added_sources
     if advice != old_advice:
@@ -2018,6 +2024,117 @@ def confirm(
     return out
 
 
+def _unsettled_judged(lesson: Lesson) -> list[int]:
+    """The history's merges made on the pair judge's word alone that no person has settled:
+    after the last confirmation by a person, not split back out (``split_judged``), and not the
+    advice now (a person's edit chose that wording)."""
+    history = lesson.history
+    settled = max(
+        (
+            i
+            for i, e in enumerate(history)
+            if e.get("action") == "confirm" and e.get("by") not in MACHINE_ACTORS
+        ),
+        default=-1,
+    )
+    return [
+        i
+        for i in range(settled + 1, len(history))
+        if history[i].get("action") == "merge"
+        and (changes := history[i].get("changes") or {}).get("judged")
+        and "split_into" not in changes
+        and isinstance(wording := changes.get("merged_advice"), str)
+        and wording != lesson.advice
+    ]
+
+
+def judged_merges(lesson: Lesson) -> list[dict[str, Any]]:
+    """The wordings merged into ``lesson`` on the pair judge's word alone that no person has
+    settled yet (confirming the lesson settles those merged before; ``split_judged`` takes them
+    back out), each as ``{"wording", "at", "merges", "support", "source_task_ids"}`` (a wording
+    merged more than once: every merge of it), oldest first. Merges folded into the history's
+    summary are counted there, not listed here."""
+    by_wording: dict[str, dict[str, Any]] = {}
+    for i in _unsettled_judged(lesson):
+        entry = lesson.history[i]
+        changes = entry["changes"]
+        merge = by_wording.setdefault(
+            changes["merged_advice"],
+            {
+                "wording": changes["merged_advice"],
+                "at": entry.get("at"),
+                "merges": 0,
+                "support": 0,
+                "source_task_ids": [],
+            },
+        )
+        merge["merges"] += 1
+        merge["support"] += max(1, int(changes.get("support_added", 1)))
+        merge["source_task_ids"] = _merge_list(
+            merge["source_task_ids"], changes.get("source_task_ids") or []
+        )
+    return list(by_wording.values())
+
+
+def split_judged(
+    lesson: Lesson, *, by: str, now: datetime | None = None, validity: timedelta = DEFAULT_VALIDITY
+) -> tuple[Lesson, list[Lesson]]:
+    """A person says the wordings merged into ``lesson`` on the pair judge's word alone
+    (``judged_merges``) do not say what it says: each becomes a lesson of its own, waiting for
+    review (confirm it, reject it, or merge it into another), with the support and sources its
+    merges brought and ``lesson``'s task type, scope and features; ``lesson`` gives those back
+    and never matches the wordings again. Returns ``(lesson, the new lessons)``;
+    ``ValueError`` when there is no such merge to take back."""
+    now = now or utcnow()
+    out = copy.deepcopy(lesson)
+    pending = _unsettled_judged(out)
+    if not pending:
+        raise ValueError(f"{lesson.lesson_id} holds no merge made on the model's word alone")
+    parts: dict[str, Lesson] = {}
+    for merge in judged_merges(out):
+        wording, sources = merge["wording"], merge["source_task_ids"]
+        part = Lesson(
+            lesson_id=new_id("les"),
+            task_type=out.task_type,
+            advice=wording,
+            features=copy.deepcopy(out.features),
+            kind=out.kind,
+            scope=out.scope,
+            source_task_ids=list(sources),
+            created_at=iso(now),
+            updated_at=iso(now),
+            valid_until=iso(now + validity),
+            status="needs_review",
+            support=merge["support"],
+            language=detect_language(wording),
+        )
+        part.history.append(
+            _history(now, by, "create", {"split_from": out.lesson_id, "source_task_ids": sources})
+        )
+        part.history[-1]["reason"] = (
+            f"merged into {out.lesson_id} on the model's word; {by} says it is not the same"
+        )
+        part.value_score = value_score(part, now)
+        parts[wording] = part
+        out.support = max(1, out.support - merge["support"])
+        out.source_task_ids = [t for t in out.source_task_ids if t not in sources]
+    for i in pending:  # marked: never listed, matched or split again
+        changes = out.history[i]["changes"]
+        changes["split_into"] = parts[changes["merged_advice"]].lesson_id
+    out.updated_at = iso(now)
+    out.value_score = value_score(out, now)
+    new = list(parts.values())
+    out.history.append(
+        _history(
+            now,
+            by,
+            "split",
+            {"lessons": [p.lesson_id for p in new], "wordings": [p.advice for p in new]},
+        )
+    )
+    return out, new
+
+
 def review_reasons(lesson: Lesson, book: Mapping[str, Lesson] | None = None) -> list[str]:
     """Why a lesson needs a person's look: conflicts, suspect quality, harm (empty: it does not).
 
@@ -2050,6 +2167,21 @@ def review_reasons(lesson: Lesson, book: Mapping[str, Lesson] | None = None) -> 
         reasons.append("suspect quality")
     if keeps_hurting(lesson):
         reasons.append(f"harmful: hurt {lesson.harmful} times, helped {lesson.helpful}")
+    if judged := judged_merges(lesson):
+        reasons.append(
+            f"{len(judged)} wording{'s' if len(judged) > 1 else ''} merged on the model's word "
+            "alone: do they say the same?"
+        )
+    split_from = next(
+        (
+            (e.get("changes") or {}).get("split_from")
+            for e in lesson.history
+            if e.get("action") == "create" and (e.get("changes") or {}).get("split_from")
+        ),
+        None,
+    )
+    if lesson.status == "needs_review" and split_from:
+        reasons.append(f"split from {split_from}: the model called it the same, a person did not")
     if lesson.status == "needs_review" and not reasons:
         reasons.append("needs review")
     return reasons

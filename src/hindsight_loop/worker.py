@@ -129,6 +129,20 @@ class Curator:
                 self.save(lesson)
         return changed
 
+    def split(
+        self, lesson_id: str, edit: Callable[[Lesson], tuple[Lesson, list[Lesson]]]
+    ) -> tuple[Lesson, list[Lesson]] | None:
+        """``change`` that also adds the lessons ``edit`` makes (a person splitting a merge back
+        out), all in one transaction. None if there is no such lesson."""
+        with self._lock, self.store.transaction():
+            lesson = self.store.get_lesson(lesson_id)
+            if lesson is None:
+                return None
+            changed, added = edit(lesson)
+            for each in (changed, *added):
+                self.save(each)
+        return changed, added
+
     def save(self, lesson: Lesson) -> None:
         """Store a lesson with its embedding (re-embedded on every save: the text may change)."""
         embedder = self._embedder()

@@ -200,7 +200,16 @@ def review(db: DbOption = "hindsight.db", json: JsonOption = False) -> None:
             queue.append((lesson, reasons))
     queue.sort(key=lambda pair: (pair[0].status != "needs_review", pair[0].created_at))
     if json:
-        print_json([{**lesson.to_dict(), "reasons": reasons} for lesson, reasons in queue])
+        print_json(
+            [
+                {
+                    **lesson.to_dict(),
+                    "reasons": reasons,
+                    "judged_merges": book_ops.judged_merges(lesson),
+                }
+                for lesson, reasons in queue
+            ]
+        )
         return
     if not queue:
         say("Nothing needs review.")
@@ -215,10 +224,13 @@ def review(db: DbOption = "hindsight.db", json: JsonOption = False) -> None:
             other = every.get(other_id)
             if other is not None and other.status in {"active", "needs_review"}:
                 say(f"  vs {other_id} [{other.status}]: {other.advice}")
+        for merge in book_ops.judged_merges(lesson):
+            say(f"  + merged on the model's word: {merge['wording']}")
     say(
         f"{len(queue)} to review. Settle each with 'hindsight lessons confirm ID', "
         "'hindsight lessons edit ID --advice …', 'hindsight lessons reject ID', or, when it says "
-        "what the other says, 'hindsight lessons merge ID --into OTHER'."
+        "what the other says, 'hindsight lessons merge ID --into OTHER'; wordings merged on the "
+        "model's word that say something else: 'hindsight lessons split ID'."
     )
 
 
@@ -270,6 +282,36 @@ def merge(
             raise fail(str(exc)) from None
     assert kept is not None
     _done(kept, json, f"now holds {lesson_id} (support {kept.support})")
+
+
+@lessons_app.command("split")
+def split(
+    lesson_id: IdArgument,
+    db: DbOption = "hindsight.db",
+    by: ByOption = None,
+    json: JsonOption = False,
+) -> None:
+    """Take back the wordings merged into a lesson on the model's word alone: each becomes a
+    lesson of its own, waiting for review, with the support and sources its merge brought."""
+    who = _who(by)
+    with open_hs(db) as hs:
+        _find(hs, lesson_id, db)
+        try:
+            changed = hs.split_lesson(lesson_id, by=who)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+    assert changed is not None
+    kept, parts = changed
+    if json:
+        print_json({"lesson": kept.to_dict(), "split": [p.to_dict() for p in parts]})
+        return
+    say(f"{kept.lesson_id} [{kept.status}] keeps its advice (support {kept.support})")
+    for part in parts:
+        say(f"  {part.lesson_id} [{part.status}]: {part.advice}")
+    say(
+        f"{len(parts)} split out, waiting for review: 'hindsight lessons confirm ID' or "
+        "'hindsight lessons reject ID'."
+    )
 
 
 @lessons_app.command("reject")

@@ -385,6 +385,7 @@ class Api:
                         "lesson": lesson_view(i.lesson),
                         "reasons": i.reasons,
                         "conflicts_with": [lesson_view(r) for r in i.rivals],
+                        "judged_merges": i.judged,
                     }
                     for i in queue
                 ]

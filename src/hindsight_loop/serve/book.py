@@ -39,7 +39,7 @@ EDIT_FIELDS = (
     "valid_until",
 )
 #: The review actions, each a function of the lesson book module.
-ACTIONS = ("confirm", "reject", "pin", "unpin", "edit")
+ACTIONS = ("confirm", "reject", "pin", "unpin", "edit", "split")
 
 
 class NotFound(LookupError):
@@ -260,6 +260,9 @@ class ReviewItem:
     lesson: Lesson
     reasons: list[str]
     rivals: list[Lesson] = field(default_factory=list)
+    #: Wordings merged on the pair judge's word alone, for a person to look at
+    #: (``lessons.judged_merges``).
+    judged: list[dict[str, Any]] = field(default_factory=list)
 
 
 def review_queue(book: list[Lesson]) -> list[ReviewItem]:
@@ -283,7 +286,14 @@ def review_queue(book: list[Lesson]) -> list[ReviewItem]:
         if rivals and pairs <= shown_pairs and len(reasons) == 1:
             continue  # this conflict is already on the queue from its other side
         shown_pairs |= pairs
-        queue.append(ReviewItem(lesson=lesson, reasons=reasons, rivals=rivals))
+        queue.append(
+            ReviewItem(
+                lesson=lesson,
+                reasons=reasons,
+                rivals=rivals,
+                judged=book_ops.judged_merges(lesson),
+            )
+        )
     queue.sort(key=lambda i: (i.lesson.status != "needs_review", i.lesson.created_at))
     return queue
 
@@ -301,7 +311,9 @@ def act(
     changes: dict[str, Any] | None = None,
     cache: BookCache | None = None,
 ) -> Lesson:
-    """Confirm, reject, pin, unpin or edit one lesson, as the CLI does.
+    """Confirm, reject, pin, unpin, edit or split one lesson, as the CLI does (``split``:
+    the wordings merged on the model's word alone become lessons of their own, waiting for
+    review; the lesson as changed is returned).
 
     Raises:
         BadInput: an unknown action, or an edit with no or bad fields (nothing is changed).
@@ -319,9 +331,11 @@ def act(
         apply = lambda x: book_ops.pin(x, by=by)  # noqa: E731
     elif action == "unpin":
         apply = lambda x: book_ops.unpin(x, by=by)  # noqa: E731
-    else:
+    elif action == "edit":
         fields = _edit_fields(changes)
         apply = lambda x: book_ops.edit(x, by=by, **fields)  # noqa: E731
+    else:
+        return _split(hs, lesson_id, by=by, cache=cache)
     before = cache.version() if cache is not None else None
     try:
         changed = hs.change_lesson(lesson_id, apply)
@@ -331,6 +345,21 @@ def act(
         raise NotFound(f"no lesson {lesson_id!r}; list them at /lessons or GET /api/lessons")
     if cache is not None:
         cache.changed(hs, before, [changed])
+    return changed
+
+
+def _split(hs: Hindsight, lesson_id: str, *, by: str, cache: BookCache | None) -> Lesson:
+    """``act``'s split: the lesson and the ones split out of it are saved at once."""
+    before = cache.version() if cache is not None else None
+    try:
+        split = hs.split_lesson(lesson_id, by=by)
+    except ValueError as exc:  # no merge on the model's word to take back: nothing changed
+        raise BadInput(str(exc)) from None
+    if split is None:
+        raise NotFound(f"no lesson {lesson_id!r}; list them at /lessons or GET /api/lessons")
+    changed, added = split
+    if cache is not None:
+        cache.changed(hs, before, [changed, *added])
     return changed
 
 

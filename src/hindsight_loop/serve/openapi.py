@@ -278,7 +278,8 @@ OPENAPI: dict[str, Any] = {
         "/api/lessons/{lesson_id}/{action}": {
             "post": {
                 **_op(
-                    "Review a lesson: action is confirm, reject, pin, unpin or edit.",
+                    "Review a lesson: action is confirm, reject, pin, unpin, edit or split (the wordings "
+                    "merged on the model's word alone become lessons of their own, for review).",
                     body={
                         "type": "object",
                         "required": ["by"],
