@@ -257,6 +257,10 @@ def test_a_near_pair_the_rules_cannot_read_waits_and_a_person_merges_it(
     ]
     assert "hindsight lessons merge ID --into OTHER" in run("lessons", "review", "--db", db)
     run("lessons", "merge", new_id, "--into", new_id, "--db", db, code=1)
+    refused = run(
+        "lessons", "merge", new_id, "--into", old_id, "--db", db, "--by", "curator", code=1
+    )
+    assert "--by names a person" in refused
     run("lessons", "merge", new_id, "--into", "les_nope", "--db", db, code=1)
     said = run("lessons", "merge", new_id, "--into", old_id, "--db", db, "--by", "alice")
     assert f"{old_id} now holds {new_id} (support 2)" in said

@@ -25,6 +25,7 @@ from hindsight_loop.embed import HashEmbedder
 from hindsight_loop.lessons import (
     MAX_JUDGED,
     MAX_MERGE_ENTRIES,
+    MAX_PENDING_JUDGED,
     confirm,
     curate,
     judged_merges,
@@ -408,20 +409,51 @@ def test_one_check_pair_missed_is_enough_not_to_use_the_model(wrong: int) -> Non
     assert not asked(server)
 
 
-def test_merges_on_the_models_word_stay_counted_when_the_history_is_folded() -> None:
+def test_merges_on_the_models_word_wait_unfolded_a_bounded_few_and_fold_once_settled() -> None:
     emb = HashEmbedder()
     lesson = curate(draft(CITY_EN), [], embedder=emb).lesson
     words = ["amber", "bison", "cobalt", "dune", "ember", "fjord", "garnet", "heron", "iris"]
-    n = MAX_MERGE_ENTRIES + 4
-    for i in range(n):
-        far = f"Mind the {words[i % 9]} {words[(i * 4 + 1) % 9]} quota {i} at night."
-        change = curate(draft(far), [lesson], embedder=emb, judge=lambda a, b: "same")
+    same = lambda a, b: "same"  # noqa: E731
+
+    def far(i: int) -> LessonDraft:
+        return draft(f"Mind the {words[i % 9]} {words[(i * 4 + 1) % 9]} quota {i} at night.")
+
+    for i in range(MAX_PENDING_JUDGED):
+        change = curate(far(i), [lesson], embedder=emb, judge=same)
         assert change.action == "merge" and change.lesson.advice == CITY_EN
         lesson = change.lesson
+    # As many as a person is asked about at once wait: the model's word alone adds no more.
+    change = curate(far(MAX_PENDING_JUDGED), [lesson], embedder=emb, judge=same)
+    assert change.action == "add" and change.lesson.lesson_id != lesson.lesson_id
+    # The rules' own merges fold as ever; the wordings waiting for a person stay, one by one.
+    for _ in range(MAX_MERGE_ENTRIES + 4):
+        lesson = curate(draft(CITY_EN_REWORDED), [lesson], embedder=emb).lesson
+    assert len(judged_merges(lesson)) == MAX_PENDING_JUDGED
     summary = next(h for h in lesson.history if h["action"] == "merge_summary")
-    assert summary["changes"]["merges"] == summary["changes"]["judged_merges"] == 4
+    assert summary["changes"]["merges"] == 4 and "judged_merges" not in summary["changes"]
+    # Once a person settled them they are machine merges like the others, counted apart.
+    lesson = confirm(lesson, by="alice")
+    for _ in range(2):
+        lesson = curate(draft(CITY_EN_REWORDED), [lesson], embedder=emb).lesson
+    summary = next(h for h in lesson.history if h["action"] == "merge_summary")
+    assert summary["changes"]["judged_merges"] == MAX_PENDING_JUDGED
     kept = [h for h in lesson.history if h["action"] == "merge"]
-    assert len(kept) == MAX_MERGE_ENTRIES and all(h["changes"]["judged"] for h in kept)
+    assert len(kept) == MAX_MERGE_ENTRIES and not any(h["changes"].get("judged") for h in kept)
+
+
+def test_a_wording_merged_again_on_the_models_word_stays_one_entry() -> None:
+    emb = HashEmbedder()
+    lesson = curate(draft(CITY_EN), [], embedder=emb).lesson
+    for task in range(30):
+        repeat = replace(draft(OPPOSITE_CONCRETE), source_task_ids=[f"t{task}"])
+        lesson = curate(repeat, [lesson], embedder=emb, judge=lambda a, b: "same").lesson
+    assert lesson.support == 31 and lesson.advice == CITY_EN
+    judged = [h for h in lesson.history if (h.get("changes") or {}).get("judged")]
+    assert len(judged) == 1 and len(lesson.history) <= 3  # created, sources' summary, merge
+    [merge] = judged_merges(lesson)
+    assert (merge["merges"], merge["support"]) == (30, 30)
+    back, [part] = split_judged(lesson, by="alice")
+    assert back.support == 1 and part.support == 30 and back.source_task_ids == []
 
 
 OPPOSITE_CONCRETE = (
@@ -612,3 +644,41 @@ def test_review_lists_the_models_merges_and_split_takes_them_back(tmp_path: Path
         "lessons", "split", kept.lesson_id, code=1
     )
     run("lessons", "split", "les_nope", code=1)
+
+
+def test_a_split_takes_the_wording_out_whole_even_merged_before_a_confirmation() -> None:
+    emb = HashEmbedder()
+    same = lambda a, b: "same"  # noqa: E731
+    lesson = curate(_sourced(CITY_EN, "t1"), [], embedder=emb).lesson
+    lesson = curate(_sourced(OPPOSITE_CONCRETE, "t2"), [lesson], embedder=emb, judge=same).lesson
+    lesson = confirm(lesson, by="alice")  # she let it be
+    assert judged_merges(lesson) == []
+    # Learned again after she vouched: an ordinary repeat of a wording she accepted.
+    again = curate(_sourced(OPPOSITE_CONCRETE, "t3"), [lesson], embedder=emb, judge=same).lesson
+    assert judged_merges(again) == [] and again.advice == CITY_EN  # her lesson's words stand
+    # A conflict settled in the lesson's favour answers another question: what the model
+    # merged stays for her to look at.
+    lesson = curate(_sourced(CITY_EN_FAR, "t4"), [lesson], embedder=emb, judge=same).lesson
+    kept = confirm(lesson, by="alice", settles_judged=False)
+    assert [m["wording"] for m in judged_merges(kept)] == [CITY_EN_FAR]
+    # Split later, a wording leaves whole: its merges before the confirmation too.
+    lesson = curate(_sourced(OPPOSITE_CONCRETE, "t5"), [kept], embedder=emb).lesson
+    assert judged_merges(lesson) == [judged_merges(kept)[0]]  # a settled wording: no new wait
+    back, parts = split_judged(lesson, by="bob")
+    assert [p.advice for p in parts] == [CITY_EN_FAR]
+    assert OPPOSITE_CONCRETE in variants(back)  # settled by alice, not split by bob
+
+
+def test_near_a_wording_the_model_let_in_is_no_repeat_for_the_rules() -> None:
+    emb = HashEmbedder()
+    kept = curate(draft(CITY), [], embedder=emb).lesson
+    lesson = curate(draft(CITY_FAR), [kept], embedder=emb, judge=lambda a, b: "same").lesson
+    assert [m["wording"] for m in judged_merges(lesson)] == [CITY_FAR]
+    near = CITY_FAR + "。"
+    assert curate(draft(near), [kept], embedder=emb).action == "add"  # far from the advice
+    change = curate(draft(near), [lesson], embedder=emb)
+    assert change.action == "add"  # not through the model's wording either
+    # With the model's word it merges, and waits for a person like the first.
+    change = curate(draft(near), [lesson], embedder=emb, judge=lambda a, b: "same")
+    assert change.action == "merge"
+    assert {m["wording"] for m in judged_merges(change.lesson)} == {CITY_FAR, near}

@@ -523,3 +523,50 @@ def test_a_merge_on_the_models_word_is_shown_for_review_and_split_back_out(serve
     again = agent.post(f"/api/lessons/{kept.lesson_id}/split", json={"by": "ana"})
     assert again.status_code == 400 and "no merge made on the model's word" in again.json()["error"]
     assert agent.post("/api/lessons/les_none/split", json={"by": "ana"}).status_code == 404
+
+
+def test_settling_a_conflict_leaves_the_models_merges_for_a_person(server: Any) -> None:
+    from hindsight_loop.embed import HashEmbedder
+    from hindsight_loop.lessons import curate
+    from hindsight_loop.models import Features, LessonDraft
+
+    def draft(advice: str) -> LessonDraft:
+        return LessonDraft(
+            task_type="weather_query", advice=advice, features=Features(tools=["get_weather"])
+        )
+
+    emb = HashEmbedder()
+    kept = curate(draft("Confirm which city the user means before calling get_weather."), [],
+                  embedder=emb).lesson  # fmt: skip
+    kept = curate(draft("Mind the amber quota at night."), [kept], embedder=emb,
+                  judge=lambda a, b: "same").lesson  # fmt: skip
+    kept.conflicts = ["les_rival"]
+    rival = Lesson(
+        lesson_id="les_rival",
+        task_type="weather_query",
+        advice="Call get_weather for Beijing when no city is given.",
+        status="needs_review",
+        conflicts=[kept.lesson_id],
+        valid_until="2099-01-01T00:00:00.000Z",
+    )
+    with Hindsight(server["db"], background=False) as hs:
+        hs.save_lesson(kept)
+        hs.save_lesson(rival)
+    anon, agent = server["anon"], server["agent"]
+    anon.post("/login", data={"token": TOKEN, "name": "ana"})
+    page = anon.get("/review").text
+    assert f'action="/review/{kept.lesson_id}/split"' in page  # on the side-by-side card too
+    refused = agent.post(f"/api/lessons/{kept.lesson_id}/confirm", json={"by": "curator"})
+    assert refused.status_code == 400 and "names a person" in refused.json()["error"]
+    settled = agent.post(
+        "/api/conflicts/resolve", json={"keep": kept.lesson_id, "reject": "les_rival", "by": "ana"}
+    )
+    assert settled.status_code == 200 and settled.json()["kept"]["status"] == "active"
+    queue = {i["lesson"]["lesson_id"]: i for i in agent.get("/api/review").json()["queue"]}
+    assert [m["wording"] for m in queue[kept.lesson_id]["judged_merges"]] == [
+        "Mind the amber quota at night."
+    ]
+    # A confirmation of its own says they are the same.
+    agent.post(f"/api/lessons/{kept.lesson_id}/confirm", json={"by": "ana"})
+    queue = {i["lesson"]["lesson_id"] for i in agent.get("/api/review").json()["queue"]}
+    assert kept.lesson_id not in queue

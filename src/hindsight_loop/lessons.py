@@ -82,6 +82,9 @@ MAX_VARIANTS = 8
 JUDGE_MARGIN = 0.15
 #: Pairs a model is asked about per draft: the open ones closest first, then the far ones.
 MAX_JUDGED = 2
+#: Wordings merged on a model's word alone that may wait on one lesson for a person's look
+#: (each kept in its history until then); beyond them the model's word merges nothing more.
+MAX_PENDING_JUDGED = 16
 
 #: A lesson is flagged when, since it was last confirmed, it hurt at least this often and more
 #: often than it helped.
@@ -1201,31 +1204,34 @@ def _structured_relation(a: Structured | None, b: Structured | None) -> str | No
     return None
 
 
-def _judged_wordings(lesson: Lesson) -> frozenset[str]:
-    """The wordings merged into ``lesson`` on the pair judge's word alone (not its advice), but
-    for those a person split back out (``split_judged``)."""
-    return frozenset(
-        text
-        for entry in lesson.history
-        if (changes := entry.get("changes") or {}).get("judged")
-        and "split_into" not in changes
-        and isinstance(text := changes.get("merged_advice"), str)
-        and text != lesson.advice
-    )
+def _wordings(lesson: Lesson) -> tuple[list[str], frozenset[str]]:
+    """(the wordings the rules read a draft against: the advice and the rewordings merged into
+    it, most recent first, ``MAX_VARIANTS`` at most; the wordings merged on the pair judge's
+    word alone that no person has settled yet, which only a word-for-word repeat matches, and
+    never rewrites the advice). A wording a person split back out is another lesson's now."""
+    history = lesson.history
+    pending = frozenset(history[i]["changes"]["merged_advice"] for i in _unsettled_judged(lesson))
+    texts = [lesson.advice]
+    for entry in reversed(history):
+        changes = entry.get("changes") or {}
+        text = changes.get("merged_advice")
+        if (
+            isinstance(text, str)
+            and text not in texts
+            and text not in pending
+            and "split_into" not in changes
+        ):
+            texts.append(text)
+            if len(texts) >= MAX_VARIANTS:
+                break
+    return texts, pending
 
 
 def variants(lesson: Lesson) -> list[str]:
-    """The lesson's advice and the rewordings merged into it (most recent first); a wording a
-    person split back out is another lesson's now, not one of these."""
-    texts = [lesson.advice]
-    for entry in reversed(lesson.history):
-        changes = entry.get("changes") or {}
-        text = changes.get("merged_advice")
-        if isinstance(text, str) and text not in texts and "split_into" not in changes:
-            texts.append(text)
-        if len(texts) >= MAX_VARIANTS:
-            break
-    return texts
+    """Every wording the lesson holds: its advice, the rewordings merged into it (most recent
+    first), then those merged on the judge's word alone that wait for a person."""
+    texts, pending = _wordings(lesson)
+    return texts + sorted(pending.difference(texts))
 
 
 def curate(
@@ -1360,10 +1366,12 @@ def _relations(
     ``now`` tells the dead lessons (rejected, expired) apart, which no far pair asks about."""
     texts = [draft.advice]
     spans: list[tuple[int, int]] = []  # which rows of ``texts`` hold each candidate's wordings
+    pendings: list[frozenset[str]] = []  # each candidate's wordings the judge alone let in
     for lesson in candidates:
-        wordings = variants(lesson)
+        wordings, pending = _wordings(lesson)
         spans.append((len(texts), len(texts) + len(wordings)))
         texts.extend(wordings)
+        pendings.append(pending)
     matrix = np.asarray(embedder.embed(texts), dtype=np.float32)
     query = matrix[0]
     floor = cosine_floor(embedder)
@@ -1388,7 +1396,7 @@ def _relations(
     now = now or utcnow()
     settled = False  # the rules found a repeat beyond doubt: nothing is left to ask about
     via_judged: set[str] = set()  # lessons matched through a wording merged on the judge's word
-    for lesson, (start, stop) in zip(candidates, spans, strict=True):
+    for lesson, (start, stop), pending in zip(candidates, spans, pendings, strict=True):
         relation = _structured_relation(draft.structured, lesson.structured)
         if relation == "conflict":
             conflicts.append(lesson)
@@ -1401,19 +1409,23 @@ def _relations(
             continue
         if any(text.strip() == draft_text for text in texts[start:stop]):
             # Word for word a wording it holds (its text, a merged rewording, one a person said
-            # was the same): a repeat, whatever the rules can read of it. Of a wording merged on
-            # the judge's word, a repeat on that word too (it must not rewrite the advice).
+            # was the same): a repeat, whatever the rules can read of it.
             same.append((1.0, lesson))
             settled = True
-            if draft_text in _judged_wordings(lesson):
-                via_judged.add(lesson.lesson_id)
+            continue
+        if draft_text in pending:
+            # Word for word a wording merged on the judge's word alone: a repeat on that word
+            # too (it must not rewrite the advice, and it waits for the same person's look).
+            same.append((1.0, lesson))
+            settled = True
+            via_judged.add(lesson.lesson_id)
             continue
         scenario = _scenario(lesson)
         agreement = _scenario_agreement(draft_scenario, scenario)
         if agreement == -2:
             continue  # different situations: neither a repeat nor a contradiction
-        # Near a wording the judge let in is not enough to merge: the stance rules below read
-        # the draft against the lesson's own advice.
+        # Near a wording the judge let in is not enough to merge (those are not among the
+        # texts read here): the stance rules below read the draft against the lesson's advice.
         sim = max(
             text_similarity(draft.advice, text, float(c), weight)
             for text, c in zip(
@@ -1571,8 +1583,12 @@ def _judged(
             verdict = None
         if verdict not in ("same", "opposite", "different"):
             continue
-        verdicts[lesson.lesson_id] = verdict
         merged = any(other is lesson for _, other in same)
+        if verdict == "same" and not merged and len(_wordings(lesson)[1]) >= MAX_PENDING_JUDGED:
+            # As many wordings as a person is asked about at once wait on this lesson: the
+            # model's word alone adds no more (the rules' call stands) until one is settled.
+            continue
+        verdicts[lesson.lesson_id] = verdict
         if verdict == "same" and not merged:
             same.append((sim, lesson))
         elif verdict in ("different", "opposite") and merged:
@@ -1754,9 +1770,16 @@ def _bound_sources(lesson: Lesson) -> int:
     ids = lesson.source_task_ids
     if len(ids) <= MAX_SOURCE_SAMPLE:
         return 0
-    half = MAX_SOURCE_SAMPLE // 2
-    lesson.source_task_ids = ids[:half] + ids[-(MAX_SOURCE_SAMPLE - half) :]
+    lesson.source_task_ids = _sample(ids)
     return len(ids) - MAX_SOURCE_SAMPLE
+
+
+def _sample(ids: list[str]) -> list[str]:
+    """At most ``MAX_SOURCE_SAMPLE`` ids: the first half and the most recent half."""
+    if len(ids) <= MAX_SOURCE_SAMPLE:
+        return ids
+    half = MAX_SOURCE_SAMPLE // 2
+    return ids[:half] + ids[-(MAX_SOURCE_SAMPLE - half) :]
 
 
 def _compact_history(lesson: Lesson, dropped_sources: int = 0) -> None:
@@ -1766,9 +1789,14 @@ def _compact_history(lesson: Lesson, dropped_sources: int = 0) -> None:
     their most recent entries (the rewordings ``variants`` matches against) and a count, so a
     lesson learned two thousand times is as cheap to load and review as one learned once.
     """
+    _join_judged_repeats(lesson)
     history = lesson.history
+    # Merges on the judge's word alone wait for a person entry by entry (one per wording).
+    waiting = set(_unsettled_judged(lesson))
     merges = [
-        i for i, e in enumerate(history) if e.get("action") == "merge" and e.get("by") == "curator"
+        i
+        for i, e in enumerate(history)
+        if e.get("action") == "merge" and e.get("by") == "curator" and i not in waiting
     ]
     fold = set(merges[: max(0, len(merges) - MAX_MERGE_ENTRIES)])
     if not fold and not dropped_sources:
@@ -1788,11 +1816,40 @@ def _compact_history(lesson: Lesson, dropped_sources: int = 0) -> None:
         counts["last_at"] = entry.get("at")
         if "advice" in changes:
             counts["advice_changes"] = counts.get("advice_changes", 0) + 1
-        if changes.get("judged"):  # on the pair judge's word alone: still told apart
+        if changes.get("judged") and "split_into" not in changes:  # still told apart
             counts["judged_merges"] = counts.get("judged_merges", 0) + 1
     counts["sources_not_sampled"] = counts.get("sources_not_sampled", 0) + dropped_sources
     counts["source_count"] = len(lesson.source_task_ids) + counts["sources_not_sampled"]
     lesson.history = [e for i, e in enumerate(history) if i not in fold]
+
+
+def _join_judged_repeats(lesson: Lesson) -> None:
+    """One history entry per wording merged on the judge's word alone that waits for a person:
+    a wording merged again adds its counts to the latest entry of it (``_judged_counts``), so
+    a wording the agent learns a thousand times stays one entry until a person looks."""
+    history = lesson.history
+    latest: dict[str, int] = {}
+    drop: set[int] = set()
+    for i in _unsettled_judged(lesson):
+        changes = history[i]["changes"]
+        earlier = latest.get(changes["merged_advice"])
+        latest[changes["merged_advice"]] = i
+        if earlier is None:
+            continue
+        before = history[earlier]["changes"]
+        merges, support = _judged_counts(before)
+        mine_merges, mine_support = _judged_counts(changes)
+        changes["merges"] = merges + mine_merges
+        changes["support_added"] = support + mine_support
+        # Sampled as the lesson's own sources are: a split takes back the ids the lesson kept.
+        joined = _merge_list(
+            before.get("source_task_ids") or [], changes.get("source_task_ids") or []
+        )
+        if joined:
+            changes["source_task_ids"] = _sample(joined)
+        drop.add(earlier)
+    if drop:
+        lesson.history = [e for i, e in enumerate(history) if i not in drop]
 
 
 def source_count(lesson: Lesson) -> int:
@@ -2008,12 +2065,19 @@ def expire(lesson: Lesson, *, by: str, now: datetime | None = None, reason: str 
 
 
 def confirm(
-    lesson: Lesson, *, by: str, now: datetime | None = None, validity: timedelta = DEFAULT_VALIDITY
+    lesson: Lesson,
+    *,
+    by: str,
+    now: datetime | None = None,
+    validity: timedelta = DEFAULT_VALIDITY,
+    settles_judged: bool = True,
 ) -> Lesson:
     """A person vouches for a lesson: active, quality ok, valid again if it had run out.
 
     Its helpful/harmful counts so far are recorded, so only failures after this confirmation can
-    flag it as harmful again. Conflicts stay recorded; recall never injects both sides.
+    flag it as harmful again. Conflicts stay recorded; recall never injects both sides. It also
+    says the wordings merged on the judge's word alone say the same (``judged_merges``), unless
+    ``settles_judged`` is False (a conflict settled in its favour answers another question).
     """
     now = now or utcnow()
     changes: dict[str, Any] = {"status": "active", "quality": "ok"}
@@ -2021,19 +2085,24 @@ def confirm(
         changes["valid_until"] = iso(now + validity)
     out = edit(lesson, by=by, action="confirm", now=now, **changes)
     out.history[-1]["counts"] = {"helpful": out.helpful, "harmful": out.harmful}
+    if not settles_judged:
+        out.history[-1]["keeps_judged"] = True
     return out
 
 
 def _unsettled_judged(lesson: Lesson) -> list[int]:
-    """The history's merges made on the pair judge's word alone that no person has settled:
-    after the last confirmation by a person, not split back out (``split_judged``), and not the
+    """Where the history holds merges made on the pair judge's word alone that no person has
+    settled: after the last confirmation by a person (but one that kept them open: a conflict
+    settled answers another question), not split back out (``split_judged``), and not the
     advice now (a person's edit chose that wording)."""
     history = lesson.history
     settled = max(
         (
             i
             for i, e in enumerate(history)
-            if e.get("action") == "confirm" and e.get("by") not in MACHINE_ACTORS
+            if e.get("action") == "confirm"
+            and e.get("by") not in MACHINE_ACTORS
+            and not e.get("keeps_judged")
         ),
         default=-1,
     )
@@ -2048,28 +2117,29 @@ def _unsettled_judged(lesson: Lesson) -> list[int]:
     ]
 
 
+def _judged_counts(changes: dict[str, Any]) -> tuple[int, int]:
+    """(merges, support) one history entry of a merge on the judge's word stands for (a wording
+    merged again is kept as one entry); 1 of support where an older entry does not say."""
+    return max(1, int(changes.get("merges", 1))), max(0, int(changes.get("support_added", 1)))
+
+
 def judged_merges(lesson: Lesson) -> list[dict[str, Any]]:
     """The wordings merged into ``lesson`` on the pair judge's word alone that no person has
     settled yet (confirming the lesson settles those merged before; ``split_judged`` takes them
-    back out), each as ``{"wording", "at", "merges", "support", "source_task_ids"}`` (a wording
-    merged more than once: every merge of it), oldest first. Merges folded into the history's
-    summary are counted there, not listed here."""
+    back out), each as ``{"wording", "at", "merges", "support", "source_task_ids"}``, oldest
+    first (a wording merged more than once: every merge of it, ``at`` the latest)."""
     by_wording: dict[str, dict[str, Any]] = {}
     for i in _unsettled_judged(lesson):
         entry = lesson.history[i]
         changes = entry["changes"]
+        merges, support = _judged_counts(changes)
         merge = by_wording.setdefault(
             changes["merged_advice"],
-            {
-                "wording": changes["merged_advice"],
-                "at": entry.get("at"),
-                "merges": 0,
-                "support": 0,
-                "source_task_ids": [],
-            },
+            {"wording": changes["merged_advice"], "merges": 0, "support": 0, "source_task_ids": []},
         )
-        merge["merges"] += 1
-        merge["support"] += max(1, int(changes.get("support_added", 1)))
+        merge["at"] = entry.get("at")
+        merge["merges"] += merges
+        merge["support"] += support
         merge["source_task_ids"] = _merge_list(
             merge["source_task_ids"], changes.get("source_task_ids") or []
         )
@@ -2082,17 +2152,33 @@ def split_judged(
     """A person says the wordings merged into ``lesson`` on the pair judge's word alone
     (``judged_merges``) do not say what it says: each becomes a lesson of its own, waiting for
     review (confirm it, reject it, or merge it into another), with the support and sources its
-    merges brought and ``lesson``'s task type, scope and features; ``lesson`` gives those back
-    and never matches the wordings again. Returns ``(lesson, the new lessons)``;
-    ``ValueError`` when there is no such merge to take back."""
+    merges brought (those settled earlier too: the wording leaves the lesson whole) and
+    ``lesson``'s task type, scope and features; ``lesson`` gives those back and never matches
+    the wordings again. Returns ``(lesson, the new lessons)``; ``ValueError`` when there is no
+    such merge to take back."""
     now = now or utcnow()
     out = copy.deepcopy(lesson)
-    pending = _unsettled_judged(out)
-    if not pending:
+    wordings = [m["wording"] for m in judged_merges(out)]
+    if not wordings:
         raise ValueError(f"{lesson.lesson_id} holds no merge made on the model's word alone")
+    support = dict.fromkeys(wordings, 0)
+    sources: dict[str, list[str]] = {w: [] for w in wordings}
+    entries = []
+    for entry in out.history:
+        changes = entry.get("changes") or {}
+        wording = changes.get("merged_advice")
+        if (
+            entry.get("action") == "merge"
+            and changes.get("judged")
+            and isinstance(wording, str)
+            and wording in support
+            and "split_into" not in changes
+        ):
+            support[wording] += _judged_counts(changes)[1]
+            sources[wording] = _merge_list(sources[wording], changes.get("source_task_ids") or [])
+            entries.append(changes)
     parts: dict[str, Lesson] = {}
-    for merge in judged_merges(out):
-        wording, sources = merge["wording"], merge["source_task_ids"]
+    for wording in wordings:
         part = Lesson(
             lesson_id=new_id("les"),
             task_type=out.task_type,
@@ -2100,26 +2186,30 @@ def split_judged(
             features=copy.deepcopy(out.features),
             kind=out.kind,
             scope=out.scope,
-            source_task_ids=list(sources),
+            source_task_ids=list(sources[wording]),
             created_at=iso(now),
             updated_at=iso(now),
             valid_until=iso(now + validity),
             status="needs_review",
-            support=merge["support"],
+            support=max(1, support[wording]),
             language=detect_language(wording),
         )
         part.history.append(
-            _history(now, by, "create", {"split_from": out.lesson_id, "source_task_ids": sources})
+            _history(
+                now,
+                by,
+                "create",
+                {"split_from": out.lesson_id, "source_task_ids": list(sources[wording])},
+            )
         )
         part.history[-1]["reason"] = (
             f"merged into {out.lesson_id} on the model's word; {by} says it is not the same"
         )
         part.value_score = value_score(part, now)
         parts[wording] = part
-        out.support = max(1, out.support - merge["support"])
-        out.source_task_ids = [t for t in out.source_task_ids if t not in sources]
-    for i in pending:  # marked: never listed, matched or split again
-        changes = out.history[i]["changes"]
+        out.support = max(1, out.support - support[wording])
+        out.source_task_ids = [t for t in out.source_task_ids if t not in sources[wording]]
+    for changes in entries:  # marked: never listed, matched or split again
         changes["split_into"] = parts[changes["merged_advice"]].lesson_id
     out.updated_at = iso(now)
     out.value_score = value_score(out, now)

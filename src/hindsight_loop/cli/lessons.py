@@ -42,6 +42,12 @@ ByOption = Annotated[
 
 def _who(by: str | None) -> str:
     if by:
+        if by.strip() in book_ops.MACHINE_ACTORS:
+            # Recorded under such a name, a person's word would count as the machine's.
+            raise fail(
+                f"--by names a person: {', '.join(sorted(book_ops.MACHINE_ACTORS))} are "
+                "Hindsight's own"
+            )
         return by
     try:
         return getpass.getuser()

@@ -310,10 +310,12 @@ def act(
     reason: str = "",
     changes: dict[str, Any] | None = None,
     cache: BookCache | None = None,
+    settles_judged: bool = True,
 ) -> Lesson:
     """Confirm, reject, pin, unpin, edit or split one lesson, as the CLI does (``split``:
     the wordings merged on the model's word alone become lessons of their own, waiting for
-    review; the lesson as changed is returned).
+    review; the lesson as changed is returned). ``settles_judged``: whether a confirmation
+    also says those wordings say the same (``lessons.confirm``).
 
     Raises:
         BadInput: an unknown action, or an edit with no or bad fields (nothing is changed).
@@ -323,8 +325,12 @@ def act(
         raise BadInput(f"unknown action {action!r}; use one of {', '.join(ACTIONS)}")
     if not by.strip():
         raise BadInput("say who makes the change ('by')")
+    if by.strip() in book_ops.MACHINE_ACTORS:
+        raise BadInput(
+            f"'by' names a person: {', '.join(sorted(book_ops.MACHINE_ACTORS))} are Hindsight's own"
+        )
     if action == "confirm":
-        apply = lambda x: book_ops.confirm(x, by=by)  # noqa: E731
+        apply = lambda x: book_ops.confirm(x, by=by, settles_judged=settles_judged)  # noqa: E731
     elif action == "reject":
         apply = lambda x: book_ops.reject(x, by=by, reason=reason)  # noqa: E731
     elif action == "pin":
@@ -416,11 +422,12 @@ def resolve_conflict(
         assert merged is not None and rejected is not None
         if cache is not None:
             cache.changed(hs, before, [merged, rejected])
-        return act(hs, keep, "confirm", by=by, cache=cache), rejected
+        return act(hs, keep, "confirm", by=by, cache=cache, settles_judged=False), rejected
     rejected = act(
         hs, drop, "reject", by=by, reason=f"conflict settled in favour of {keep}", cache=cache
     )
-    confirmed = act(hs, keep, "confirm", by=by, cache=cache)
+    # Kept against the other side: what the model merged into it is still for a person to see.
+    confirmed = act(hs, keep, "confirm", by=by, cache=cache, settles_judged=False)
     return confirmed, rejected
 
 

@@ -300,7 +300,7 @@ OPENAPI: dict[str, Any] = {
                     _path("lesson_id"),
                     {
                         **_path("action"),
-                        "schema": {"enum": ["confirm", "reject", "pin", "unpin", "edit"]},
+                        "schema": {"enum": ["confirm", "reject", "pin", "unpin", "edit", "split"]},
                     },
                 ],
             }
@@ -311,7 +311,12 @@ OPENAPI: dict[str, Any] = {
                 params=[_q("task_id", ""), _q("limit", "", "integer")],
             )
         },
-        "/api/review": {"get": _op("What needs a person: conflicts, suspect quality, harm.")},
+        "/api/review": {
+            "get": _op(
+                "What needs a person: conflicts, suspect quality, harm, and (judged_merges) the "
+                "wordings merged on the model's word alone."
+            )
+        },
         "/api/conflicts/resolve": {
             "post": _op(
                 "Settle a conflict: confirm one lesson, reject the other; with same=true the "
