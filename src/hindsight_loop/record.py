@@ -34,7 +34,7 @@ from datetime import UTC, date, datetime, timedelta
 from datetime import time as dt_time
 from itertools import count, islice
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -958,6 +958,15 @@ def _utc_text(dt: datetime) -> str:
     )
 
 
+class Checkpoints(Protocol):
+    """A store that lets its event writer checkpoint when it chooses (``SQLiteStore``)."""
+
+    def defer_checkpoints(self) -> None: ...
+    def checkpoint_due(self, *, idle: bool) -> bool: ...
+    def checkpoint(self) -> bool: ...
+    def stop_checkpoint(self) -> None: ...
+
+
 class Recorder:
     """Accepts events from any thread without blocking and writes them in batches.
 
@@ -980,8 +989,12 @@ class Recorder:
         start: bool = True,
         one_pass_guards: bool = False,
         batch_guards: bool = True,
+        checkpoints: Checkpoints | None = None,
     ) -> None:
         self._write = write
+        #: The store's checkpoints, run by the committer once a batch is acknowledged (not in
+        #: the COMMIT a flush waits for), and stopped by a flush; None: the store's own.
+        self._checkpoints = checkpoints
         #: Redaction's guards in one Hyperscan pass (when installed). Only where no agent's
         #: thread shares the GIL (the writer process): each scan, and each of its match
         #: callbacks, lets go of the GIL, which wakes a CPU-busy thread's wait for it without
@@ -1556,6 +1569,13 @@ class Recorder:
 
     def _commit(self) -> None:
         """Write prepared batches in order; what the store refuses goes to the dead letter."""
+        checkpoints = self._checkpoints
+        if checkpoints is not None:
+            try:
+                checkpoints.defer_checkpoints()
+            except Exception:  # noqa: BLE001 - then the store checkpoints as it always did
+                log.exception("hindsight: could not take over the store's checkpoints")
+                checkpoints = self._checkpoints = None
         while (batch := self._commits.get()) is not None:
             self._commits.task_done()  # taken: the writer may prepare the next batch
             n, rows, raw, problem, cleans = batch
@@ -1579,6 +1599,12 @@ class Recorder:
                     self._on_done(done)
                 except Exception:  # noqa: BLE001
                     log.exception("hindsight: the done hook failed")
+            if checkpoints is not None:
+                try:
+                    if checkpoints.checkpoint_due(idle=self._commits.empty()):
+                        checkpoints.checkpoint()
+                except Exception:  # noqa: BLE001 - the next batch's COMMIT is what matters
+                    log.exception("hindsight: a checkpoint failed")
 
     def _write_batch(self, rows: list[Row], cleans: list[Any]) -> None:
         try:
@@ -1755,6 +1781,7 @@ class Recorder:
             self._flush_marks += 1
             target = mark - self._flush_marks
         self._wake.set()
+        self.hurry()
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while self._done < target:
@@ -1769,6 +1796,14 @@ class Recorder:
             ok = lost == self._lost_reported
             self._lost_reported = lost
         return ok
+
+    def hurry(self) -> None:
+        """Someone waits for what is durable: stop a checkpoint under way."""
+        if self._checkpoints is not None:
+            try:
+                self._checkpoints.stop_checkpoint()
+            except Exception:  # noqa: BLE001
+                log.exception("hindsight: could not stop a checkpoint")
 
     @property
     def backlog(self) -> int:

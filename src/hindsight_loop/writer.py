@@ -1205,6 +1205,7 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
     else:
         source = _PipeSource(stdin)
     from hindsight_loop.store import open_store
+    from hindsight_loop.store.sqlite import SQLiteStore
     from hindsight_loop.triggers import Triggers
 
     store = open_store(config["db"])
@@ -1280,6 +1281,7 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
         on_done=done,
         start=False,
         one_pass_guards=True,  # no agent's thread here to hand the GIL to
+        checkpoints=store if isinstance(store, SQLiteStore) else None,
     )
     # This thread prepares (the Python work), the committer writes: two threads, not three.
     recorder.start_committer()
@@ -1320,6 +1322,8 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
                 if not source.urgent() and time.monotonic() < since + COMMIT_DELAY:
                     source.linger(since + COMMIT_DELAY)
                     continue
+                if source.urgent():
+                    recorder.hurry()  # a flush waits: not behind a checkpoint
                 commit()
             source.wait(idle)
             chunk = source.read()
