@@ -412,6 +412,30 @@ Written by hand on 2026-12-02 (ninth session) from the full run above (main 1b54
 Xeon, load ~1): a later run changes the rows above, not these figures. Each says which writer it
 is for.
 
+Sixteenth and seventeenth sessions (2026-12-03/04, main after 43eee3d; the same 2-vCPU VM,
+its speed moving ~2x within minutes). Curation (issue 11): merges made on the pair judge's word
+alone wait for a person (`hindsight lessons review` lists each wording under its lesson,
+`lessons confirm` settles them, `lessons split ID` and the review page's button take them out
+as lessons of their own); such a wording is no basis for similarity or for a rules repeat until
+settled, and at most 16 wait per lesson. Without a judge, and with the oracle, every decision
+of every split is byte-identical to 43eee3d's (`bench/curation/run.py --json --oracle`);
+`bench/real_runs.py` unchanged (4 lessons, 0% one-run identifiers, 78% of seen first errors
+anticipated). Writer (issue 13): measured in the writer process fed 100,000 ~1 KB lines
+(per-thread CPU): the main thread 22 µs an event (decoding, redaction's one Hyperscan pass
+~2-5 µs, the projection ~2 µs), the committer 20 µs (the INSERT and COMMIT 12 µs, the live
+rules 5 µs); of Hyperscan's scan, the 16-character run guard alone ~1.9 µs. SQLite checkpointed
+inside the COMMIT that took the WAL past 1,000 pages (10-30 ms: copying and syncing), and a
+flush that came then waited for it: a flush after 2,000 steps took 2 ms, or 10-34. The writer
+now checkpoints itself after a batch is acknowledged and while no batch waits, and a flush
+stops a checkpoint under way (past 4x the pages the flush waits, so the WAL stays bounded;
+tests/test_store_checkpoints.py). `bench/agent_step.py --rounds 11`, four runs turn about with
+b4b0b58: four agent threads +15.6 → +11.1 µs per step (medians of runs; x0.47 → x0.32 of
+OTel's span), one thread +6.9 → +5.8 (x0.22 → x0.21). Four threads still miss ≤ 10 µs and ≤ 1/4
+of OTel's. Tried and not kept: a WAL checkpointer thread of its own (no flush gain, the WAL grew
+to 50-68 MB), a shorter switch interval in the writer, the run guard by `bytes.translate` (3 µs
+against Hyperscan's 1.9 on these bodies), preallocating the database file (an append costs
+3-4 µs a page here against 2.7 into a fallocated file: under 1 µs an event).
+
 Fifteenth session (2026-12-03, main after da8ac37; the same AMD EPYC). Curation with a real
 model (issue 11): the fourteenth session's "a model's mistake cannot merge opposites" held
 only for the contradictions the rules read. Two real models behind llama.cpp's OpenAI-compatible
