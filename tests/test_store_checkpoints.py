@@ -46,6 +46,19 @@ def _wal_frames(path: Path) -> tuple[int, int]:
         db.close()
 
 
+def _checkpoint_a_flusher_keeps_stopping(store: SQLiteStore) -> bool:
+    """``checkpoint()`` in a thread of its own while this one stops it every half millisecond
+    (a flush after another): what it returned."""
+    results: list[bool] = []
+    worker = threading.Thread(target=lambda: results.append(store.checkpoint()))
+    worker.start()
+    while worker.is_alive():
+        store.stop_checkpoint()
+        worker.join(0.0005)
+    assert len(results) == 1
+    return results[0]
+
+
 def test_a_deferred_checkpoint_waits_for_the_writer_and_copies_everything(db_path: Path) -> None:
     store = SQLiteStore(db_path)
     try:
@@ -69,13 +82,7 @@ def test_a_flush_stops_a_checkpoint_and_the_next_one_finishes_its_work(db_path: 
     try:
         store.defer_checkpoints()
         n = _fill(store, 8)  # ~2,700 pages: a checkpoint a flush may stop
-        results: list[bool] = []
-        worker = threading.Thread(target=lambda: results.append(store.checkpoint()))
-        worker.start()
-        while worker.is_alive():
-            store.stop_checkpoint()
-            worker.join(0.0005)
-        assert results == [False]
+        assert _checkpoint_a_flusher_keeps_stopping(store) is False
         # Nothing copied counts: the writer's count of pages still says a checkpoint is due.
         assert store.checkpoint_due(idle=True)
         assert store.checkpoint()
@@ -96,13 +103,7 @@ def test_past_the_cap_a_flush_waits_for_the_checkpoint(db_path: Path) -> None:
         store.defer_checkpoints()
         _fill(store, CHECKPOINT_CAP * CHECKPOINT_PAGES * PAGE * 0.8 / 1e6)
         assert store.checkpoint_due(idle=False)  # due even with a batch waiting
-        results: list[bool] = []
-        worker = threading.Thread(target=lambda: results.append(store.checkpoint()))
-        worker.start()
-        while worker.is_alive():
-            store.stop_checkpoint()
-            worker.join(0.0005)
-        assert results == [True]
+        assert _checkpoint_a_flusher_keeps_stopping(store) is True
     finally:
         store.close()
 
