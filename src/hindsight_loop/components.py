@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from hindsight_loop.record import Checkpoints, Recorder, state_dir, warn
+from hindsight_loop.record import Recorder, state_dir, warn
 
 if TYPE_CHECKING:
     from hindsight_loop.embed import Embedder
@@ -150,13 +150,6 @@ def writer_db(store: Store, db: str | Path) -> str:
     return str(db) if path is None else str(path)
 
 
-def _checkpoints(store: Store) -> Checkpoints | None:
-    """The store's checkpoints for its event writer to run, where it has them (SQLite)."""
-    from hindsight_loop.store.sqlite import SQLiteStore
-
-    return store if isinstance(store, SQLiteStore) else None
-
-
 def make_recorder(
     store: Store,
     db: str | Path,
@@ -172,13 +165,15 @@ def make_recorder(
     "process"``) a writer process that the library starts on the first event, with the thread
     recorder as its in-process fallback. ``options`` go to ``Recorder`` (max_text, queue_bound,
     fallback_dir)."""
+    from hindsight_loop.store.sqlite import writer_checkpoints
+
     process = writer == "process" and not readonly
     local = Recorder(
         store.write_event_batch,
         dead_letter=dead_letter or f"{dead_letter_base(store, readonly=readonly)}.deadletter.jsonl",
         on_batch=triggers.on_batch,
         start=not process,
-        checkpoints=_checkpoints(store),
+        checkpoints=writer_checkpoints(store),
         **{k: v for k, v in options.items() if v is not None},
     )
     if not process:

@@ -1205,7 +1205,7 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
     else:
         source = _PipeSource(stdin)
     from hindsight_loop.store import open_store
-    from hindsight_loop.store.sqlite import SQLiteStore
+    from hindsight_loop.store.sqlite import writer_checkpoints
     from hindsight_loop.triggers import Triggers
 
     store = open_store(config["db"])
@@ -1281,7 +1281,7 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
         on_done=done,
         start=False,
         one_pass_guards=True,  # no agent's thread here to hand the GIL to
-        checkpoints=store if isinstance(store, SQLiteStore) else None,
+        checkpoints=writer_checkpoints(store),
     )
     # This thread prepares (the Python work), the committer writes: two threads, not three.
     recorder.start_committer()

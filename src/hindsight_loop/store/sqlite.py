@@ -43,6 +43,7 @@ KNOWN_TASKS_BOUND = 100_000
 #: how many times that past which a flush waits for the checkpoint rather than stop it.
 CHECKPOINT_PAGES = 1000
 CHECKPOINT_CAP = 4
+_CAP_PAGES = CHECKPOINT_CAP * CHECKPOINT_PAGES
 #: Bytes of events per WAL page, for counting the pages a batch adds (a 4 KB page holds about
 #: three 1 KB events with their index entries; ``checkpoint`` reads the exact count).
 _BYTES_PER_PAGE = 3000
@@ -69,6 +70,12 @@ _BODY = "CAST(body AS BLOB)"
 #: Each connection's page cache, in KiB as SQLite takes it (a negative size).
 CACHE_KIB = -16_384
 _PROJECTIONS = "SELECT id, type, projection FROM events WHERE task_id=? ORDER BY ts, seq, id"
+
+
+def writer_checkpoints(store: object) -> SQLiteStore | None:
+    """The store whose checkpoints its event writer runs (``Recorder(checkpoints=)``): an
+    SQLite store; None for any other, which checkpoints (or vacuums) as it always did."""
+    return store if isinstance(store, SQLiteStore) else None
 
 
 def _dumps(obj: Any) -> str:
@@ -331,13 +338,13 @@ class SQLiteStore(JobOwner):
         nothing waits to be written (``idle``), past ``CHECKPOINT_CAP`` times that whatever
         waits (a writer that never idles must not grow the WAL without end)."""
         pages = self._wal_pages
-        return pages >= CHECKPOINT_PAGES and (idle or pages >= CHECKPOINT_CAP * CHECKPOINT_PAGES)
+        return pages >= CHECKPOINT_PAGES and (idle or pages >= _CAP_PAGES)
 
     def checkpoint(self) -> bool:
         """Copy the WAL into the database (PASSIVE: readers and writers go on); False when
         ``stop_checkpoint`` stopped it. Past ``CHECKPOINT_CAP`` it cannot be stopped."""
         db = self._db
-        stoppable = self._wal_pages < CHECKPOINT_CAP * CHECKPOINT_PAGES
+        stoppable = self._wal_pages < _CAP_PAGES
         with self._checkpoint_lock:
             self._stoppable = db if stoppable else None
         try:
