@@ -342,11 +342,13 @@ def _may_assign(blob: bytes, escaped: bool = False) -> bool:
 
 
 # Vendor keys are long runs of [A-Za-z0-9_-] (16 or more: every vendor pattern below needs
-# one). One C-level translate and one search find such a run; most events have none, and those
-# that do then pay for the few literal-prefixed patterns (the batch scan's RUN guard is this
-# same search: one table for both).
-_RUN_TABLE = redact_scan.RUN_TABLE
-_RUN = redact_scan.RUN_NEEDLE
+# one). One C-level translate (each byte of the class as "a", every other as a space) and one
+# search find such a run; most events have none, and those that do then pay for the few
+# literal-prefixed patterns. (The one-pass guards look for ``_VENDOR_STARTS`` instead.)
+_RUN_TABLE = bytes(
+    0x61 if chr(c).isascii() and (chr(c).isalnum() or chr(c) in "_-") else 0x20 for c in range(256)
+)
+_RUN = b"a" * 16
 # Card numbers as the pattern below takes them: 13-19 digits in a row, 4-4-4-…, or 4-6-5; each
 # shape holds 13 digits in a row or four digits, a space or dash, and four more.
 _CARD_TABLE = bytes(
@@ -404,6 +406,14 @@ _VENDOR: list[tuple[bytes, re.Pattern[bytes], bytes]] = [
         b"[REDACTED]",
     ),
 ]
+# Where a match of some ``_VENDOR`` pattern starts, as one expression: each pattern's match
+# begins with (or, for Stripe's, holds) one of these. The one-pass guards (``redact_scan``)
+# look for it, not for the run of 16, which Hyperscan finds slowly and most text holds (ids,
+# paths); tests/test_redact_guards.py runs it against each pattern on every vendor's keys.
+_VENDOR_STARTS = (
+    rb"\b[spr]k-|_live_|_test_|\bA[KS]IA|\b(?:gh[posu]|github_pat|glpat)[_\-]|\bxox[abpr][_\-]"
+    rb"|\bAIza|\bhf_|hooks\.slack\.com/|\beyJ"
+)
 # --password x in an argv list or a command line (the name decides: --max-tokens 9 stays)
 _FLAG = re.compile(
     rb"((?<![\w\-])--([A-Za-z][A-Za-z0-9_.\-]{0,60})(?:\"\s*,\s*\"|\s+|=))" + _TEXT_VALUE
@@ -477,7 +487,7 @@ def _scanner() -> redact_scan.Scanner | None:
     global _SCANNER  # noqa: PLW0603 - loaded once, on first use
     with _SCANNER_LOCK:
         if _SCANNER is False:
-            _SCANNER = redact_scan.load(_WORD_CORES.pattern)
+            _SCANNER = redact_scan.load(_WORD_CORES.pattern, _VENDOR_STARTS)
     return _SCANNER  # type: ignore[return-value]
 
 
@@ -520,7 +530,7 @@ def _redact_scanned(blob: bytes, secret_key: bool | None, hits: Collection[int])
         blob = _AUTHORIZATION.sub(rb"\1[REDACTED]", blob)
     if S.BEARER in hits:
         blob = _BEARER.sub(rb"\1 [REDACTED]", blob)
-    if S.RUN in hits:
+    if S.VENDOR in hits:
         for needle, pattern, repl in _VENDOR:
             if needle in blob:
                 blob = pattern.sub(repl, blob)
