@@ -21,13 +21,18 @@ from hindsight_loop import redact_scan
 from hindsight_loop.record import Recorder, _Sanitizer, redact
 
 
+def _load() -> redact_scan.Scanner | None:
+    """A scanner for record.py's guards, as its ``_scanner()`` loads one (the cache too)."""
+    return redact_scan.load(R._WORD_CORES.pattern, R._VENDOR_STARTS)
+
+
 @pytest.fixture(params=["python", "hyperscan"])
 def guards(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each test below with the pure-Python guards and with the one-pass Hyperscan guards."""
     if request.param == "python":
         monkeypatch.setattr(R, "_SCANNER", None)
     else:
-        scanner = redact_scan.load(R._WORD_CORES.pattern, R._VENDOR_STARTS)
+        scanner = _load()
         if scanner is None:
             pytest.skip("hyperscan is not installed: pip install 'hindsight-loop[hyperscan]'")
         monkeypatch.setattr(R, "_SCANNER", scanner)
@@ -235,7 +240,7 @@ def test_every_vendor_key_holds_where_the_one_pass_guard_looks() -> None:
 def test_the_one_pass_guards_are_the_python_guards() -> None:
     """Each Hyperscan guard holds exactly where its pure-Python twin does (so the one pass
     runs the same patterns, no more), on the generated events above."""
-    scanner = redact_scan.load(R._WORD_CORES.pattern, R._VENDOR_STARTS)
+    scanner = _load()
     if scanner is None:
         pytest.skip("hyperscan is not installed: pip install 'hindsight-loop[hyperscan]'")
     S = redact_scan
@@ -295,7 +300,7 @@ def _agent_payloads(rng: random.Random) -> list[Any]:
     ]
     odd += [p for p in ODD if _orjson_takes(p)]
     return odd + [
-        {rng.choice(KEYS): _value(rng) for _ in range(rng.randint(1, 4))} for _ in range(2000)
+        {rng.choice(KEYS): _value(rng) for _ in range(rng.randint(1, 4))} for _ in range(3000)
     ]
 
 
@@ -346,8 +351,8 @@ def test_the_payload_bytes_in_the_agents_line_equal_a_second_serialization(
     assert W.payload_json(b"[1]", head) is None
     assert W.payload_json(b'["tsk_b",1,null,5,"user_input",null,{}]', head) is None
     assert W.payload_json(b'["tsk_a",1,null,5,"user_input",null,{}]', head) == b"{}"
-    assert found > 4000  # the line's layout is found for every payload but the odd
-    assert kept > 50  # and its bytes stored as they are where nothing was redacted
+    assert found > 6000  # the line's layout is found for every payload but the odd
+    assert kept > 100  # and its bytes stored as they are where nothing was redacted
 
 
 # Bodies that begin or end with what a guard looks for, or hold half of it: joined in a batch,
@@ -388,7 +393,7 @@ EDGES = [
 
 
 def _batch_scanner() -> redact_scan.Scanner:
-    scanner = redact_scan.load(R._WORD_CORES.pattern, R._VENDOR_STARTS)
+    scanner = _load()
     if scanner is None:
         pytest.skip("hyperscan is not installed: pip install 'hindsight-loop[hyperscan]'")
     return scanner
@@ -516,12 +521,12 @@ def test_compiled_guards_are_kept_for_the_user_and_loaded_again(
     the user may read or write them); the next load takes them as they are (the file is not
     written again) and finds every guard the compiled ones find."""
     folder = _cached(tmp_path, monkeypatch)
-    _finds_every_guard(redact_scan.load(R._WORD_CORES.pattern, R._VENDOR_STARTS))
+    _finds_every_guard(_load())
     (kept,) = folder.iterdir()
     assert folder.stat().st_mode & 0o777 == 0o700
     assert kept.stat().st_mode & 0o777 == 0o600
     first = kept.stat().st_ino, kept.stat().st_mtime_ns
-    _finds_every_guard(redact_scan.load(R._WORD_CORES.pattern, R._VENDOR_STARTS))
+    _finds_every_guard(_load())
     assert (kept.stat().st_ino, kept.stat().st_mtime_ns) == first  # loaded, not compiled again
 
 
@@ -535,7 +540,7 @@ def test_a_kept_database_that_is_not_whole_or_not_the_users_is_compiled_again(
     import hyperscan
 
     folder = _cached(tmp_path, monkeypatch)
-    redact_scan.load(R._WORD_CORES.pattern, R._VENDOR_STARTS)
+    _load()
     (kept,) = folder.iterdir()
     data = kept.read_bytes()
     if damage == "cut short":
@@ -551,7 +556,7 @@ def test_a_kept_database_that_is_not_whole_or_not_the_users_is_compiled_again(
         kept.chmod(0o666)
     if damage == "others can write":
         assert redact_scan._load_cached(hyperscan, kept) is None
-    _finds_every_guard(redact_scan.load(R._WORD_CORES.pattern, R._VENDOR_STARTS))
+    _finds_every_guard(_load())
 
 
 def test_no_cache_where_the_folder_is_not_the_users_alone(
@@ -562,5 +567,5 @@ def test_no_cache_where_the_folder_is_not_the_users_alone(
     folder.mkdir(parents=True)
     folder.chmod(0o777)
     assert redact_scan._cache_dir() is None
-    _finds_every_guard(redact_scan.load(R._WORD_CORES.pattern, R._VENDOR_STARTS))
+    _finds_every_guard(_load())
     assert list(folder.iterdir()) == []
