@@ -237,19 +237,21 @@ def test_every_vendor_key_holds_where_the_one_pass_guard_looks() -> None:
             assert re.search(R._VENDOR_STARTS, key) is not None, (pattern.pattern, key)
 
 
-def test_a_vendor_key_right_after_an_escape_is_redacted(guards: str) -> None:
-    """A key after a newline, a tab or another control character in the agent's text is one
-    letter after a backslash in the JSON (``"done\\nsk-…"``), where there is no word
-    boundary: it is redacted all the same, as it is after a space."""
+def test_a_secret_right_after_an_escape_is_redacted(guards: str) -> None:
+    """A key or a ``--password`` flag after a newline, a tab or another control character in
+    the agent's text is one letter after a backslash in the JSON (``"done\\nsk-…"``), where
+    there is no word boundary: it is redacted all the same, as it is after a space."""
     keys = [
         m.group(0) for _n, p, _r in R._VENDOR for f in FRAGMENTS for m in p.finditer(f.encode())
     ]
-    for key in keys:
+    secrets = [(key.decode(), key) for key in keys]
+    secrets += [("--password Hunter2xyz", b"Hunter2xyz"), ("--api-key=Hunter2xyz", b"Hunter2xyz")]
+    for said, secret in secrets:
         for before in ("\n", "\t", "\r", "\b", "\f", "\x1b", "\x00", " "):
-            for text in ("done" + before + key.decode(), "a\n" + before + key.decode() + "\nb"):
+            for text in ("done" + before + said, "a\n" + before + said + "\nb"):
                 blob = orjson.dumps({"out": text})
                 out = redact(blob, escaped=True)
-                assert key not in out, (guards, blob, out)
+                assert secret not in out, (guards, blob, out)
                 assert out == _every_pattern(blob, secret_key=None), blob
     nested = orjson.dumps({"out": orjson.dumps({"log": "line\n" + keys[0].decode()}).decode()})
     assert keys[0] not in redact(nested, escaped=True), nested

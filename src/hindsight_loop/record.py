@@ -372,7 +372,8 @@ _BEARER = re.compile(rb"(?i)(bearer|basic)\s+[A-Za-z0-9._~+/\-]{8,}=*")
 # A letter before a key that does not end a JSON escape: ``"done\nsk-…"`` holds the key on a
 # line of its own, though the n of \n is a letter (no \b before it). orjson writes control
 # characters as \b \f \n \r \t or \u00XX; the other \uXXXX are read decoded (``_decoded``).
-_WORD_BEFORE = rb"[A-Za-z0-9_](?<!\\[bfnrt])(?<!\\u00[01][0-9a-fA-F])"
+_NOT_ESCAPE = rb"(?<!\\[bfnrt])(?<!\\u00[01][0-9a-fA-F])"
+_WORD_BEFORE = rb"[A-Za-z0-9_]" + _NOT_ESCAPE
 
 
 def _starts(*prefixes: bytes) -> bytes:
@@ -421,9 +422,13 @@ _VENDOR_STARTS = (
     rb"_live_|_test_|hooks\.slack\.com/|(?:\b|\\[bfnrt]|\\u00[01][0-9a-fA-F])"
     rb"(?:[spr]k-|A[KS]IA|(?:gh[posu]|github_pat|glpat)[_\-]|xox[abpr][_\-]|AIza|hf_|eyJ)"
 )
-# --password x in an argv list or a command line (the name decides: --max-tokens 9 stays)
+# --password x in an argv list or a command line (the name decides: --max-tokens 9 stays), also
+# at the start of a line ("…\n--password x")
 _FLAG = re.compile(
-    rb"((?<![\w\-])--([A-Za-z][A-Za-z0-9_.\-]{0,60})(?:\"\s*,\s*\"|\s+|=))" + _TEXT_VALUE
+    rb"((?<![\w\-]"
+    + _NOT_ESCAPE
+    + rb")--([A-Za-z][A-Za-z0-9_.\-]{0,60})(?:\"\s*,\s*\"|\s+|=))"
+    + _TEXT_VALUE
 )
 # In free text: password=x, X-Api-Key: x, token is x, password='x', 密码：x, 密码 x
 _TEXT_SECRET = re.compile(
