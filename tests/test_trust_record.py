@@ -196,6 +196,14 @@ SECRETS: list[tuple[Any, str]] = [
     ({"cmd": "mysql -u root --password Hunter2Text"}, "Hunter2Text"),
     ({"text": "账号 admin 密码 Zh8Secret"}, "Zh8Secret"),
     ({"long": "x" * 480 + " password=AfterTheCut123"}, "AfterThe"),  # the cut splits it
+    # a key on a line of its own, or after a terminal's colour code: a letter before it in the JSON
+    ({"log": "started\nsk-proj-4fJ9kLmN2pQ8rS6tU1vW3xY5zA7bC9dE"}, "4fJ9kLmN2pQ8rS6t"),
+    ({"log": "\x1b[1;33mAKIAIOSFODNN7EXAMPLE\x1b[0m"}, "IOSFODNN7EXAMPLE"),
+    ({"log": "ok\n--password Hunter2Line"}, "Hunter2Line"),
+    ({"cmd": "deploy --token 'Hunter2Quoted'"}, "Hunter2Quoted"),
+    ({"reply": "Here you go:\n- **Password:** Hunter2Bold"}, "Hunter2Bold"),
+    ({"env": "AZURE_OPENAI_KEY=0123456789abcdef0123456789abcdef"}, "0123456789abcdef0123"),
+    ({"hmac_key": "hmacSecretValue7"}, "hmacSecretValue7"),
 ]
 
 
@@ -395,6 +403,8 @@ NOT_SECRETS = {
     "keyboard": "qwerty",
     "path": "/data/tokens.csv",
     "cli": "--max-tokens 100",
+    "report": "Prompt tokens: 120\nCompletion tokens: 80\nTotal tokens: 200, tokens=512",
+    "keys": "primary_key=id; sort key: name; idempotency_key=abc",
     "order_id": "4111111111111112",  # not a Luhn number
     "epoch_us": 1732084333000123,
 }

@@ -85,6 +85,8 @@ REDACTED = "[REDACTED]"
 _SECRET_WORDS = (
     r"pass(?:word|wd|phrase)?|pwd|secret|api[_\-. ]?key|apikey|access[_\-. ]?key"
     r"|account[_\-. ]?key|private[_\-. ]?key|token|auth(?:orization)?|cookie|credential"
+    # the last word of a name (AZURE_OPENAI_KEY=…, "hmac_key": …): the whole name decides
+    r"|[_\-.]key"
 )
 _SECRET_WORDS_ZH = "密码|口令|密钥|令牌|秘钥"
 # A JSON value: a string, a number, a literal, or a flat list (a list of tokens is secret too).
@@ -110,6 +112,12 @@ _SECRET_CORES = (
     "encryptionkey",
     "masterkey",
     "sessionkey",
+    "openaikey",
+    "stripekey",
+    "hmackey",
+    "licensekey",
+    "subscriptionkey",
+    "consumerkey",
     "authorization",
     "cookie",
 )
@@ -239,6 +247,10 @@ def _text_sub(m: re.Match[bytes]) -> bytes:
     if word is not None:
         name = (_ident_before(m.string, m.start()) + word).decode("ascii", "replace")
         if not _names_secret(name):
+            return m.group(0)
+        # "Total tokens: 200", "tokens=512": a count (its word is before a space, not in the
+        # name); no secret named tokens is a bare number
+        if word[-6:].lower() == b"tokens" and m.string[m.end(1) : m.end()].isdigit():
             return m.group(0)
     return m.group(1) + b"[REDACTED]"
 
@@ -372,7 +384,10 @@ _BEARER = re.compile(rb"(?i)(bearer|basic)\s+[A-Za-z0-9._~+/\-]{8,}=*")
 # A letter before a key that does not end a JSON escape: ``"done\nsk-…"`` holds the key on a
 # line of its own, though the n of \n is a letter (no \b before it). orjson writes control
 # characters as \b \f \n \r \t or \u00XX; the other \uXXXX are read decoded (``_decoded``).
-_NOT_ESCAPE = rb"(?<!\\[bfnrt])(?<!\\u00[01][0-9a-fA-F])"
+# A terminal's colour code ends in a letter too: ESC [ 1;33 m (``\u001b[1;33msk-…``).
+_NOT_ESCAPE = rb"(?<!\\[bfnrt])(?<!\\u00[01][0-9a-fA-F])" + b"".join(
+    rb"(?<!\\u001b\[" + rb"[0-9;]" * n + rb"m)" for n in range(9)
+)
 _WORD_BEFORE = rb"[A-Za-z0-9_]" + _NOT_ESCAPE
 
 
@@ -419,28 +434,30 @@ _VENDOR: list[tuple[bytes, re.Pattern[bytes], bytes]] = [
 # look for it, not for the run of 16, which Hyperscan finds slowly and most text holds (ids,
 # paths); tests/test_redact_guards.py runs it against each pattern on every vendor's keys.
 _VENDOR_STARTS = (
-    rb"_live_|_test_|hooks\.slack\.com/|(?:\b|\\[bfnrt]|\\u00[01][0-9a-fA-F])"
+    rb"_live_|_test_|hooks\.slack\.com/|(?:\b|\\[bfnrt]|\\u00[01][0-9a-fA-F]|\\u001b\[[0-9;]{0,8}m)"
     rb"(?:[spr]k-|A[KS]IA|(?:gh[posu]|github_pat|glpat)[_\-]|xox[abpr][_\-]|AIza|hf_|eyJ)"
 )
 # --password x in an argv list or a command line (the name decides: --max-tokens 9 stays), also
 # at the start of a line ("…\n--password x")
+# (the dashes first, then what is before them: ``re`` scans for a literal opening fast), its
+# value quoted or not (--token "x")
 _FLAG = re.compile(
-    rb"((?<![\w\-]"
+    rb"(--(?<![\w\-]"
     + _NOT_ESCAPE
-    + rb")--([A-Za-z][A-Za-z0-9_.\-]{0,60})(?:\"\s*,\s*\"|\s+|=))"
+    + rb"--)([A-Za-z][A-Za-z0-9_.\-]{0,60})(?:\"\s*,\s*\"|\s+|=)(?:\\?[\"'])?)"
     + _TEXT_VALUE
 )
 # In free text: password=x, X-Api-Key: x, token is x, password='x', 密码：x, 密码 x
 _TEXT_SECRET = re.compile(
     rb"(?i)((?:(?P<w>(?:"
     + _WORDS_B
-    + rb")[A-Za-z0-9_.\-]{0,40})(?:\\\"|')?\s*"
+    + rb")[A-Za-z0-9_.\-]{0,40})(?:\\\"|'|\*\*|__|`)?\s*"
     + _ASSIGN
     + rb"|(?:"
     + _SECRET_WORDS_ZH.encode()
     + rb")(?:\\\"|')?\s*(?:"
     + _ASSIGN
-    + rb"|\s))\s*(?:\\?[\"'])?)"
+    + rb"|\s))\s*(?:\*\*|__|`)?\s*(?:\\?[\"'])?)"
     + _TEXT_VALUE
 )
 _USERINFO = re.compile(rb"(://[^/\s:@\"]*:)[^@\s/\"]+@")  # user:pw@host, redis://:pw@host
