@@ -204,6 +204,8 @@ SECRETS: list[tuple[Any, str]] = [
     ({"reply": "Here you go:\n- **Password:** Hunter2Bold"}, "Hunter2Bold"),
     ({"env": "AZURE_OPENAI_KEY=0123456789abcdef0123456789abcdef"}, "0123456789abcdef0123"),
     ({"hmac_key": "hmacSecretValue7"}, "hmacSecretValue7"),
+    ({"sql": "CREATE USER app WITH PASSWORD 'SqlSecretPw9';"}, "SqlSecretPw9"),
+    ({"sql": "CREATE USER 'app'@'%' IDENTIFIED BY 'MySqlSecret8';"}, "MySqlSecret8"),
 ]
 
 

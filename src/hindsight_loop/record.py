@@ -460,6 +460,19 @@ _TEXT_SECRET = re.compile(
     + rb"|\s))\s*(?:\*\*|__|`)?\s*(?:\\?[\"'])?)"
     + _TEXT_VALUE
 )
+# SQL that sets a password, with no sign of an assignment for the text pattern to find:
+# CREATE USER app WITH PASSWORD 'x', ALTER USER … PASSWORD 'x', … IDENTIFIED BY 'x'. Written
+# in the cases SQL is (so four substring tests find every match: no scan of a lowercased copy).
+_SQL_PASSWORD = re.compile(
+    rb"((?<![A-Za-z0-9_])(?:[Pp]assword|PASSWORD|[Ii]dentified\s+[Bb]y|IDENTIFIED\s+BY)\s+)"
+    rb"(?:'(?:[^'\\]|'')*'|\\\"[^\"\\]*\\\")"
+)
+
+
+def _may_set_sql_password(blob: bytes) -> bool:
+    return b"assword" in blob or b"ASSWORD" in blob or b"dentified" in blob or b"DENTIFIED" in blob
+
+
 _USERINFO = re.compile(rb"(://[^/\s:@\"]*:)[^@\s/\"]+@")  # user:pw@host, redis://:pw@host
 _CARD = re.compile(
     rb"[2-6]\d{12,18}(?!\d)|[2-6]\d{3}([ \-])\d{4}\1\d{4}(?:\1\d{1,7})?(?!\d)"
@@ -567,6 +580,8 @@ def _redact_scanned(blob: bytes, secret_key: bool | None, hits: Collection[int])
         blob = _FLAG.sub(_flag_sub, blob)
     if words and assign:
         blob = _TEXT_SECRET.sub(_text_sub, blob)
+    if S.SQL_PASSWORD in hits:
+        blob = _SQL_PASSWORD.sub(rb"\1'[REDACTED]'", blob)
     if S.AT in hits and S.SCHEME in hits:
         blob = _USERINFO.sub(rb"\1[REDACTED]@", blob)
     if S.CARD in hits:
@@ -638,6 +653,8 @@ def _redact(blob: bytes, *, secret_key: bool | None, escaped: bool, one_pass: bo
         blob = _FLAG.sub(_flag_sub, blob)
     if words and assign:
         blob = _TEXT_SECRET.sub(_text_sub, blob)
+    if _may_set_sql_password(blob):
+        blob = _SQL_PASSWORD.sub(rb"\1'[REDACTED]'", blob)
     if b"@" in blob and b"://" in blob:
         blob = _USERINFO.sub(rb"\1[REDACTED]@", blob)
     shape = blob.translate(_CARD_TABLE)
