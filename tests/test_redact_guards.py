@@ -61,6 +61,8 @@ def _every_pattern_as_is(blob: bytes, *, secret_key: bool | None) -> bytes:
     blob = R._FLAG.sub(R._flag_sub, blob)
     blob = R._TEXT_SECRET.sub(R._text_sub, blob)
     blob = R._SQL_PASSWORD.sub(rb"\1'[REDACTED]'", blob)
+    for _needle, pattern in R._COMMAND_SECRETS:
+        blob = pattern.sub(rb"\1[REDACTED]", blob)
     blob = R._USERINFO.sub(rb"\1[REDACTED]@", blob)
     return R._CARD.sub(R._card_sub, blob)
 
@@ -68,6 +70,9 @@ def _every_pattern_as_is(blob: bytes, *, secret_key: bool | None) -> bytes:
 FRAGMENTS = [
     "plain words",
     "CREATE USER app WITH PASSWORD 'Zq8vK2mN'",
+    "mysql -u root -pZq8vK2mN db",
+    "curl -u admin:Zq8vK2mN https://x",
+    "curl -s https://x/login",
     'alter user x identified by "pw1234"',
     "the Password is 'not sql'",
     "销售报表文件的编码错误",
@@ -283,6 +288,7 @@ def test_the_one_pass_guards_are_the_python_guards() -> None:
             S.VENDOR: re.search(R._VENDOR_STARTS, blob) is not None,
             S.CARD: R._CARD_SHAPE.search(blob.translate(R._CARD_TABLE)) is not None,
             S.SQL_PASSWORD: R._may_set_sql_password(blob),
+            S.COMMAND: R._may_pass_a_command_secret(blob),
         }
         for guard, held in python.items():
             assert (guard in hits) == held, (guard, blob)
@@ -291,7 +297,7 @@ def test_the_one_pass_guards_are_the_python_guards() -> None:
         userinfo = S.AT in hits and S.SCHEME in hits
         assert userinfo == (b"@" in blob and b"://" in blob), blob
         seen |= hits
-    assert seen == set(range(15))  # every guard was seen holding
+    assert seen == set(range(16))  # every guard was seen holding
 
 
 def _agent_payloads(rng: random.Random) -> list[Any]:
@@ -384,6 +390,8 @@ def test_the_payload_bytes_in_the_agents_line_equal_a_second_serialization(
 # two halves side by side must not make a guard hold in either.
 EDGES = [
     "IDENTIFIED",
+    "curl",
+    "cur",
     "IDENTIFIE",
     "assword",
     "sword",
@@ -461,7 +469,7 @@ def test_a_batch_scan_finds_in_each_body_what_its_own_scan_finds() -> None:
         b"\n".join(bodies) + b"\n", match_event_handler=redact_scan._found, context=reports
     )
     assert len(reports) == sum(len(alone[body]) for body in bodies)
-    assert seen == set(range(15))  # every guard was seen holding
+    assert seen == set(range(16))  # every guard was seen holding
     assert scanner.scan_many([]) == []
 
 

@@ -206,6 +206,11 @@ SECRETS: list[tuple[Any, str]] = [
     ({"hmac_key": "hmacSecretValue7"}, "hmacSecretValue7"),
     ({"sql": "CREATE USER app WITH PASSWORD 'SqlSecretPw9';"}, "SqlSecretPw9"),
     ({"sql": "CREATE USER 'app'@'%' IDENTIFIED BY 'MySqlSecret8';"}, "MySqlSecret8"),
+    ({"cmd": "mysqldump -h db -uroot -pDumpSecret7 app > app.sql"}, "DumpSecret7"),
+    ({"argv": ["sshpass", "-p", "SshPassSecret6", "ssh", "me@host"]}, "SshPassSecret6"),
+    ({"cmd": "redis-cli -h cache -a RedisCliSecret5 ping"}, "RedisCliSecret5"),
+    ({"cmd": "docker login -u me -p RegistrySecret4 reg.example.com"}, "RegistrySecret4"),
+    ({"cmd": "curl -s -u admin:CurlUserSecret3 https://api.example.com"}, "CurlUserSecret3"),
 ]
 
 
@@ -405,6 +410,7 @@ NOT_SECRETS = {
     "keyboard": "qwerty",
     "path": "/data/tokens.csv",
     "cli": "--max-tokens 100",
+    "shell": "mysql -u root -p app; mkdir -p out; ssh me@login.host -p 2222; docker run -p 80:80 x",
     "report": "Prompt tokens: 120\nCompletion tokens: 80\nTotal tokens: 200, tokens=512",
     "keys": "primary_key=id; sort key: name; idempotency_key=abc",
     "order_id": "4111111111111112",  # not a Luhn number

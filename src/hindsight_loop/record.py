@@ -469,6 +469,47 @@ _SQL_PASSWORD = re.compile(
 )
 
 
+# A password a command takes in a short option or as user:password, which the --flag pattern
+# cannot tell from any other: mysql -pX, sshpass -p X, redis-cli -a X, docker login -p X,
+# curl -u user:X. The command's name says what the option means; a match reaches at most a
+# few hundred characters past it (its own command line, or its argv list).
+_ARGV_GAP = rb"(?:\"\s*,\s*\"|\s+)"  # between an option and its value: a command line, or argv
+_QUOTE = rb"(?:\\?[\"'])?"
+_LATER = rb"\b[^\n]{0,200}?(?<![\w\-])"  # later on the command's line (or in its argv)
+# ``login`` of a registry client (docker login, podman login -u me -p x), on a line or in argv
+_LOGIN = b"(?:%s)" % b"|".join(
+    b"(?<=" + tool + gap + b"login)"
+    for tool in (b"docker", b"podman", b"nerdctl", b"buildah")
+    for gap in (b" ", b'\\",\\"')
+)
+# (needle, pattern): each pattern opens with its command's name, for ``re``'s literal scan
+_COMMAND_SECRETS: list[tuple[bytes, re.Pattern[bytes]]] = [
+    (
+        needle,
+        re.compile(b"(" + _starts(needle) + option + _QUOTE + b")" + _TEXT_VALUE),
+    )
+    for needle, option in (
+        (b"mysql", rb"[a-z]*" + _LATER + rb"-p(?=[^\s\\\"])"),  # mysql, mysqldump, mysqladmin
+        (b"mariadb", rb"[a-z\-]*" + _LATER + rb"-p(?=[^\s\\\"])"),
+        (b"sshpass", _ARGV_GAP + rb"-p(?:" + _ARGV_GAP + rb")?"),
+        (b"redis-cli", _LATER + rb"-a" + _ARGV_GAP),
+        (b"login", _LOGIN + _LATER + rb"-p" + _ARGV_GAP),
+        (b"curl", _LATER + rb"(?:-u|--user)(?:=|" + _ARGV_GAP + rb")" + _QUOTE + rb"[^\s:\"'\\]+:"),
+    )
+]
+
+
+def _may_pass_a_command_secret(blob: bytes) -> bool:
+    return any(needle in blob for needle, _ in _COMMAND_SECRETS)
+
+
+def _command_secrets(blob: bytes) -> bytes:
+    for needle, pattern in _COMMAND_SECRETS:
+        if needle in blob:
+            blob = pattern.sub(rb"\1[REDACTED]", blob)
+    return blob
+
+
 def _may_set_sql_password(blob: bytes) -> bool:
     return b"assword" in blob or b"ASSWORD" in blob or b"dentified" in blob or b"DENTIFIED" in blob
 
@@ -582,6 +623,8 @@ def _redact_scanned(blob: bytes, secret_key: bool | None, hits: Collection[int])
         blob = _TEXT_SECRET.sub(_text_sub, blob)
     if S.SQL_PASSWORD in hits:
         blob = _SQL_PASSWORD.sub(rb"\1'[REDACTED]'", blob)
+    if S.COMMAND in hits:
+        blob = _command_secrets(blob)
     if S.AT in hits and S.SCHEME in hits:
         blob = _USERINFO.sub(rb"\1[REDACTED]@", blob)
     if S.CARD in hits:
@@ -655,6 +698,8 @@ def _redact(blob: bytes, *, secret_key: bool | None, escaped: bool, one_pass: bo
         blob = _TEXT_SECRET.sub(_text_sub, blob)
     if _may_set_sql_password(blob):
         blob = _SQL_PASSWORD.sub(rb"\1'[REDACTED]'", blob)
+    if _may_pass_a_command_secret(blob):
+        blob = _command_secrets(blob)
     if b"@" in blob and b"://" in blob:
         blob = _USERINFO.sub(rb"\1[REDACTED]@", blob)
     shape = blob.translate(_CARD_TABLE)

@@ -36,12 +36,12 @@ SEPARATOR = b"\n"
 
 # Guard ids, in the order of ``_EXPRESSIONS``.
 PEM, DASHES, EQUALS, INNER_COLON, ESCAPED_KEY, IS, ZH_ASSIGN = range(7)
-WORDS, AUTHORIZATION, BEARER, VENDOR, AT, SCHEME, CARD, SQL_PASSWORD = range(7, 15)
+WORDS, AUTHORIZATION, BEARER, VENDOR, AT, SCHEME, CARD, SQL_PASSWORD, COMMAND = range(7, 16)
 
 #: A body where no guard holds (shared: most bodies, and nothing changes it).
 NONE: frozenset[int] = frozenset()
 #: Text every guard finds (``Scanner.check``): a loaded database must find them all.
-PROBE = '-----BEGIN PRIVATE KEY----- a=b c:d \\":x y is z 密码：w password Authorization: Bearer x sk-x u@v.w http://h 4111 1111'.encode()
+PROBE = '-----BEGIN PRIVATE KEY----- a=b c:d \\":x y is z 密码：w password Authorization: Bearer x sk-x u@v.w http://h 4111 1111 curl'.encode()
 
 
 def _expressions(word_cores: bytes, vendor: bytes) -> list[tuple[bytes, bool]]:
@@ -67,6 +67,7 @@ def _expressions(word_cores: bytes, vendor: bytes) -> list[tuple[bytes, bool]]:
         (rb"://", False),
         (rb"[0-9]{4}(?:[0-9]{9}|[ \-][0-9]{4})", False),
         (rb"assword|ASSWORD|dentified|DENTIFIED", False),  # record._may_set_sql_password
+        (rb"mysql|mariadb|sshpass|redis-cli|login|curl", False),  # _may_pass_a_command_secret
     ]
 
 
@@ -164,7 +165,7 @@ class Scanner:
 
     def check(self) -> bool:
         """Whether both databases find every guard in ``PROBE``, alone and between others."""
-        every = set(range(SQL_PASSWORD + 1))
+        every = set(range(COMMAND + 1))
         return set(self.scan(PROBE)) == every and [
             set(h) for h in self.scan_many([b"probe", PROBE, b"probe"])
         ] == [set(), every, set()]
