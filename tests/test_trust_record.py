@@ -211,6 +211,10 @@ SECRETS: list[tuple[Any, str]] = [
     ({"cmd": "redis-cli -h cache -a RedisCliSecret5 ping"}, "RedisCliSecret5"),
     ({"cmd": "docker login -u me -p RegistrySecret4 reg.example.com"}, "RegistrySecret4"),
     ({"cmd": "curl -s -u admin:CurlUserSecret3 https://api.example.com"}, "CurlUserSecret3"),
+    (
+        {"req": "GET / HTTP/1.1\r\nCookie: _ga=GA1.2.3; sessionid=CookieSecret2\r\n"},
+        "CookieSecret2",
+    ),
 ]
 
 

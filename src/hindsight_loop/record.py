@@ -460,6 +460,20 @@ _TEXT_SECRET = re.compile(
     + rb"|\s))\s*(?:\*\*|__|`)?\s*(?:\\?[\"'])?)"
     + _TEXT_VALUE
 )
+# A Cookie header in text: every pair of it (the session is rarely the first: _ga=…; sid=x),
+# to the end of its line. In the cases headers are written, so a substring test guards it.
+_COOKIE = re.compile(
+    rb"((?:[Cc]ookie|COOKIE)(?<!"
+    + _WORD_BEFORE
+    + rb"[Cc][Oo][Oo][Kk][Ii][Ee])(?:\\?[\"'])?\s*:\s*(?:\\?[\"'])?)"
+    + rb"(?!\[REDACTED)(?=[^\s=;\"'\\]+=)[^\"'\\\r\n]+"
+)
+
+
+def _may_hold_a_cookie(blob: bytes) -> bool:
+    return b"ookie" in blob or b"OOKIE" in blob
+
+
 # SQL that sets a password, with no sign of an assignment for the text pattern to find:
 # CREATE USER app WITH PASSWORD 'x', ALTER USER … PASSWORD 'x', … IDENTIFIED BY 'x'. Written
 # in the cases SQL is (so four substring tests find every match: no scan of a lowercased copy).
@@ -620,6 +634,8 @@ def _redact_scanned(blob: bytes, secret_key: bool | None, hits: Collection[int])
     if words and dash:
         blob = _FLAG.sub(_flag_sub, blob)
     if words and assign:
+        if _may_hold_a_cookie(blob):
+            blob = _COOKIE.sub(rb"\1[REDACTED]", blob)
         blob = _TEXT_SECRET.sub(_text_sub, blob)
     if S.SQL_PASSWORD in hits:
         blob = _SQL_PASSWORD.sub(rb"\1'[REDACTED]'", blob)
@@ -695,6 +711,8 @@ def _redact(blob: bytes, *, secret_key: bool | None, escaped: bool, one_pass: bo
     if words and dash:
         blob = _FLAG.sub(_flag_sub, blob)
     if words and assign:
+        if _may_hold_a_cookie(blob):
+            blob = _COOKIE.sub(rb"\1[REDACTED]", blob)
         blob = _TEXT_SECRET.sub(_text_sub, blob)
     if _may_set_sql_password(blob):
         blob = _SQL_PASSWORD.sub(rb"\1'[REDACTED]'", blob)
