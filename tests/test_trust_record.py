@@ -215,6 +215,8 @@ SECRETS: list[tuple[Any, str]] = [
         {"req": "GET / HTTP/1.1\r\nCookie: _ga=GA1.2.3; sessionid=CookieSecret2\r\n"},
         "CookieSecret2",
     ),
+    ({"env": "DB_HOST=db\nDB_PASS=EnvPassSecret1"}, "EnvPassSecret1"),
+    ({"smtp": {"host": "mail", "smtp_pass": "DictPassSecret0"}}, "DictPassSecret0"),
 ]
 
 
@@ -414,6 +416,8 @@ NOT_SECRETS = {
     "keyboard": "qwerty",
     "path": "/data/tokens.csv",
     "cli": "--max-tokens 100",
+    "go_test": "--- PASS: TestLogin (0.00s)\nPASS\nok  \tapp/auth\t0.012s",
+    "eval": {"pass_rate": 0.95, "pass_at_1": 0.7},
     "shell": "mysql -u root -p app; mkdir -p out; ssh me@login.host -p 2222; docker run -p 80:80 x",
     "report": "Prompt tokens: 120\nCompletion tokens: 80\nTotal tokens: 200, tokens=512",
     "keys": "primary_key=id; sort key: name; idempotency_key=abc",
