@@ -338,6 +338,38 @@ def test_writer_policy_from_the_environment(
     assert not (tmp_path / "c.db").exists()  # refused before a store file is made
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux's scheduling policies")
+@pytest.mark.parametrize(
+    ("setting", "policy"),
+    [
+        (None, "SCHED_BATCH"),
+        ("other", "SCHED_OTHER"),
+        ("idle", "SCHED_IDLE"),
+        ("fifo", "SCHED_OTHER"),
+    ],
+)
+def test_the_writer_process_is_scheduled_as_batch_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str | None, policy: str
+) -> None:
+    """Its wake-ups must not preempt an agent's thread (``writer._schedule_as_batch``): every
+    thread of it (the committer too) runs as batch work, the agent's own policy untouched;
+    ``HINDSIGHT_WRITER_SCHED`` picks another, and a policy it does not offer keeps the default."""
+    if setting is None:
+        monkeypatch.delenv("HINDSIGHT_WRITER_SCHED", raising=False)
+    else:
+        monkeypatch.setenv("HINDSIGHT_WRITER_SCHED", setting)
+    with Hindsight(tmp_path / "h.db", writer="process", background=False) as hs:
+        with hs.task("parse", goal="load", recall=False) as task:
+            task.record_action("read_csv", {"path": "/data/a.csv"}, output={"rows": 3})
+        assert hs.flush() is True
+        pid = hs.recorder.pid  # type: ignore[attr-defined]
+        threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        assert len(threads) >= 2  # the main thread and the committer
+        assert {os.sched_getscheduler(t) for t in threads} == {getattr(os, policy)}
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the agent's is its own business
+    assert len(_rows(tmp_path / "h.db")) == 3
+
+
 def test_refused_and_after_close_events_reach_the_dead_letter(tmp_path: Path) -> None:
     hs = Hindsight(tmp_path / "d.db", writer="process", background=False)
     with pytest.warns(HindsightWarning):

@@ -1150,6 +1150,24 @@ class _RingSource:
         return self.pos
 
 
+def _schedule_as_batch() -> None:
+    """Tell the kernel this process is batch work (``SCHED_BATCH``, Linux; its threads inherit
+    it): the same fair share of the CPU, but its wake-ups (a look at the ring each millisecond,
+    each commit) never preempt a running thread. A writer thread woken on the core where an
+    agent thread holds the GIL used to take that core while the other one idled (the kernel
+    does not pull a task to a core that idles for short spells), and every agent thread
+    waited for the GIL's holder: with four agent threads, a good part of what recording added
+    to a step. The kernel still gives the writer its turn on a tick, so some of that stays.
+    ``HINDSIGHT_WRITER_SCHED=other`` keeps the default policy, ``idle`` asks for
+    ``SCHED_IDLE`` (the writer then runs only on time no other process wants)."""
+    policy = os.environ.get("HINDSIGHT_WRITER_SCHED", "batch").strip().lower()
+    number = {"batch": "SCHED_BATCH", "idle": "SCHED_IDLE"}.get(policy)
+    if number is None or not hasattr(os, number) or not hasattr(os, "sched_setscheduler"):
+        return
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(0, getattr(os, number), os.sched_param(0))
+
+
 def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, acknowledge
     """Read the agent's lines from its ring (or stdin), write them, report on stdout; exit at
     the end of stdin, once everything read is durable."""
@@ -1158,6 +1176,7 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
     if nice:
         with contextlib.suppress(OSError):
             os.nice(nice)
+    _schedule_as_batch()
     out_fd = os.dup(1)
     os.dup2(2, 1)  # stray prints must not reach the agent's message pipe
     send_lock = threading.Lock()
