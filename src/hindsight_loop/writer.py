@@ -902,11 +902,13 @@ class ProcessRecorder:
         except subprocess.TimeoutExpired:
             proc.kill()
             code = proc.wait()
+        # The reader first (the process is gone: its pipe ends): closing a file another thread
+        # still reads made that read fail now and then, logged as an error at close.
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout=5)
         if proc.stdout is not None:
             with contextlib.suppress(Exception):
                 proc.stdout.close()
-        if self._reader is not None and self._reader is not threading.current_thread():
-            self._reader.join(timeout=5)
         return code
 
     def _recover(self) -> None:
