@@ -522,12 +522,43 @@ class ProcessRecorder:
             return own
         own = next(self._seq)
         ts = timestamp or time.time_ns()
-        if type(ts) is float and not math.isfinite(ts):
+        if timestamp and type(ts) is float and not math.isfinite(ts):
             ts = repr(ts)  # orjson would write null: the writer keeps the original text
         try:
             frame = orjson.dumps((task_id, own, seq, ts, etype, event_id, payload), option=_OPT)
         except Exception:  # noqa: BLE001 - what orjson refuses is converted (rare, slower)
             frame = self._portable(task_id, own, seq, ts, etype, payload, event_id)
+        n = len(frame)
+        # The common case in one short critical section, inlined (``Ring.put`` and a ``with``
+        # cost more than the copy itself); a long line, a full ring, waiting lines or a writer
+        # process that is no more take ``_put_slow``.
+        lock = self._lock
+        lock.acquire()
+        try:
+            head = self._head
+            if fast := n <= self._big and head + n <= self._room and not self._overflow:
+                at = head % self._size
+                if at + n <= self._size:
+                    self._data[at : at + n] = frame  # the same length: a copy, no resize
+                else:
+                    self._ring.put(head, frame)  # type: ignore[union-attr]  # it wraps
+                head += n
+                self._head = head
+                self._words[0] = head  # after the bytes: the writer may read them now
+                self._ring_lines += 1
+        finally:
+            lock.release()
+        if not fast:
+            self._put_slow(frame, own)
+        if self._words[ASLEEP]:
+            self._ring_bell(b"w")
+        if not self._starting:
+            self._start_writer()
+        return own
+
+    def _put_slow(self, frame: bytes, own: int) -> None:
+        """A line the ring cannot take at once: wait or spill under overload, spool a long
+        line to a file, wait in the overflow for room, or go to the in-process writer."""
         if self._waiting >= self._local._queue_bound:
             try:
                 self._overload()
@@ -540,36 +571,23 @@ class ProcessRecorder:
                 with self._lock:
                     self._local.start()
                     self._direct(frame)
-                return own
+                return
             frame = spooled
             n = len(frame)
         with self._lock:
-            head = self._head
-            if head + n > self._room or self._overflow:
-                if not self._make_room(n):
-                    if self._fallen_back:
-                        self._direct(frame)
-                    else:
-                        if not self._overflow:
-                            self._mover_wake.set()
-                        self._overflow.append(frame)
-                        self._waiting += 1
-                    frame = b""
-                head = self._head
-            if frame:
-                at = head % self._size
-                if at + n <= self._size:
-                    self._data[at : at + n] = frame  # the same length: a copy, no resize
+            if (self._head + n > self._room or self._overflow) and not self._make_room(n):
+                if self._fallen_back:
+                    self._direct(frame)
                 else:
-                    self._ring.put(head, frame)  # type: ignore[union-attr]  # it wraps
-                self._head = head + n
-                self._words[0] = head + n  # after the bytes: the writer may read them now
-                self._ring_lines += 1
-        if self._words[ASLEEP]:
-            self._ring_bell(b"w")
-        if not self._starting:
-            self._start_writer()
-        return own
+                    if not self._overflow:
+                        self._mover_wake.set()
+                    self._overflow.append(frame)
+                    self._waiting += 1
+                return
+            self._ring.put(self._head, frame)  # type: ignore[union-attr]
+            self._head += n
+            self._words[0] = self._head  # after the bytes: the writer may read them now
+            self._ring_lines += 1
 
     def _make_room(self, n: int) -> bool:
         """With the lock: read how much of the ring is free, move waiting lines into it;
