@@ -489,15 +489,20 @@ class ProcessRecorder:
     # -- hot path ---------------------------------------------------------------------------
     def emit_event(self, event: dict[str, Any]) -> None:
         """Queue a wire-format event that passed ``models.wire_event_problem``."""
+        # Most events carry neither: one comparison each then.
         event_id = event.get("event_id")
+        if event_id is not None and not isinstance(event_id, str):
+            event_id = None
         seq = event.get("seq")
+        if seq is not None and not (type(seq) is int and -(2**63) <= seq < 2**63):
+            seq = None
         self.emit(
             event["task_id"],
             event["type"],
             event,  # serialized now: later changes by the caller cannot reach it
             timestamp=event.get("timestamp"),
-            event_id=event_id if isinstance(event_id, str) else None,
-            seq=seq if type(seq) is int and -(2**63) <= seq < 2**63 else None,
+            event_id=event_id,
+            seq=seq,
         )
 
     def emit(
