@@ -373,6 +373,48 @@ def test_the_writer_process_is_scheduled_as_batch_work(
     assert len(_rows(tmp_path / "h.db")) == 3
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux's scheduling policies")
+def test_while_a_flush_waits_the_writer_runs_under_the_default_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch thread's wake-up waits for the running thread's turn: on a busy machine each of
+    a flush's wake-ups did (``writer._Urgency``). Seen from outside while flushes wait (the
+    last commit and its answer: milliseconds), then batch work again once each is answered."""
+    import threading
+
+    monkeypatch.delenv("HINDSIGHT_WRITER_SCHED", raising=False)
+    with (
+        Hindsight(tmp_path / "h.db", writer="process", background=False) as hs,
+        hs.task("parse", goal="load", recall=False) as task,
+    ):
+        task.record_action("read_csv", {"i": -1}, output="x")
+        assert hs.flush() is True
+        pid = hs.recorder.pid  # type: ignore[attr-defined]
+        threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        seen: set[int] = set()
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                for t in threads:
+                    seen.add(os.sched_getscheduler(t))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            for burst in range(5):
+                for i in range(2000):
+                    task.record_action("read_csv", {"i": i, "burst": burst}, output="y" * 800)
+                assert hs.flush() is True
+        finally:
+            done.set()
+            watcher.join()
+        after = {os.sched_getscheduler(t) for t in threads}
+    assert os.SCHED_OTHER in seen and os.SCHED_BATCH in seen
+    assert after == {os.SCHED_BATCH}
+    assert len(_rows(tmp_path / "h.db")) == 2 + 10_001
+
+
 def test_refused_and_after_close_events_reach_the_dead_letter(tmp_path: Path) -> None:
     hs = Hindsight(tmp_path / "d.db", writer="process", background=False)
     with pytest.warns(HindsightWarning):

@@ -1684,6 +1684,11 @@ class Recorder:
             cleans = []  # out of step with the rows: the hook reads the rows alone
         self._commits.put((n, rows, raw, "could not prepare", cleans))
 
+    @property
+    def committer_id(self) -> int | None:
+        """The committer thread's id as the system knows it (None before it starts)."""
+        return self._committer.native_id
+
     def start_committer(self) -> None:
         """Start only the committer: the caller hands it batches (``commit_items``,
         ``commit_prepared``) and ends with ``finish()``."""

@@ -1175,22 +1175,53 @@ class _RingSource:
         return self.pos
 
 
-def _schedule_as_batch() -> None:
-    """Tell the kernel this process is batch work (``SCHED_BATCH``, Linux; its threads inherit
-    it): the same fair share of the CPU, but its wake-ups (a look at the ring each millisecond,
-    each commit) never preempt a running thread. A writer thread woken on the core where an
-    agent thread holds the GIL used to take that core while the other one idled (the kernel
-    does not pull a task to a core that idles for short spells), and every agent thread
-    waited for the GIL's holder: with four agent threads, a good part of what recording added
-    to a step. The kernel still gives the writer its turn on a tick, so some of that stays.
-    ``HINDSIGHT_WRITER_SCHED=other`` keeps the default policy, ``idle`` asks for
-    ``SCHED_IDLE`` (the writer then runs only on time no other process wants)."""
+def _background_policy() -> int | None:
+    """The scheduling policy the writer process runs under between flushes: batch work
+    (``SCHED_BATCH``, Linux) unless ``HINDSIGHT_WRITER_SCHED`` says ``idle`` (``SCHED_IDLE``:
+    only time no other process wants) or anything else (None: the default policy, inherited).
+
+    Batch work has the same fair share of the CPU, but its wake-ups (a look at the ring each
+    millisecond, each commit) never preempt a running thread. A writer thread woken on the
+    core where an agent thread holds the GIL used to take that core while the other one idled
+    (the kernel does not pull a task to a core that idles for short spells), and every agent
+    thread waited for the GIL's holder: with four agent threads, a good part of what recording
+    added to a step. The kernel still gives the writer its turn on a tick, so some of that
+    stays. While a flush waits the writer runs under the default policy (``_Urgency``)."""
     policy = os.environ.get("HINDSIGHT_WRITER_SCHED", "batch").strip().lower()
-    number = {"batch": "SCHED_BATCH", "idle": "SCHED_IDLE"}.get(policy)
-    if number is None or not hasattr(os, number) or not hasattr(os, "sched_setscheduler"):
-        return
-    with contextlib.suppress(OSError):
-        os.sched_setscheduler(0, getattr(os, number), os.sched_param(0))
+    name = {"batch": "SCHED_BATCH", "idle": "SCHED_IDLE"}.get(policy)
+    if name is None or not hasattr(os, name) or not hasattr(os, "sched_setscheduler"):
+        return None
+    return cast(int, getattr(os, name))
+
+
+def _set_policy(threads: tuple[int, ...], policy: int) -> None:
+    for tid in threads:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(tid, policy, os.sched_param(0))
+
+
+class _Urgency:
+    """While a flush waits, the writer's threads run under the default policy: a batch
+    thread's wake-up waits for the running thread's turn to end, and on a machine whose cores
+    are all busy each of a flush's few wake-ups (the bell, the commit, the answer) waited so."""
+
+    def __init__(self, background: int | None) -> None:
+        self.background = background
+        self.threads: tuple[int, ...] = ()
+        self.on = False
+
+    def start(self, *threads: int) -> None:
+        """Take ``threads`` (native ids) to batch work (those started later inherit it)."""
+        self.threads = threads
+        if self.background is not None:
+            _set_policy(threads, self.background)
+
+    def hurry(self, on: bool) -> None:
+        """Under the caller's lock: the default policy while ``on``, batch work again after."""
+        if self.background is None or on == self.on:
+            return
+        self.on = on
+        _set_policy(self.threads, os.SCHED_OTHER if on else self.background)
 
 
 def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, acknowledge
@@ -1201,7 +1232,8 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
     if nice:
         with contextlib.suppress(OSError):
             os.nice(nice)
-    _schedule_as_batch()
+    urgency = _Urgency(_background_policy())
+    urgency.start(threading.get_native_id())
     out_fd = os.dup(1)
     os.dup2(2, 1)  # stray prints must not reach the agent's message pipe
     send_lock = threading.Lock()
@@ -1288,6 +1320,7 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
     def answer() -> None:  # under ack_lock: a flush waits, and what was read is durable
         if isinstance(source, _RingSource) and source.wanted and acks["idle"] and not marks:
             source.wanted = False
+            urgency.hurry(False)  # before the answer: the flush it ends finds batch work again
             ack(acks["done"])
 
     def done(n: int) -> None:
@@ -1313,6 +1346,8 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
             acks["idle"] = 1
             if ring is not None:
                 answer()
+                if source.urgent():  # it waits for the committer
+                    urgency.hurry(True)
             elif acks["done"] > acks["sent"]:
                 ack(acks["done"])
 
@@ -1329,6 +1364,8 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
     )
     # This thread prepares (the Python work), the committer writes: two threads, not three.
     recorder.start_committer()
+    with ack_lock:
+        urgency.start(*(t for t in (threading.get_native_id(), recorder.committer_id) if t))
     session = config["session"]
     resent = ring_config.get("resent", 0) if ring_config else 0
     known: dict[str, set[str]] = {}
@@ -1368,6 +1405,8 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
                     continue
                 if source.urgent():
                     recorder.hurry()  # a flush waits: not behind a checkpoint
+                    with ack_lock:
+                        urgency.hurry(True)
                 commit()
             source.wait(idle)
             chunk = source.read()
