@@ -53,6 +53,7 @@ THEIRS = [
     ("mcp_latency.py", [], ["--calls", "200"]),
     ("reflection_inflight.py", [], ["--blocks", "5", "--calls", "500"]),
     ("agent_step.py", [], ["--quick"]),
+    ("flush_busy.py", [], ["--quick"]),
     ("curation/run.py", ["--embedder", "hash", "--embedder", "e5", "--book", "--review"], []),
     ("who_when.py", [], ["--quick"]),
     ("serve_page.py", [], ["--quick"]),

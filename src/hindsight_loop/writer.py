@@ -289,6 +289,7 @@ class ProcessRecorder:
         self._restarts = 0
         self._fallen_back = False
         self._gen = 0
+        self._writer_background: int | None = None  # the writer's policy between flushes
         if start:
             self._open_ring()
 
@@ -627,6 +628,16 @@ class ProcessRecorder:
                         self._ring_bell(b"w")
                     time.sleep(0.001)
 
+    def _hurry_writer(self) -> None:
+        """A flush waits: the writer process's main thread under the default policy before
+        the bell wakes it (batch work's wake-up would wait for the running thread's turn); the
+        writer takes its threads back to batch work before it answers (``_Urgency``)."""
+        proc = self._proc
+        if proc is None or self._writer_background is None:
+            return
+        with contextlib.suppress(OSError):  # gone already: the reader thread restarts it
+            os.sched_setscheduler(proc.pid, os.SCHED_OTHER, os.sched_param(0))
+
     def _ring_bell(self, why: bytes) -> None:
         """Wake the writer (``w``: lines are waiting; ``f``: a flush waits for an answer)."""
         self._words[ASLEEP] = 0
@@ -841,6 +852,7 @@ class ProcessRecorder:
             },
         }
         env = dict(os.environ)
+        self._writer_background = _background_policy()  # what the writer will read there
         root = str(Path(hindsight_loop.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         try:
@@ -1023,6 +1035,7 @@ class ProcessRecorder:
             self._flush_marks += 1
             target = mark - self._flush_marks
         deadline = None if timeout is None else time.monotonic() + timeout
+        rung = False
         while True:
             if self._overflow:
                 with self._lock:
@@ -1034,6 +1047,9 @@ class ProcessRecorder:
             if not self._starting and not self._fallen_back:
                 self._start_writer()
             if not self._fallen_back:
+                if not rung:
+                    rung = True
+                    self._hurry_writer()
                 # Before the timeout is looked at: even ``flush(timeout=0)`` has the writer
                 # commit now rather than after ``COMMIT_DELAY``.
                 self._ring_bell(b"f")
@@ -1217,8 +1233,9 @@ class _Urgency:
             _set_policy(threads, self.background)
 
     def hurry(self, on: bool) -> None:
-        """Under the caller's lock: the default policy while ``on``, batch work again after."""
-        if self.background is None or on == self.on:
+        """Under the caller's lock: the default policy while ``on``, batch work again after
+        (always: the agent may have hurried the main thread before its bell)."""
+        if self.background is None or (on and self.on):
             return
         self.on = on
         _set_policy(self.threads, os.SCHED_OTHER if on else self.background)
