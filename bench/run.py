@@ -433,10 +433,13 @@ thread holds (the traces keep such gaps), and the agent's own CPU is +4.5-5.5 µ
 saturated machine (two processes spinning on the two cores) a flush after 500 events waited
 longer as batch work (p50 17-22 ms against 15-16, p90 28-31 against 18-22): a batch thread's
 wake-up waits for the running thread's turn, and a flush wakes the writer a few times. So while
-a flush waits the writer's threads run under the default policy (`writer._Urgency`), batch
-work again before the answer: p50 13-15 ms, p90 17-28 (three runs turn about each); the step
-figures are unchanged by it (six runs turn about: four threads +11.0 against +10.4 µs, one
-+5.0 against +5.1). `HINDSIGHT_WRITER_SCHED=other` gives the old behaviour. `SCHED_IDLE`
+a flush waits the writer's threads run under the default policy (`writer._Urgency`; the agent
+puts the writer's main thread there before its bell), batch work again before the answer: p50
+13-15 ms, p90 17-28 (three runs turn about each); the step figures are unchanged by it (six runs
+turn about: four threads +11.0 against +10.4 µs, one +5.0 against +5.1). `bench/flush_busy.py`
+(new: batch against the default policy, turn about, fresh processes) gives p50 x0.89-0.98 and
+p90 x1.05-1.08 of the default policy's (two rounds of six runs; x1.14-1.18 before the agent's
+own step). `HINDSIGHT_WRITER_SCHED=other` gives the old behaviour. `SCHED_IDLE`
 measured as batch on the step and would starve the writer on a busy machine: not the default. Tried and not kept: polling
 the ring every 5 ms and committing every 20 ms (the flush then finds more to do: +1-2 µs a step),
 the writer's main thread waiting for each commit so that it uses one core at a time (no change),
