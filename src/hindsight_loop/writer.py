@@ -633,7 +633,8 @@ class ProcessRecorder:
         the bell wakes it (batch work's wake-up would wait for the running thread's turn); the
         writer takes its threads back to batch work before it answers (``_Urgency``)."""
         proc = self._proc
-        if proc is None or self._writer_background is None:
+        # A reaped writer's pid may name another process by now: never touch that one.
+        if proc is None or proc.returncode is not None or self._writer_background is None:
             return
         with contextlib.suppress(OSError):  # gone already: the reader thread restarts it
             os.sched_setscheduler(proc.pid, os.SCHED_OTHER, os.sched_param(0))
