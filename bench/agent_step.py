@@ -15,6 +15,10 @@ prepared beforehand, which favours OpenTelemetry, status, step) through a ``Batc
 with an exporter that drops everything. Each with 1 agent thread and with 4 (each thread its own
 task, the steps shared out; the GIL makes their work take turns, as in an agent).
 
+``--pin-agent CPUS`` (Linux) pins the agent's process to those CPUs first, as ``taskset`` or
+``os.sched_setaffinity`` would: the writer process then runs on the others (``writer._writer_cpus``;
+the spinning process below too), where before it ran on the agent's pinned CPUs, beside its threads.
+
 All four run in one process, block by block in a rotating order, every run; medians over blocks.
 The writer process is started and warmed before timing (its start-up is a once-per-agent cost,
 not a per-step one: reported apart, as the first flush of a fresh ``Hindsight``).
@@ -128,6 +132,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     rounds = 5 if args.quick else args.rounds
     steps = 1000 if args.quick else args.steps
+    from hindsight_loop.writer import parse_cpus
+
+    pinned = parse_cpus(args.pin_agent) if args.pin_agent else None
+    if pinned:
+        os.sched_setaffinity(0, pinned)  # before any thread or process starts: they inherit it
     pool, strings = action_pool(13)
     work = _calibrate(WORK_US)
     tmp = Path(tempfile.mkdtemp(prefix="hs-agent-step-"))
@@ -171,6 +180,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # it adds to the agent's step is what any work on that core costs the agent here
         # (caches, memory bandwidth, a host's sibling threads), per µs of that work's CPU.
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        if pinned and (others := set(range(os.cpu_count() or 1)) - pinned):
+            os.sched_setaffinity(hog.pid, others)  # where the writer process runs
         os.kill(hog.pid, signal.SIGSTOP)
 
         subjects = {
@@ -259,6 +270,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "process_rows_stored": stored,
         "process_lost": stats_p["lost"],
     }
+    if pinned:
+        out["agent_pinned_to_cpus"] = ",".join(map(str, sorted(pinned)))
     for threads in thread_counts:
         base = times[("none", threads)]
         out[f"t{threads}_none_step_us"] = spread([b / steps * 1e6 for b in base])
@@ -305,6 +318,8 @@ def render(r: dict[str, Any]) -> str:
         f"{r['writer_start_first_flush_ms']:.0f} ms; redaction guards: "
         f"{r.get('redact_guards', 'python')}",
     ]
+    if r.get("agent_pinned_to_cpus"):
+        lines.append(f"the agent's process pinned to CPU {r['agent_pinned_to_cpus']}")
     for t in (1, 4):
         lines.append(f"{t} agent thread(s): step alone {r[f't{t}_none_step_us']['median']:.1f} µs")
         for name in ("process", "thread", "otel"):
@@ -341,6 +356,11 @@ def render(r: dict[str, Any]) -> str:
 def _extra(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--steps", type=int, default=2000, help="steps per timed block")
+    p.add_argument(
+        "--pin-agent",
+        metavar="CPUS",
+        help="pin the agent's process to these CPUs first (Linux; e.g. 0 or 0-2,5)",
+    )
 
 
 if __name__ == "__main__":

@@ -413,6 +413,29 @@ Written by hand on 2026-12-02 (ninth session) from the full run above (main 1b54
 Xeon, load ~1): a later run changes the rows above, not these figures. Each says which writer it
 is for.
 
+Twenty-first session (2026-12-06, main after ab9fcac; the same 2-vCPU VM). Writer (issue 13):
+an agent pinned to some CPUs (`taskset`, `os.sched_setaffinity`) had its writer process on the
+same CPUs, since a child inherits its parent's affinity: with the agent on CPU 0 the writer took
+the turns of the agent's threads there. `bench/agent_step.py --rounds 11 --pin-agent 0` (new
+option: the agent's process pinned before it starts anything), three runs turn about with ab9fcac
+(a git worktree): one agent thread +51.8-54.1 µs a step (x2.3-2.4 of OTel's span), four
++31.8-52.8 (x1.4-2.3). The writer now runs on the CPUs the agent is not pinned to
+(`writer._writer_cpus`, set by the writer on itself before its threads start; the kernel keeps
+what of them the cpuset allows, and where it allows none the writer stays; `HINDSIGHT_WRITER_CPUS`
+= `inherit` or a list to choose): one thread +3.3-4.6 µs (x0.16-0.21), four +4.6-5.5 µs
+(x0.21-0.23; OTel +21 to +25 µs in the same runs): both targets met for a pinned agent. The same
+split measured by hand (the agent pinned to CPU 0, the writer to CPU 1) gave four threads +4.5-5.1
+µs against +9.0-11.5 unpinned in the same session: the four-thread gap of the unpinned agent is
+the agents' threads and the writer's sharing cores, not the work itself. For an agent free to run
+anywhere nothing changes (the writer may run wherever the agent may; pinning only the writer was
+no better, as before). Tried and not kept: a custom EEVDF slice for the writer's threads
+(`sched_setattr`, 100 µs or 20 ms; four threads +10.1-12.7 and +9.7-10.3 µs against +9.6-11.1
+without, in runs turn about). The record call: inlining `ProcessRecorder.emit` into `emit_event`
+(one Python frame fewer for `hs.record`) saved 0.1 µs at p50 (2.23-2.29 → 2.12-2.14 µs in two
+runs turn about, the floor 1.27-1.38 in the same runs): not enough for the 2 µs target, and it
+would copy the ring's critical section, so not kept. No change to curation or retrieval (issue
+11).
+
 Twentieth session (2026-12-06, main after ca6efc0; the same 2-vCPU VM, in a fast phase). Writer
 (issue 13): where the four-agent-thread step's idle time goes, traced with the kernel's scheduler
 events (`perf record -e sched:sched_switch -e sched:sched_wakeup`, 2,000-step blocks of

@@ -373,6 +373,74 @@ def test_the_writer_process_is_scheduled_as_batch_work(
     assert len(_rows(tmp_path / "h.db")) == 3
 
 
+def _writer_cpus_seen(tmp_path: Path, agent: set[int]) -> list[set[int]]:
+    """The CPUs each thread of the writer may run on, the agent's thread pinned to ``agent``."""
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, agent)  # this thread's, which the recorder's threads inherit
+    try:
+        with Hindsight(tmp_path / "h.db", writer="process", background=False) as hs:
+            with hs.task("parse", goal="load", recall=False) as task:
+                task.record_action("read_csv", {"path": "/data/a.csv"}, output={"rows": 3})
+            assert hs.flush() is True
+            pid = hs.recorder.pid  # type: ignore[attr-defined]
+            seen = [os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{pid}/task")]
+    finally:
+        os.sched_setaffinity(0, mine)
+    assert len(seen) >= 2  # the main thread and the committer
+    assert len(_rows(tmp_path / "h.db")) == 3
+    return seen
+
+
+def _unpinned() -> bool:
+    """Whether this process may run on every CPU online (a test runner may be pinned)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return False
+    from hindsight_loop.writer import parse_cpus
+
+    with open("/sys/devices/system/cpu/online", encoding="ascii") as f:
+        return os.sched_getaffinity(0) == parse_cpus(f.read().strip())
+
+
+@pytest.mark.skipif(
+    not _unpinned() or len(os.sched_getaffinity(0)) < 2,
+    reason="CPU affinity, two CPUs to choose from, and a test process not pinned",
+)
+@pytest.mark.parametrize("setting", [None, "inherit", "first other", "not cpus"])
+def test_a_pinned_agents_writer_runs_on_the_cpus_it_is_not_pinned_to(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    setting: str | None,
+) -> None:
+    """On the agent's own CPUs the writer took the turns of its threads (+33-54 µs a step in
+    ``bench/agent_step.py --pin-agent 0`` on two cores, +5 apart): it runs on the others
+    (``writer._writer_cpus``); ``HINDSIGHT_WRITER_CPUS`` says ``inherit`` or a list instead, and
+    what is not a list is said in the log and read as unset."""
+    allowed = sorted(os.sched_getaffinity(0))
+    agent, others = {allowed[0]}, set(allowed[1:])
+    env = {None: None, "inherit": "inherit", "first other": str(allowed[1]), "not cpus": "two"}
+    if env[setting] is None:
+        monkeypatch.delenv("HINDSIGHT_WRITER_CPUS", raising=False)
+    else:
+        monkeypatch.setenv("HINDSIGHT_WRITER_CPUS", env[setting])
+    seen = _writer_cpus_seen(tmp_path, agent)
+    if setting == "inherit":
+        assert seen == [agent] * len(seen)
+    elif setting == "first other":
+        assert seen == [{allowed[1]}] * len(seen)
+    else:
+        assert seen == [others] * len(seen)
+    assert ("not a list of CPUs" in caplog.text) == (setting == "not cpus")
+
+
+@pytest.mark.skipif(not _unpinned(), reason="CPU affinity, a test process not pinned")
+def test_an_unpinned_agents_writer_keeps_its_cpus(tmp_path: Path) -> None:
+    """Nothing to keep apart: the writer may run wherever the agent may."""
+    agent = os.sched_getaffinity(0)
+    seen = _writer_cpus_seen(tmp_path, agent)
+    assert seen == [agent] * len(seen)
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux's scheduling policies")
 def test_while_a_flush_waits_the_writer_runs_under_the_default_policy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

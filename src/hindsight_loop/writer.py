@@ -851,6 +851,7 @@ class ProcessRecorder:
                 "bytes": end,
                 "resent": self._ring_lines - lines if self._gen else 0,
             },
+            "cpus": _writer_cpus(),
         }
         env = dict(os.environ)
         self._writer_background = _background_policy()  # what the writer will read there
@@ -1211,6 +1212,54 @@ def _background_policy() -> int | None:
     return cast(int, getattr(os, name))
 
 
+def _writer_cpus() -> list[int] | None:
+    """The CPUs the writer process may run on, or None: those of the agent's process, which it
+    inherits (Linux; read when a writer starts).
+
+    An agent pinned to some CPUs (``taskset``, ``os.sched_setaffinity``) would have its writer
+    on the same ones, taking its turns from the agent's threads there: a step cost +33-54 µs
+    against +5 with each on a core of its own (``bench/agent_step.py --pin-agent``). So the
+    writer gets the CPUs the agent is not pinned to, if there are any; the kernel keeps what
+    of them the process's cpuset allows, and where it allows none the writer stays where it
+    is. ``HINDSIGHT_WRITER_CPUS`` chooses instead: ``inherit``, or a list such as ``2,3`` or
+    ``4-7``."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    wanted = os.environ.get("HINDSIGHT_WRITER_CPUS", "").strip().lower()
+    if wanted == "inherit":
+        return None
+    if wanted:
+        try:
+            return sorted(parse_cpus(wanted))
+        except ValueError:
+            log.warning("hindsight: HINDSIGHT_WRITER_CPUS=%r is not a list of CPUs", wanted)
+    try:
+        with open("/sys/devices/system/cpu/online", encoding="ascii") as f:
+            present = parse_cpus(f.read().strip())
+    except (OSError, ValueError):
+        present = set(range(os.cpu_count() or 1))
+    return sorted(present - os.sched_getaffinity(0)) or None
+
+
+def parse_cpus(text: str) -> set[int]:
+    """A list of CPUs as ``taskset -c`` takes it (``0-2,5``: {0, 1, 2, 5}); ValueError if it
+    is not one."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        low, high = int(first), int(last or first)
+        if high >= _MAX_CPUS:  # a typo must not build a set of millions
+            raise ValueError(f"CPU {high} is past the last one Linux can have")
+        cpus.update(range(low, high + 1))
+    if not cpus:
+        raise ValueError(f"no CPU in {text!r}")
+    return cpus
+
+
+#: Linux's largest ``NR_CPUS``.
+_MAX_CPUS = 8192
+
+
 def _set_policy(threads: tuple[int, ...], policy: int) -> None:
     for tid in threads:
         with contextlib.suppress(OSError):
@@ -1282,6 +1331,9 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
         if not head:
             return 0
         config = orjson.loads(head)
+    if config.get("cpus"):  # before any thread starts: they inherit it
+        with contextlib.suppress(OSError, ValueError):  # none of them allowed: stay
+            os.sched_setaffinity(0, config["cpus"])
     ring_config = config.get("ring")
     source: _PipeSource | _RingSource
     ring: Ring | None = None
