@@ -8,8 +8,9 @@ the same store, so the last run ends at ``--events`` x runs rows: the rate must 
 table grows. Subjects: the writer process (``writer="process"``: the agent's process serializes,
 another sanitizes, redacts, writes and runs the live triggers; the default where one can start)
 and the writer thread (``writer="thread"``), each with the live triggers on; the thread also
-with them off, and with the events in tasks of 100 (the live rules stop reading a task that used
-up its local reviews, which the one long task does early; short tasks keep them at work).
+with them off, and both writers with the events in tasks of 100 (the live rules stop reading a
+task that used up its local reviews, which the one long task does early; short tasks keep them at
+work, and each task end reads the task and queues its review).
 Baseline, interleaved run by run: a naive synchronous logger on the agent's thread that
 serializes each event with orjson and writes it to the same schema with ``executemany``, one
 transaction per 10,000 events, without sanitizing or redacting: roughly what this disk and SQLite
@@ -212,10 +213,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             len(orjson.dumps({k: v for k, v in e.items() if k not in ("type", "task_id")}))
             for e in events[:10_000]
         ) / min(n, 10_000)
-        subj, prop, base, proc, short, rows, proc_rows = [], [], [], [], [], 0, 0
+        subj, prop, base, proc, short, proc_short, rows, proc_rows = [], [], [], [], [], [], 0, 0
         for r in range(0 if args.busy_only else runs):
-            for which in [(3, 0, 4, 1, 2), (2, 4, 1, 0, 3), (1, 3, 2, 0, 4)][r % 3]:
-                if which == 4:
+            for which in [(3, 5, 0, 4, 1, 2), (2, 4, 1, 5, 0, 3), (1, 3, 2, 0, 4, 5)][r % 3]:
+                if which == 5:
+                    elapsed, _ = _subject(
+                        tmp / "process_short_tasks.db", events, writer="process", per_task=100
+                    )
+                    proc_short.append(n / elapsed)
+                elif which == 4:
                     elapsed, _ = _subject(tmp / "short_tasks.db", events, per_task=100)
                     short.append(n / elapsed)
                 elif which == 3:
@@ -282,6 +288,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "subject_last_run_events_per_s": subj[-1],
             "no_triggers_events_per_s": spread(prop),
             "short_tasks_events_per_s": spread(short),
+            "process_short_tasks_events_per_s": spread(proc_short),
+            "ratio_process_short_tasks_over_baseline": spread(
+                [p / b for p, b in zip(proc_short, base, strict=True)]
+            ),
             "ratio_short_tasks_over_baseline": spread(
                 [p / b for p, b in zip(short, base, strict=True)]
             ),
@@ -334,7 +344,8 @@ def render(r: dict[str, Any]) -> str:
             f"recorder (defaults, triggers on) {s['median']:,.0f} events/s ({s['min']:,.0f}-{s['max']:,.0f})",
             f"with the live triggers off {r['no_triggers_events_per_s']['median']:,.0f} events/s",
             f"triggers on, tasks of 100 events {r['short_tasks_events_per_s']['median']:,.0f} "
-            f"events/s",
+            f"events/s (writer process "
+            f"{r['process_short_tasks_events_per_s']['median']:,.0f})",
             f"naive executemany logger {b['median']:,.0f} events/s ({b['min']:,.0f}-{b['max']:,.0f})",
             f"ratio {q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})",
             _render_busy(r),

@@ -101,6 +101,31 @@ def test_review_queue_claims_each_job_once(store_url: str) -> None:
         b.close()
 
 
+def test_jobs_queued_together_are_claimed_in_their_order(store_url: str) -> None:
+    """The live rules queue a batch's reviews in one transaction (``enqueue_jobs``)."""
+    store = open_store(store_url)
+    try:
+        store.upsert_task(Task(task_id="tsk_1", task_type="t"))
+        store.enqueue_jobs([])  # nothing to queue: no transaction either
+        store.enqueue_jobs(
+            [
+                {"task_id": "tsk_1", "kind": "local", "trigger": "loop", "window": [2, 5]},
+                {"task_id": "tsk_1"},
+                {"task_id": "tsk_1", "kind": "outcome", "use_llm": False},
+            ]
+        )
+        claimed = [store.claim_job() for _ in range(4)]
+        assert claimed[-1] is None
+        assert [(j.kind, j.trigger, j.window, j.use_llm) for j in claimed if j] == [
+            ("local", "loop", [2, 5], True),
+            ("full", "task_end", None, True),
+            ("outcome", "task_end", None, False),
+        ]
+        assert store.pending_jobs(mine=True) == 3
+    finally:
+        store.close()
+
+
 def test_reflections_roundtrip(store_url: str) -> None:
     store = open_store(store_url)
     try:

@@ -95,7 +95,7 @@ class Triggers:
     def on_batch(self, rows: list[Row], payloads: list[Any]) -> None:
         """The recorder's hook: ``payloads`` holds the sanitized payload of each watched event
         (else None), so the rules need not parse the JSON they were just made from."""
-        queued = False
+        jobs: list[dict[str, Any]] = []  # the reviews to queue, in one transaction at the end
         running = self._running
         run: _Running | None = None
         last = None
@@ -117,7 +117,7 @@ class Triggers:
             if etype == "task_end":
                 del running[task_id]
                 last = None
-                queued |= self._queue_end_reviews(task_id, run.had_failure)
+                self._end_reviews(task_id, run.had_failure, jobs)
                 continue
             if etype not in WATCHED_TYPES:
                 continue
@@ -137,10 +137,13 @@ class Triggers:
             ):
                 run.had_failure = True
             if watch:
-                queued |= self._watch(run, watched_event(row, data), position, seen)
+                self._watch(run, watched_event(row, data), position, seen, jobs)
         for task_id in ended:
             running.pop(task_id, None)
-        if queued:
+        if jobs:
+            # One commit for the batch's reviews: one each cost ~0.3 ms of the writer's time,
+            # a tenth of its work when the tasks are short (a full review for every task end).
+            self.store.enqueue_jobs(jobs)
             self._wake()
 
     def _catch_up(self, run: _Running, task_id: str, rows: list[Row], at: int) -> None:
@@ -165,26 +168,28 @@ class Triggers:
         )
         stored.release()
 
-    def _queue_end_reviews(self, task_id: str, had_failure: bool) -> bool:
+    def _end_reviews(self, task_id: str, had_failure: bool, jobs: list[dict[str, Any]]) -> None:
+        """The reviews an ended task gets: its outcome for the lessons it was given, and a full
+        review when it needs one."""
         task = self.store.get_task(task_id)
         if task is None:
-            return False
-        queued = False
+            return
         if task.injected_lesson_ids:
-            self.store.enqueue_job(task_id, kind="outcome", trigger="task_end")
-            queued = True
+            jobs.append({"task_id": task_id, "kind": "outcome", "trigger": "task_end"})
         if needs_review(
             task, task.event_count, min_events=self.review_min_events, had_failure=had_failure
         ):
-            self.store.enqueue_job(task_id, kind="full", trigger="task_end")
-            queued = True
-        return queued
+            jobs.append({"task_id": task_id, "kind": "full", "trigger": "task_end"})
 
     def _watch(
-        self, run: _Running, event: Event, position: int, projection: list[Any] | None
-    ) -> bool:
+        self,
+        run: _Running,
+        event: Event,
+        position: int,
+        projection: list[Any] | None,
+        jobs: list[dict[str, Any]],
+    ) -> None:
         run.positions.append(position)
-        queued = False
         for node in run.watch.observe(event, projection):
             if run.local_reviews >= MAX_LOCAL_REVIEWS:
                 break
@@ -195,8 +200,11 @@ class Triggers:
                 run.positions[i] for i in (node.index, *node.related) if 0 <= i < len(run.positions)
             ]
             first, last = local_window(steps)
-            self.store.enqueue_job(
-                event.task_id, kind="local", trigger=node.kind, window=[first, last]
+            jobs.append(
+                {
+                    "task_id": event.task_id,
+                    "kind": "local",
+                    "trigger": node.kind,
+                    "window": [first, last],
+                }
             )
-            queued = True
-        return queued

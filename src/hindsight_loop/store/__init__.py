@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -145,6 +145,10 @@ class Store(Protocol):
         window: list[int] | None = None,
         use_llm: bool = True,
     ) -> int: ...
+
+    def enqueue_jobs(self, jobs: Sequence[Mapping[str, Any]]) -> None:
+        """``enqueue_job`` for each of ``jobs`` (its keyword arguments, ``task_id`` among them),
+        in one transaction."""
 
     def claim_job(self) -> Job | None:
         """Take the oldest pending job (atomically, so two workers never take the same one),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -41,8 +41,12 @@ from hindsight_loop.store.sqlite import (
     _dumps,
     _event_of,
     _task_from_start,
+    job_row,
     row_projection,
 )
+
+_ENQUEUE = """INSERT INTO jobs(task_id, kind, trigger, "window", use_llm, created_at, queued_by)
+              VALUES (%s, %s, %s, %s, %s, %s, %s)"""
 
 try:
     import psycopg
@@ -769,20 +773,16 @@ class PostgresStore(JobOwner):
         window: list[int] | None = None,
         use_llm: bool = True,
     ) -> int:
-        row = self._db.execute(
-            """INSERT INTO jobs(task_id, kind, trigger, "window", use_llm, created_at, queued_by)
-               VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING job_id""",
-            (
-                task_id,
-                kind,
-                trigger,
-                _dumps(window) if window else None,
-                int(use_llm),
-                iso(utcnow()),
-                self.owner,
-            ),
-        ).fetchone()
+        values = job_row(self.owner, task_id, kind, trigger, window, use_llm, iso(utcnow()))
+        row = self._db.execute(_ENQUEUE + " RETURNING job_id", values).fetchone()
         return int(row[0])
+
+    def enqueue_jobs(self, jobs: Sequence[Mapping[str, Any]]) -> None:
+        if not jobs:
+            return
+        now = iso(utcnow())
+        with self._unit() as db:  # not the book's lock: no lesson is written
+            db.cursor().executemany(_ENQUEUE, [job_row(self.owner, now=now, **job) for job in jobs])
 
     def claim_job(self, *, lease: float = JOB_LEASE) -> Job | None:
         # A job still 'running' past its lease belongs to a process that died mid-review: take

@@ -11,7 +11,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,23 @@ def writer_checkpoints(store: object) -> SQLiteStore | None:
 
 def _dumps(obj: Any) -> str:
     return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+_ENQUEUE = """INSERT INTO jobs(task_id, kind, trigger, window, use_llm, created_at, queued_by)
+              VALUES (?, ?, ?, ?, ?, ?, ?)"""
+
+
+def job_row(
+    owner: str,
+    task_id: str,
+    kind: str = "full",
+    trigger: str = "task_end",
+    window: list[int] | None = None,
+    use_llm: bool = True,
+    now: str = "",
+) -> tuple[Any, ...]:
+    """A queued job's values, in the order of the jobs table's insert (both stores)."""
+    return (task_id, kind, trigger, _dumps(window) if window else None, int(use_llm), now, owner)
 
 
 def row_projection(row: EventRow) -> bytes | None:
@@ -704,20 +721,16 @@ class SQLiteStore(JobOwner):
         window: list[int] | None = None,
         use_llm: bool = True,
     ) -> int:
-        cur = self._db.execute(
-            """INSERT INTO jobs(task_id, kind, trigger, window, use_llm, created_at, queued_by)
-               VALUES (?, ?, ?, ?, ?, ?, ?)""",
-            (
-                task_id,
-                kind,
-                trigger,
-                _dumps(window) if window else None,
-                int(use_llm),
-                iso(utcnow()),
-                self.owner,
-            ),
-        )
+        row = job_row(self.owner, task_id, kind, trigger, window, use_llm, iso(utcnow()))
+        cur = self._db.execute(_ENQUEUE, row)
         return int(cur.lastrowid or 0)
+
+    def enqueue_jobs(self, jobs: Sequence[Mapping[str, Any]]) -> None:
+        if not jobs:
+            return
+        now = iso(utcnow())
+        with self.transaction():
+            self._db.executemany(_ENQUEUE, [job_row(self.owner, now=now, **job) for job in jobs])
 
     def claim_job(self, *, lease: float = JOB_LEASE) -> Job | None:
         # A job still 'running' past its lease belongs to a process that died mid-review: take
