@@ -438,8 +438,16 @@ no better, as before). Tried and not kept: a custom EEVDF slice for the writer's
 without, in runs turn about). The record call: inlining `ProcessRecorder.emit` into `emit_event`
 (one Python frame fewer for `hs.record`) saved 0.1 µs at p50 (2.23-2.29 → 2.12-2.14 µs in two
 runs turn about, the floor 1.27-1.38 in the same runs): not enough for the 2 µs target, and it
-would copy the ring's critical section, so not kept. No change to curation or retrieval (issue
-11).
+would copy the ring's critical section, so not kept. Ingest: `bench/ingest.py` now measures the
+writer process with the events in tasks of 100 as well (before, only the writer thread): the
+committer thread was busy all the time, and a tenth of it went to queueing reviews one
+transaction each (a full review for every task end, and the live rules' local ones: 7,396 for
+200,000 events). The batch's reviews now go in one transaction (`store.enqueue_jobs`, both
+stores; on PostgreSQL without the book's lock): 36.6-37.0k → 40.4-45.0k events/s in runs turn
+about (the same jobs queued), and `bench/run.py --only ingest.py` gives 42.9k (40.5-44.7k):
+still short of 50k/s. What is left on the committer: the batch's INSERT (~55%), the live rules
+(~25%), reading each ended task back (`get_task`, ~10%). No change to curation or retrieval
+(issue 11).
 
 Twentieth session (2026-12-06, main after ca6efc0; the same 2-vCPU VM, in a fast phase). Writer
 (issue 13): where the four-agent-thread step's idle time goes, traced with the kernel's scheduler
