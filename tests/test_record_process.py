@@ -412,7 +412,7 @@ def test_a_pinned_agents_writer_runs_on_the_cpus_it_is_not_pinned_to(
     caplog: pytest.LogCaptureFixture,
     setting: str | None,
 ) -> None:
-    """On the agent's own CPUs the writer took the turns of its threads (+33-54 µs a step in
+    """On the agent's own CPUs the writer took the turns of its threads (+32-54 µs a step in
     ``bench/agent_step.py --pin-agent 0`` on two cores, +5 apart): it runs on the others
     (``writer._writer_cpus``); ``HINDSIGHT_WRITER_CPUS`` says ``inherit`` or a list instead, and
     what is not a list is said in the log and read as unset."""

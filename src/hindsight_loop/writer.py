@@ -1217,7 +1217,7 @@ def _writer_cpus() -> list[int] | None:
     inherits (Linux; read when a writer starts).
 
     An agent pinned to some CPUs (``taskset``, ``os.sched_setaffinity``) would have its writer
-    on the same ones, taking its turns from the agent's threads there: a step cost +33-54 µs
+    on the same ones, taking its turns from the agent's threads there: a step cost +32-54 µs
     against +5 with each on a core of its own (``bench/agent_step.py --pin-agent``). So the
     writer gets the CPUs the agent is not pinned to, if there are any; the kernel keeps what
     of them the process's cpuset allows, and where it allows none the writer stays where it
