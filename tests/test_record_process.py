@@ -433,6 +433,57 @@ def test_a_pinned_agents_writer_runs_on_the_cpus_it_is_not_pinned_to(
     assert ("not a list of CPUs" in caplog.text) == (setting == "not cpus")
 
 
+@pytest.mark.skipif(
+    not _unpinned() or len(os.sched_getaffinity(0)) < 2,
+    reason="CPU affinity, two CPUs to choose from, and a test process not pinned",
+)
+def test_the_writer_keeps_off_the_main_threads_cpus_whichever_thread_records_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``taskset`` pins a process's main thread (and what it starts later): a thread started
+    before, or one the agent pinned apart, must not decide where the writer goes."""
+    import threading
+
+    monkeypatch.delenv("HINDSIGHT_WRITER_CPUS", raising=False)
+    allowed = sorted(os.sched_getaffinity(0))
+    mine = os.sched_getaffinity(0)
+    go, done = threading.Event(), threading.Event()
+    hs = Hindsight(tmp_path / "h.db", writer="process", background=False)
+
+    def first_event() -> None:  # started before the main thread is pinned: free to run anywhere
+        go.wait()
+        with hs.task("parse", goal="load", recall=False) as task:
+            task.record_action("read_csv", {"path": "/data/a.csv"}, output={"rows": 3})
+        done.set()
+
+    worker = threading.Thread(target=first_event)
+    worker.start()
+    os.sched_setaffinity(0, {allowed[0]})
+    try:
+        go.set()
+        assert done.wait(10)
+        assert hs.flush() is True
+        pid = hs.recorder.pid  # type: ignore[attr-defined]
+        seen = [os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{pid}/task")]
+    finally:
+        os.sched_setaffinity(0, mine)
+        worker.join()
+        hs.close()
+    assert seen == [set(allowed[1:])] * len(seen)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity")
+def test_cpus_the_writer_cannot_run_on_are_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list it asked for that the kernel refuses (no such CPU online): a warning the agent
+    sees, and the writer runs where it may; nothing is lost."""
+    monkeypatch.setenv("HINDSIGHT_WRITER_CPUS", "8000")
+    with pytest.warns(HindsightWarning, match="cannot run on CPU"):
+        seen = _writer_cpus_seen(tmp_path, os.sched_getaffinity(0))
+    assert seen == [os.sched_getaffinity(0)] * len(seen)
+
+
 @pytest.mark.skipif(not _unpinned(), reason="CPU affinity, a test process not pinned")
 def test_an_unpinned_agents_writer_keeps_its_cpus(tmp_path: Path) -> None:
     """Nothing to keep apart: the writer may run wherever the agent may."""

@@ -851,8 +851,8 @@ class ProcessRecorder:
                 "bytes": end,
                 "resent": self._ring_lines - lines if self._gen else 0,
             },
-            "cpus": _writer_cpus(),
         }
+        config["cpus"], config["cpus_asked"] = _writer_cpus()
         env = dict(os.environ)
         self._writer_background = _background_policy()  # what the writer will read there
         root = str(Path(hindsight_loop.__file__).resolve().parent.parent)
@@ -1212,33 +1212,48 @@ def _background_policy() -> int | None:
     return cast(int, getattr(os, name))
 
 
-def _writer_cpus() -> list[int] | None:
-    """The CPUs the writer process may run on, or None: those of the agent's process, which it
-    inherits (Linux; read when a writer starts).
+def _writer_cpus() -> tuple[list[int] | None, bool]:
+    """The CPUs the writer process is to run on (None: wherever the thread that starts it
+    may), and whether ``HINDSIGHT_WRITER_CPUS`` named them (Linux; read at each start).
 
-    An agent pinned to some CPUs (``taskset``, ``os.sched_setaffinity``) would have its writer
-    on the same ones, taking its turns from the agent's threads there: a step cost +32-54 µs
-    against +5 with each on a core of its own (``bench/agent_step.py --pin-agent``). So the
-    writer gets the CPUs the agent is not pinned to, if there are any; the kernel keeps what
-    of them the process's cpuset allows, and where it allows none the writer stays where it
-    is. ``HINDSIGHT_WRITER_CPUS`` chooses instead: ``inherit``, or a list such as ``2,3`` or
-    ``4-7``."""
+    A child inherits the affinity of the thread that starts it: an agent pinned to some CPUs
+    (``taskset``, ``os.sched_setaffinity``) had its writer on the same ones, taking its turns
+    from the agent's threads there, a step cost +32-54 µs against +5 with each on a core of its
+    own (``bench/agent_step.py --pin-agent``). So the writer runs on the CPUs online that the
+    agent's process (its main thread, as ``taskset`` pins it) is not pinned to, leaving out
+    those the kernel keeps apart (``isolcpus``, ``nohz_full``); where there are none, on the
+    agent's. The kernel keeps what of them the process's cpuset allows, and where it allows
+    none the writer stays where it is. ``HINDSIGHT_WRITER_CPUS`` chooses instead: ``inherit``
+    (the agent's CPUs, as any child), or a list such as ``2,3`` or ``4-7``."""
     if not hasattr(os, "sched_getaffinity"):
-        return None
+        return None, False
     wanted = os.environ.get("HINDSIGHT_WRITER_CPUS", "").strip().lower()
     if wanted == "inherit":
-        return None
+        return None, False
     if wanted:
         try:
-            return sorted(parse_cpus(wanted))
-        except ValueError:
-            log.warning("hindsight: HINDSIGHT_WRITER_CPUS=%r is not a list of CPUs", wanted)
+            return sorted(parse_cpus(wanted)), True
+        except ValueError as exc:
+            log.warning(
+                "hindsight: HINDSIGHT_WRITER_CPUS=%r is not a list of CPUs (%s)", wanted, exc
+            )
     try:
-        with open("/sys/devices/system/cpu/online", encoding="ascii") as f:
-            present = parse_cpus(f.read().strip())
+        agent = os.sched_getaffinity(os.getpid())
+    except OSError:
+        return None, False
+    present = _cpus_in("online") or set(range(os.cpu_count() or 1))
+    others = present - agent - _cpus_in("isolated") - _cpus_in("nohz_full")
+    return sorted(others or agent), False
+
+
+def _cpus_in(name: str) -> set[int]:
+    """The CPUs of ``/sys/devices/system/cpu/NAME`` (empty when it is missing or empty)."""
+    try:
+        with open(f"/sys/devices/system/cpu/{name}", encoding="ascii") as f:
+            text = f.read().strip()
+        return parse_cpus(text) if text else set()
     except (OSError, ValueError):
-        present = set(range(os.cpu_count() or 1))
-    return sorted(present - os.sched_getaffinity(0)) or None
+        return set()
 
 
 def parse_cpus(text: str) -> set[int]:
@@ -1246,13 +1261,15 @@ def parse_cpus(text: str) -> set[int]:
     is not one."""
     cpus: set[int] = set()
     for part in text.split(","):
-        first, _, last = part.partition("-")
+        first, dash, last = (x.strip() for x in part.partition("-"))
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"{part.strip()!r} is not a CPU or a range of them")
         low, high = int(first), int(last or first)
         if high >= _MAX_CPUS:  # a typo must not build a set of millions
             raise ValueError(f"CPU {high} is past the last one Linux can have")
+        if high < low:
+            raise ValueError(f"{part.strip()!r} is an empty range")
         cpus.update(range(low, high + 1))
-    if not cpus:
-        raise ValueError(f"no CPU in {text!r}")
     return cpus
 
 
@@ -1332,8 +1349,14 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
             return 0
         config = orjson.loads(head)
     if config.get("cpus"):  # before any thread starts: they inherit it
-        with contextlib.suppress(OSError, ValueError):  # none of them allowed: stay
+        try:
             os.sched_setaffinity(0, config["cpus"])
+        except (OSError, ValueError) as exc:  # none of them allowed: it stays where it is
+            if config.get("cpus_asked"):
+                warn(
+                    f"HINDSIGHT_WRITER_CPUS: the writer process cannot run on CPU(s) "
+                    f"{config['cpus']} ({exc}); it runs where the agent's process may"
+                )
     ring_config = config.get("ring")
     source: _PipeSource | _RingSource
     ring: Ring | None = None
