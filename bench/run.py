@@ -425,9 +425,11 @@ the turns of the agent's threads there. `bench/agent_step.py --rounds 11 --pin-a
 option: the agent's process pinned before it starts anything), three runs turn about with ab9fcac
 (a git worktree): one agent thread +51.8-54.1 µs a step (x2.3-2.4 of OTel's span), four
 +31.8-52.8 (x1.4-2.3). The writer now runs on the CPUs the agent is not pinned to
-(`writer._writer_cpus`, set by the writer on itself before its threads start; the kernel keeps
-what of them the cpuset allows, and where it allows none the writer stays; `HINDSIGHT_WRITER_CPUS`
-= `inherit` or a list to choose): one thread +3.3-4.6 µs (x0.16-0.21), four +4.6-5.5 µs
+(`writer._writer_cpus`, read from the agent's main thread, as `taskset` pins it, at each start,
+and never CPUs the kernel keeps apart, `isolcpus` and `nohz_full`; set by the writer on itself
+before its threads start; the kernel keeps what of them the cpuset allows, and where it allows
+none the writer stays; `HINDSIGHT_WRITER_CPUS` = `inherit` or a list to choose, a list the
+kernel refuses said in a warning): one thread +3.3-4.6 µs (x0.16-0.21), four +4.6-5.5 µs
 (x0.21-0.23; OTel +21 to +25 µs in the same runs): both targets met for a pinned agent. The same
 split measured by hand (the agent pinned to CPU 0, the writer to CPU 1) gave four threads +4.5-5.1
 µs against +9.0-11.5 unpinned in the same session: the four-thread gap of the unpinned agent is
