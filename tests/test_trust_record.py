@@ -129,6 +129,32 @@ def test_disk_full_with_no_fallback_makes_flush_false_and_counts_the_loss(
             hs.close()
 
 
+def test_a_loss_is_reported_by_a_flush_that_comes_after_the_writer_caught_up(
+    small_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer process answers only a flush that asks, and a flush whose events are
+    durable already does not: the loss must reach it (and the stats) all the same."""
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the state directory should be")
+    monkeypatch.setenv("XDG_STATE_HOME", str(blocker / "state"))
+    hs = Hindsight(small_disk / "hindsight.db", background=False, triggers=False, writer="process")
+    try:
+        _fill_the_disk(hs, "tsk_lost", 6000)
+        deadline = time.monotonic() + 120
+        while hs.recorder.pending and time.monotonic() < deadline:
+            time.sleep(0.05)  # everything handled, nobody asked
+        assert hs.recorder.pending == 0
+        lost = hs.recorder.stats["lost"]
+        assert lost > 0
+        assert hs.flush(timeout=10) is False
+        assert hs.flush(timeout=10) is True  # reported once
+        assert hs.recorder.stats["lost"] == lost
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HindsightWarning)
+            hs.close()
+
+
 def test_a_failed_dead_letter_falls_back_before_anything_is_dropped(tmp_path: Path) -> None:
     fallback = tmp_path / "state"
 

@@ -14,6 +14,9 @@ the ring was made (they never wrap in a 64-bit word); a position's byte is at ``
   Each pair is (lines, bytes) made durable; the writer writes the other pair and then flips
   the index, so a writer killed mid-update leaves the current pair whole.
 - word 13, ``ASLEEP``: the writer waits for a doorbell (a byte on its stdin) rather than polling.
+- word 14, ``LOST``: the events the writers on this ring could neither store nor dead-letter,
+  so far (each writer counts on from what it found there), written before what is durable: a
+  flush that finds its events durable without asking learns of their loss all the same.
 
 The agent writes into ``[head, durable_bytes + size)`` only: what is not yet durable stays in the
 ring, so a writer started after one died reads it again from the durable position. A SIGKILL of
@@ -41,6 +44,7 @@ HEAD = 0
 _INDEX = 8
 _PAIRS = (9, 11)
 ASLEEP = 13
+LOST = 14
 
 
 class Ring:

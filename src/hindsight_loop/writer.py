@@ -64,7 +64,7 @@ from hindsight_loop.record import (
     _Sanitizer,
     warn,
 )
-from hindsight_loop.ring import ASLEEP, HEAD, Ring
+from hindsight_loop.ring import ASLEEP, HEAD, LOST, Ring
 
 log = logging.getLogger("hindsight_loop")
 
@@ -469,6 +469,13 @@ class ProcessRecorder:
         for part in (self._remote_past, self._remote):
             for k, v in part.items():
                 out[k] = out.get(k, 0) + v
+        # The writers' counters come with their answers to a flush, and a flush that finds its
+        # events durable asks nothing: their losses are read from the ring, where each writer
+        # puts them before it says what is durable (the ring's count holds every writer's).
+        ring = self._ring
+        if ring is not None:
+            told = sum(part.get("lost", 0) for part in (self._remote_past, self._remote))
+            out["lost"] = out.get("lost", 0) + max(0, ring.words[LOST] - told)
         return out
 
     @property
@@ -1361,8 +1368,10 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
     source: _PipeSource | _RingSource
     ring: Ring | None = None
     base = 0  # the ring's lines made durable before this writer started
+    lost_before = 0  # what the writers before this one on the ring could not keep
     if ring_config:
         ring = Ring(ring_config["fd"], ring_config["size"])
+        lost_before = ring.words[LOST]
         try:
             deep_sleep = float(os.environ.get("HINDSIGHT_WRITER_DEEP_SLEEP", DEEP_SLEEP))
         except ValueError:
@@ -1427,6 +1436,8 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
                         path.unlink()
             n = acks["done"] = max(acks["done"], base + n + skipped_durable)
             if ring is not None:
+                assert recorder is not None
+                ring.words[LOST] = lost_before + recorder.stats["lost"]  # before: see ring.LOST
                 if end >= 0:
                     ring.set_durable(n, end)
                 answer()
