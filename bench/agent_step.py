@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     rounds = 5 if args.quick else args.rounds
     steps = 1000 if args.quick else args.steps
-    from hindsight_loop.writer import parse_cpus
+    from hindsight_loop.writer import _writer_cpus, parse_cpus
 
     pinned = parse_cpus(args.pin_agent) if args.pin_agent else None
     if pinned:
@@ -180,8 +180,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # it adds to the agent's step is what any work on that core costs the agent here
         # (caches, memory bandwidth, a host's sibling threads), per µs of that work's CPU.
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        if pinned and (others := set(range(os.cpu_count() or 1)) - pinned):
-            os.sched_setaffinity(hog.pid, others)  # where the writer process runs
+        if pinned and (writers := _writer_cpus()[0]):
+            os.sched_setaffinity(hog.pid, writers)  # where the writer process runs
         os.kill(hog.pid, signal.SIGSTOP)
 
         subjects = {

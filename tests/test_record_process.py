@@ -395,10 +395,9 @@ def _unpinned() -> bool:
     """Whether this process may run on every CPU online (a test runner may be pinned)."""
     if not hasattr(os, "sched_getaffinity"):
         return False
-    from hindsight_loop.writer import parse_cpus
+    from hindsight_loop.writer import _cpus_in
 
-    with open("/sys/devices/system/cpu/online", encoding="ascii") as f:
-        return os.sched_getaffinity(0) == parse_cpus(f.read().strip())
+    return os.sched_getaffinity(0) == _cpus_in("online")
 
 
 @pytest.mark.skipif(

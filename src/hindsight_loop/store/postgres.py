@@ -773,7 +773,7 @@ class PostgresStore(JobOwner):
         window: list[int] | None = None,
         use_llm: bool = True,
     ) -> int:
-        values = job_row(self.owner, task_id, kind, trigger, window, use_llm, iso(utcnow()))
+        values = job_row(self.owner, task_id, kind, trigger, window, use_llm, now=iso(utcnow()))
         row = self._db.execute(_ENQUEUE + " RETURNING job_id", values).fetchone()
         return int(row[0])
 

@@ -93,7 +93,8 @@ def job_row(
     trigger: str = "task_end",
     window: list[int] | None = None,
     use_llm: bool = True,
-    now: str = "",
+    *,
+    now: str,
 ) -> tuple[Any, ...]:
     """A queued job's values, in the order of the jobs table's insert (both stores)."""
     return (task_id, kind, trigger, _dumps(window) if window else None, int(use_llm), now, owner)
@@ -721,7 +722,7 @@ class SQLiteStore(JobOwner):
         window: list[int] | None = None,
         use_llm: bool = True,
     ) -> int:
-        row = job_row(self.owner, task_id, kind, trigger, window, use_llm, iso(utcnow()))
+        row = job_row(self.owner, task_id, kind, trigger, window, use_llm, now=iso(utcnow()))
         cur = self._db.execute(_ENQUEUE, row)
         return int(cur.lastrowid or 0)
 
