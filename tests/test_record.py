@@ -6,6 +6,7 @@ import asyncio
 import math
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -621,6 +622,38 @@ def test_a_task_past_its_local_reviews_is_not_watched_but_still_reviewed_at_its_
         kinds = [(j["kind"], j["trigger"]) for j in hs.store.jobs() if j["task_id"] == task.task_id]
         assert kinds.count(("local", "consecutive_failures")) == MAX_LOCAL_REVIEWS
         assert ("full", "task_end") in kinds
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_reviews_the_store_refused_to_queue_are_queued_with_the_next_batch(
+    db_path: Path, writer: str
+) -> None:
+    """A task's end is read once: a review its batch could not queue (the store refused the
+    transaction) is queued with the next batch's, not lost."""
+    con = sqlite3.connect(db_path)
+    with Hindsight(db_path, background=False, writer=writer) as hs:  # type: ignore[arg-type]
+        # The store itself refuses: a trigger of SQLite's aborts every job insert while asked.
+        con.executescript(
+            """CREATE TABLE refuse(n INTEGER); INSERT INTO refuse VALUES (1);
+               CREATE TRIGGER no_jobs BEFORE INSERT ON jobs WHEN (SELECT n FROM refuse) > 0
+               BEGIN SELECT RAISE(ABORT, 'no jobs today'); END;"""
+        )
+        with hs.task("api", tools=["fetch"], recall=False) as first:
+            for i in range(12):
+                first.record_action("fetch", {"i": i}, status="failed", error_type="Timeout")
+        assert hs.flush()
+        assert [j for j in hs.store.jobs() if j["task_id"] == first.task_id] == []
+        con.execute("UPDATE refuse SET n = 0")
+        con.commit()
+        with hs.task("api", tools=["fetch"], recall=False) as second:
+            for i in range(12):
+                second.record_action("fetch", {"i": i})
+        assert hs.flush()
+        queued = {(j["task_id"], j["kind"]) for j in hs.store.jobs()}
+        assert (first.task_id, "full") in queued
+        assert (first.task_id, "local") in queued
+        assert (second.task_id, "full") in queued
+    con.close()
 
 
 @pytest.mark.parametrize("writer", ["thread", "process"])

@@ -268,6 +268,34 @@ def test_a_killed_writer_is_restarted_and_given_what_it_had_not_written(tmp_path
     assert hs.stats["lost"] == 0
 
 
+def test_the_stats_count_what_every_writer_wrote_though_no_flush_asked(tmp_path: Path) -> None:
+    """The writers' counters are read from the ring: a restarted writer's are added to the
+    dead one's, and events made durable before anyone flushed are counted all the same."""
+    hs = Hindsight(tmp_path / "s.db", writer="process", background=False, triggers=False)
+    with (
+        pytest.warns(HindsightWarning, match="writer process ended"),
+        hs.task("t", recall=False) as task,
+    ):
+        task.record_action("a", {"i": -1})
+        assert hs.flush()
+        assert hs.stats["written"] == 2  # the task's start and the call
+        first = hs.recorder.pid
+        assert first is not None
+        _kill(first)
+        for i in range(200):
+            task.record_action("a", {"i": i})
+        deadline = time.monotonic() + 60
+        while hs.recorder.pending and time.monotonic() < deadline:
+            time.sleep(0.01)  # a restarted writer makes them durable; nobody asks
+        assert hs.recorder.pending == 0
+        assert hs.recorder.pid not in (None, first)
+        assert hs.stats["written"] == 202
+        assert hs.flush() is True
+    hs.close()
+    assert hs.stats["written"] == len(_rows(tmp_path / "s.db")) == 203
+    assert hs.stats["lost"] == hs.stats["dead_lettered"] == 0
+
+
 def test_past_its_restarts_the_writer_falls_back_in_process(tmp_path: Path) -> None:
     from hindsight_loop.writer import MAX_RESTARTS
 

@@ -14,9 +14,10 @@ the ring was made (they never wrap in a 64-bit word); a position's byte is at ``
   Each pair is (lines, bytes) made durable; the writer writes the other pair and then flips
   the index, so a writer killed mid-update leaves the current pair whole.
 - word 13, ``ASLEEP``: the writer waits for a doorbell (a byte on its stdin) rather than polling.
-- word 14, ``LOST``: the events the writers on this ring could neither store nor dead-letter,
-  so far (each writer counts on from what it found there), written before what is durable: a
-  flush that finds its events durable without asking learns of their loss all the same.
+- words 16-21, a cache line of their own, ``COUNTERS``: what the writers on this ring have
+  written, dead-lettered, lost… so far (each writer counts on from what it found there),
+  updated before what is durable: a flush that finds its events durable without asking, and
+  ``stats`` after a writer was restarted, read them all the same.
 
 The agent writes into ``[head, durable_bytes + size)`` only: what is not yet durable stays in the
 ring, so a writer started after one died reads it again from the durable position. A SIGKILL of
@@ -39,12 +40,14 @@ import tempfile
 SIZE = 8 << 20
 #: Linux's ``MADV_POPULATE_WRITE`` (5.14 and later; Python's ``mmap`` does not name it).
 _MADV_POPULATE_WRITE = 23
-HEADER = 128
+HEADER = 192
 HEAD = 0
 _INDEX = 8
 _PAIRS = (9, 11)
 ASLEEP = 13
-LOST = 14
+#: The writer's counters (``Recorder.stats``), one word each from ``_COUNTED``.
+COUNTERS = ("written", "batches", "dead_lettered", "spilled", "warnings", "lost")
+_COUNTED = 16
 
 
 class Ring:
@@ -98,6 +101,16 @@ class Ring:
         self.words[base] = lines
         self.words[base + 1] = end
         self.words[_INDEX] = index
+
+    def counters(self) -> dict[str, int]:
+        """The writers' counters as the ring holds them."""
+        words = self.words
+        return {name: words[_COUNTED + i] for i, name in enumerate(COUNTERS)}
+
+    def set_counters(self, counts: dict[str, int]) -> None:
+        words = self.words
+        for i, name in enumerate(COUNTERS):
+            words[_COUNTED + i] = counts.get(name, 0)
 
     def populate(self) -> bool:
         """Fault every page of the mapping in now, writable; whether the system did.

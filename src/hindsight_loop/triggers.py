@@ -22,6 +22,8 @@ from hindsight_loop.store import Store
 
 #: Most local reviews one task may ask for: a run that keeps failing needs one look, not fifty.
 MAX_LOCAL_REVIEWS = 3
+#: Reviews a failed queueing keeps for the next batch's (the newest kept past this).
+MAX_UNQUEUED = 10_000
 
 
 @dataclass(kw_only=True)
@@ -91,6 +93,10 @@ class Triggers:
         self.live = live
         self._wake = wake
         self._running: dict[str, _Running] = {}
+        # Reviews whose queueing failed (the store busy past its timeout, a full disk): queued
+        # with the next batch's, since the events that decided them are stored already and no
+        # later batch would decide them again.
+        self._unqueued: list[dict[str, Any]] = []
 
     def on_batch(self, rows: list[Row], payloads: list[Any]) -> None:
         """The recorder's hook: ``payloads`` holds the sanitized payload of each watched event
@@ -140,11 +146,18 @@ class Triggers:
                 self._watch(run, watched_event(row, data), position, seen, jobs)
         for task_id in ended:
             running.pop(task_id, None)
+        if self._unqueued:
+            jobs[:0] = self._unqueued
+            self._unqueued = []
         if jobs:
             # One commit for the batch's reviews: one each cost ~0.1 ms of the committer's time
             # (sampled), a tenth of its work when the tasks are short (a full review for every
             # task end).
-            self.store.enqueue_jobs(jobs)
+            try:
+                self.store.enqueue_jobs(jobs)
+            except Exception:
+                self._unqueued = jobs[-MAX_UNQUEUED:]
+                raise  # the recorder logs it
             self._wake()
 
     def _catch_up(self, run: _Running, task_id: str, rows: list[Row], at: int) -> None:

@@ -64,7 +64,7 @@ from hindsight_loop.record import (
     _Sanitizer,
     warn,
 )
-from hindsight_loop.ring import ASLEEP, HEAD, LOST, Ring
+from hindsight_loop.ring import ASLEEP, HEAD, Ring
 
 log = logging.getLogger("hindsight_loop")
 
@@ -279,8 +279,6 @@ class ProcessRecorder:
         self._spilled = 0
         self._moved = 0
         self._after = 0
-        self._remote: dict[str, int] = {}  # the current writer's counters
-        self._remote_past: dict[str, int] = {}  # those of writers that ended
         self._lost_reported = self._local.stats["lost"]
         self._proc: subprocess.Popen[bytes] | None = None
         self._bell = -1  # the writer's stdin: a byte there wakes it (-1: no writer yet)
@@ -466,16 +464,14 @@ class ProcessRecorder:
     @property
     def stats(self) -> dict[str, int]:
         out = dict(self._local.stats)
-        for part in (self._remote_past, self._remote):
-            for k, v in part.items():
-                out[k] = out.get(k, 0) + v
-        # The writers' counters come with their answers to a flush, and a flush that finds its
-        # events durable asks nothing: their losses are read from the ring, where each writer
-        # puts them before it says what is durable (the ring's count holds every writer's).
+        # The writers' counters are read from the ring, where each writer puts them (counting
+        # on from the one before it) before it says what is durable: a flush that finds its
+        # events durable asks nothing, and a restarted writer's answers know nothing of the
+        # dead one's.
         ring = self._ring
         if ring is not None:
-            told = sum(part.get("lost", 0) for part in (self._remote_past, self._remote))
-            out["lost"] = out.get("lost", 0) + max(0, ring.words[LOST] - told)
+            for k, v in ring.counters().items():
+                out[k] = out.get(k, 0) + v
         return out
 
     @property
@@ -884,10 +880,6 @@ class ProcessRecorder:
         os.set_blocking(proc.stdin.fileno(), False)
         with self._cond:
             self._gen += 1
-            if self._remote:
-                for k, v in self._remote.items():
-                    self._remote_past[k] = self._remote_past.get(k, 0) + v
-                self._remote = {}
             self._bell = proc.stdin.fileno()
             self._proc = proc
         self._reader = threading.Thread(
@@ -912,8 +904,7 @@ class ProcessRecorder:
                 done = msg.get("done")
                 if done is not None:
                     with self._cond:
-                        if gen == self._gen:  # a flush's answer: the count is in the ring
-                            self._remote = msg.get("stats") or self._remote
+                        if gen == self._gen:  # a flush's answer: the counts are in the ring
                             self._cond.notify_all()
                 elif "wake" in msg:
                     if self._on_review is not None:
@@ -1368,10 +1359,10 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
     source: _PipeSource | _RingSource
     ring: Ring | None = None
     base = 0  # the ring's lines made durable before this writer started
-    lost_before = 0  # what the writers before this one on the ring could not keep
+    counted: dict[str, int] = {}  # the counters of the writers before this one on the ring
     if ring_config:
         ring = Ring(ring_config["fd"], ring_config["size"])
-        lost_before = ring.words[LOST]
+        counted = ring.counters()
         try:
             deep_sleep = float(os.environ.get("HINDSIGHT_WRITER_DEEP_SLEEP", DEEP_SLEEP))
         except ValueError:
@@ -1437,7 +1428,8 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
             n = acks["done"] = max(acks["done"], base + n + skipped_durable)
             if ring is not None:
                 assert recorder is not None
-                ring.words[LOST] = lost_before + recorder.stats["lost"]  # before: see ring.LOST
+                stats = recorder.stats
+                ring.set_counters({k: v + stats.get(k, 0) for k, v in counted.items()})
                 if end >= 0:
                     ring.set_durable(n, end)
                 answer()
