@@ -280,6 +280,50 @@ def test_event_batches_create_close_and_adopt_tasks(store_url: str) -> None:
         store.close()
 
 
+def test_tasks_that_start_and_end_in_one_batch_are_stored_as_they_ended(store_url: str) -> None:
+    """The writer applies a batch's task starts and ends together: each task gets its own
+    fields, its last end in the batch decides, and an injected lesson counts a hit."""
+    store = open_store(store_url)
+    try:
+        store.save_lesson(Lesson(lesson_id="les_hit", task_type="csv", advice="You should."))
+        t = "2025-01-01T00:00:{:02d}.000Z"
+        rows = []
+        for i in range(30):
+            tid = f"tsk_{i}"
+            start = {"task_type": f"type{i % 3}", "goal": f"目标 {i}", "tools": [f"tool{i}"]}
+            if i == 7:
+                start["injected_lesson_ids"] = ["les_hit"]
+            rows.append(_row(f"s{i}", tid, 0, t.format(i), "task_start", start))
+            rows.append(_row(f"u{i}", tid, 1, t.format(i), "user_input", {"input": {"i": i}}))
+            status = "failed" if i % 2 else "succeeded"
+            rows.append(
+                _row(f"e{i}", tid, 2, t.format(i + 1), "task_end", {"result": {"status": status}})
+            )
+        # Ended twice (a wrapper and the agent both said so): the later end is the one kept.
+        rows.append(
+            _row("e0b", "tsk_0", 3, t.format(40), "task_end", {"result": {"status": "failed"}})
+        )
+        assert store.write_event_batch(rows) == []
+        tasks = {task.task_id: task for task in store.list_tasks(limit=100)}
+        assert len(tasks) == 30
+        for i in (1, 2, 7, 29):
+            task = tasks[f"tsk_{i}"]
+            assert (task.task_type, task.goal, task.tools) == (
+                f"type{i % 3}",
+                f"目标 {i}",
+                [f"tool{i}"],
+            )
+            assert task.status == ("failed" if i % 2 else "succeeded")
+            assert task.outcome == {"status": "failed" if i % 2 else "succeeded"}
+            assert (task.started_at, task.ended_at) == (t.format(i), t.format(i + 1))
+            assert task.event_count == 3
+        assert tasks["tsk_7"].injected_lesson_ids == ["les_hit"]
+        assert (tasks["tsk_0"].status, tasks["tsk_0"].ended_at) == ("failed", t.format(40))
+        assert store.get_lesson("les_hit").hit_count == 1
+    finally:
+        store.close()
+
+
 def test_a_failed_transaction_writes_nothing(store_url: str) -> None:
     store = open_store(store_url)
     try:

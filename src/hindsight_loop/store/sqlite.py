@@ -70,6 +70,22 @@ _BODY = "CAST(body AS BLOB)"
 #: Each connection's page cache, in KiB as SQLite takes it (a negative size).
 CACHE_KIB = -16_384
 _PROJECTIONS = "SELECT id, type, projection FROM events WHERE task_id=? ORDER BY ts, seq, id"
+# A batch's task starts and ends, each in one statement like its events. A statement per task
+# held the event writer's committer ~0.1 ms of wall time for 25 µs of work: after each, it
+# waits for the GIL the thread preparing the next batch holds. With tasks of 100 events the
+# writer ingests ~8% more this way (bench/ingest.py's short tasks).
+_START_TASKS = """
+INSERT INTO tasks(task_id, task_type, goal, scope, tools, intent, injected, started_at)
+SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6, value->>7
+FROM json_each(?) WHERE true
+ON CONFLICT(task_id) DO UPDATE SET task_type=excluded.task_type, goal=excluded.goal,
+  scope=excluded.scope, tools=excluded.tools, intent=excluded.intent,
+  injected=excluded.injected, started_at=excluded.started_at
+"""
+_END_TASKS = """
+UPDATE tasks SET status = e.value->>1, outcome = e.value->>2, ended_at = e.value->>3
+FROM json_each(?) AS e WHERE tasks.task_id = e.value->>0
+"""
 
 
 def writer_checkpoints(store: object) -> SQLiteStore | None:
@@ -425,7 +441,10 @@ class SQLiteStore(JobOwner):
         return unknown
 
     def _apply_task_events(self, db: sqlite3.Connection, rows: Sequence[EventRow]) -> None:
-        """Create tasks from their ``task_start`` and close them on ``task_end``."""
+        """Create tasks from their ``task_start`` and close them on ``task_end`` (a task's last
+        start and last end in the batch count, as one statement each would have left it)."""
+        starts: dict[str, tuple] = {}
+        ends: dict[str, tuple] = {}
         for r in rows:
             etype = r[4]
             if etype != "task_start" and etype != "task_end":  # most rows: no unpacking
@@ -433,25 +452,17 @@ class SQLiteStore(JobOwner):
             task_id, ts, body = r[1], r[3], r[5]
             if etype == "task_start":
                 fields = orjson.loads(body)
-                db.execute(
-                    """INSERT INTO tasks(task_id, task_type, goal, scope, tools, intent, injected,
-                                         started_at)
-                       VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-                       ON CONFLICT(task_id) DO UPDATE SET task_type=excluded.task_type,
-                         goal=excluded.goal, scope=excluded.scope, tools=excluded.tools,
-                         intent=excluded.intent, injected=excluded.injected,
-                         started_at=excluded.started_at""",
-                    _task_from_start(task_id, ts, fields),
-                )
+                starts[task_id] = _task_from_start(task_id, ts, fields)
                 # Lessons count a hit when they are injected into a task (recall only reads).
                 if fields.get("injected_lesson_ids"):
                     self._bump_hits(db, fields["injected_lesson_ids"])
-            elif etype == "task_end":
+            else:
                 result = orjson.loads(body).get("result") or {}
-                db.execute(
-                    "UPDATE tasks SET status=?, outcome=?, ended_at=? WHERE task_id=?",
-                    (task_outcome(result.get("status")), _dumps(result), ts, task_id),
-                )
+                ends[task_id] = (task_id, task_outcome(result.get("status")), _dumps(result), ts)
+        if starts:
+            db.execute(_START_TASKS, (orjson.dumps(list(starts.values())),))
+        if ends:
+            db.execute(_END_TASKS, (orjson.dumps(list(ends.values())),))
 
     def event_ids(self, task_id: str) -> set[str]:
         return {
