@@ -657,6 +657,29 @@ def test_reviews_the_store_refused_to_queue_are_queued_with_the_next_batch(
 
 
 @pytest.mark.parametrize("writer", ["thread", "process"])
+def test_reviews_the_store_refused_in_the_last_batch_are_queued_as_the_writer_stops(
+    db_path: Path, writer: str
+) -> None:
+    con = sqlite3.connect(db_path)
+    hs = Hindsight(db_path, background=False, writer=writer)  # type: ignore[arg-type]
+    con.executescript(
+        """CREATE TABLE refuse(n INTEGER); INSERT INTO refuse VALUES (1);
+           CREATE TRIGGER no_jobs BEFORE INSERT ON jobs WHEN (SELECT n FROM refuse) > 0
+           BEGIN SELECT RAISE(ABORT, 'no jobs today'); END;"""
+    )
+    with hs.task("api", tools=["fetch"], recall=False) as task:
+        for i in range(12):
+            task.record_action("fetch", {"i": i}, status="failed", error_type="Timeout")
+    assert hs.flush()
+    con.execute("UPDATE refuse SET n = 0")
+    con.commit()
+    hs.close()  # no later batch came: the writer tries once more as it stops
+    kinds = {k for (k,) in con.execute("SELECT kind FROM jobs WHERE task_id=?", (task.task_id,))}
+    con.close()
+    assert kinds == {"local", "full"}
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
 def test_feedback_after_the_end_is_reviewed_where_it_stands_in_the_run(
     db_path: Path, writer: str
 ) -> None:

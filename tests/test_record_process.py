@@ -296,6 +296,42 @@ def test_the_stats_count_what_every_writer_wrote_though_no_flush_asked(tmp_path:
     assert hs.stats["lost"] == hs.stats["dead_lettered"] == 0
 
 
+def test_a_writer_killed_while_it_queues_reviews_has_counted_what_it_wrote(
+    tmp_path: Path,
+) -> None:
+    """The counters reach the ring as soon as the events are committed: the reviews queued
+    after them may wait on a busy store, and a restarted writer does not count again what
+    the dead one stored."""
+    db = tmp_path / "k.db"
+    hs = Hindsight(db, writer="process", background=False)
+    con = sqlite3.connect(db)
+    # A job insert that takes seconds: the writer is killed while it queues the task's review.
+    con.executescript(
+        """CREATE TRIGGER slow_jobs BEFORE INSERT ON jobs BEGIN
+             SELECT count(*) FROM (WITH RECURSIVE c(x) AS
+               (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT x FROM c);
+           END;"""
+    )
+    with hs.task("api", tools=["fetch"], recall=False) as task:
+        for i in range(12):
+            task.record_action("fetch", {"i": i})
+    hs.flush(timeout=0.1)  # the writer commits now, then queues the review
+    deadline = time.monotonic() + 30
+    while len(_rows(db)) < 14:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    first = hs.recorder.pid
+    assert first is not None
+    with pytest.warns(HindsightWarning, match="writer process ended"):
+        _kill(first)
+        con.execute("DROP TRIGGER slow_jobs")
+        con.commit()
+        con.close()
+        assert hs.flush(timeout=30) is True
+    hs.close()
+    assert hs.stats["written"] == len(_rows(db)) == 14
+
+
 def test_past_its_restarts_the_writer_falls_back_in_process(tmp_path: Path) -> None:
     from hindsight_loop.writer import MAX_RESTARTS
 
@@ -940,6 +976,49 @@ if idle == 0:  # closed before it recorded anything: what comes after is after c
 assert os.waitpid(idle, 0)[1] == 0
 hs.close()
 """
+
+
+_FORK_STATS = """
+import json, os, sys, warnings
+warnings.simplefilter("ignore")
+from hindsight_loop import Hindsight
+
+hs = Hindsight(sys.argv[1], writer="process", background=False, triggers=False)
+with hs.task("parent", recall=False) as task:
+    task.user_input("before the fork")
+hs.record({"type": "nope", "task_id": "x"})  # refused: dead-lettered in this process
+assert hs.flush()
+parent = hs.stats
+pid = os.fork()
+if pid == 0:
+    at_start = hs.stats
+    with hs.task("child", recall=False) as task:
+        task.user_input("in the child")
+    ok = hs.flush()
+    print(json.dumps([at_start, hs.stats, ok]), flush=True)
+    os._exit(0)
+assert os.waitpid(pid, 0)[1] == 0
+print(json.dumps([parent, hs.stats]), flush=True)
+hs.close()
+"""
+
+
+def test_a_forked_childs_stats_are_its_own(tmp_path: Path) -> None:
+    script = tmp_path / "fork_stats.py"
+    script.write_text(_FORK_STATS)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "f.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    child, parent = (orjson.loads(line) for line in done.stdout.splitlines())
+    zero = dict.fromkeys(child[0], 0)
+    assert child[0] == zero  # nothing the parent counted
+    assert (child[1]["written"], child[1]["dead_lettered"], child[2]) == (3, 0, True)
+    assert parent[0] == parent[1]  # the child's counts are not the parent's
+    assert (parent[1]["written"], parent[1]["dead_lettered"]) == (3, 1)
 
 
 def test_forked_workers_record_runs_of_their_own(tmp_path: Path) -> None:

@@ -324,6 +324,34 @@ def test_tasks_that_start_and_end_in_one_batch_are_stored_as_they_ended(store_ur
         store.close()
 
 
+def test_text_with_a_nul_character_is_stored_whole(tmp_path: Path) -> None:
+    """A batch is written as one JSON list SQLite reads with ``->>``, which ends a text at its
+    first NUL character: ids and task fields holding one are stored whole all the same."""
+    store = SQLiteStore(tmp_path / "nul.db")
+    try:
+        t = "2025-01-01T00:00:0{}.000Z"
+        start = {"task_type": "csv\x00type", "goal": "clean\x00 the file 目标", "intent": "i\x00j"}
+        rows = [
+            _row("e\x00a", "tsk\x00a", 0, t.format(0), "task_start", start),
+            _row("e\x00b", "tsk\x00a", 1, t.format(1), "user_input", {"input": {"t": "x\x00y"}}),
+            _row("e\x00c", "tsk\x00b", 0, t.format(2), "task_start", {"task_type": "other"}),
+            _row("e\x00d", "tsk\x00a", 2, t.format(3), "task_end", {"result": {"status": "ok"}}),
+        ]
+        assert store.write_event_batch(rows) == []
+        task = store.get_task("tsk\x00a")
+        assert (task.task_type, task.goal, task.intent) == (
+            "csv\x00type",
+            "clean\x00 the file 目标",
+            "i\x00j",
+        )
+        assert (task.status, task.event_count) == ("succeeded", 3)
+        assert store.get_task("tsk\x00b").task_type == "other"
+        assert store.event_ids("tsk\x00a") == {"e\x00a", "e\x00b", "e\x00d"}
+        assert store.events("tsk\x00a")[1].input == {"t": "x\x00y"}
+    finally:
+        store.close()
+
+
 def test_a_failed_transaction_writes_nothing(store_url: str) -> None:
     store = open_store(store_url)
     try:

@@ -1113,6 +1113,7 @@ class Recorder:
         block_seconds: float = 2.0,
         fallback_dir: str | Path | None = None,
         on_done: Callable[[int], None] | None = None,
+        on_written: Callable[[], None] | None = None,
         start: bool = True,
         one_pass_guards: bool = False,
         batch_guards: bool = True,
@@ -1136,6 +1137,9 @@ class Recorder:
         #: Called after each batch is durable with the count of events handled so far, in
         #: order (the writer process acknowledges with it what the agent may forget).
         self._on_done = on_done
+        #: Called as soon as a batch is committed, before ``on_batch`` (whose reviews may wait
+        #: on a busy store): the writer process says what it wrote before anything can kill it.
+        self._on_written = on_written
         self.dead_letter = Path(dead_letter)
         where = str(self.dead_letter.absolute()).encode("utf-8", "replace")
         stem = self.dead_letter.name.removesuffix(".jsonl")
@@ -1737,6 +1741,13 @@ class Recorder:
                         checkpoints.checkpoint()
                 except Exception:  # noqa: BLE001 - the next batch's COMMIT is what matters
                     log.exception("hindsight: a checkpoint failed")
+        if self._on_batch is not None:
+            # The writer stops: a batch of nothing lets the hook try once more with what it
+            # kept for the next batch (reviews the store refused), as no next batch will come.
+            try:
+                self._on_batch([], [])
+            except Exception:  # noqa: BLE001
+                log.exception("hindsight: batch hook failed")
 
     def _write_batch(self, rows: list[Row], cleans: list[Any]) -> None:
         try:
@@ -1756,6 +1767,11 @@ class Recorder:
             return
         self.stats["written"] += len(rows)
         self.stats["batches"] += 1
+        if self._on_written is not None:
+            try:
+                self._on_written()
+            except Exception:  # noqa: BLE001
+                log.exception("hindsight: the written hook failed")
         if unknown:
             self.stats["warnings"] += 1
             warn(

@@ -16,8 +16,9 @@ the ring was made (they never wrap in a 64-bit word); a position's byte is at ``
 - word 13, ``ASLEEP``: the writer waits for a doorbell (a byte on its stdin) rather than polling.
 - words 16-21, a cache line of their own, ``COUNTERS``: what the writers on this ring have
   written, dead-lettered, lost… so far (each writer counts on from what it found there),
-  updated before what is durable: a flush that finds its events durable without asking, and
-  ``stats`` after a writer was restarted, read them all the same.
+  updated as soon as a batch is committed and before what is durable: a flush that finds its
+  events durable without asking, and ``stats`` after a writer was restarted, read them all
+  the same.
 
 The agent writes into ``[head, durable_bytes + size)`` only: what is not yet durable stays in the
 ring, so a writer started after one died reads it again from the durable position. A SIGKILL of

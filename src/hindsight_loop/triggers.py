@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from hindsight_loop.models import FAILED_STATUSES, Event, is_failure
-from hindsight_loop.record import WATCHED_TYPES, Row
+from hindsight_loop.record import WATCHED_TYPES, Row, warn
 from hindsight_loop.reflect import needs_review
 from hindsight_loop.replay import AnomalyWatch, local_window, read_projection
 from hindsight_loop.store import Store
@@ -100,7 +100,8 @@ class Triggers:
 
     def on_batch(self, rows: list[Row], payloads: list[Any]) -> None:
         """The recorder's hook: ``payloads`` holds the sanitized payload of each watched event
-        (else None), so the rules need not parse the JSON they were just made from."""
+        (else None), so the rules need not parse the JSON they were just made from. No rows:
+        the writer stops, and reviews kept from a refused queueing get their last try."""
         jobs: list[dict[str, Any]] = []  # the reviews to queue, in one transaction at the end
         running = self._running
         run: _Running | None = None
@@ -155,8 +156,12 @@ class Triggers:
             # task end).
             try:
                 self.store.enqueue_jobs(jobs)
-            except Exception:
-                self._unqueued = jobs[-MAX_UNQUEUED:]
+            except Exception as exc:
+                dropped = len(jobs) if not rows else len(jobs) - MAX_UNQUEUED
+                if dropped > 0:
+                    warn(f"{dropped} review(s) not queued, the store refused them: {exc!r}")
+                if rows:
+                    self._unqueued = jobs[-MAX_UNQUEUED:]
                 raise  # the recorder logs it
             self._wake()
 

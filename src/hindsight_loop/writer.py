@@ -399,6 +399,10 @@ class ProcessRecorder:
                 os.close(lock)
             self._session_lock = -1
         self._local._renew_locks()  # the in-process fallback's: a parent's thread may hold one
+        # What the parent's fallback counted (refused events, spills) is the parent's.
+        self._local.stats = dict.fromkeys(self._local.stats, 0)
+        self._local._lost_reported = 0
+        self._lost_reported = 0
         if not self._stop:
             # Fresh locks now (a thread of the parent may have held one at the fork); a ring
             # and a writer only with the child's first event: a child that never records (a
@@ -1416,6 +1420,14 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
             urgency.hurry(False)  # before the answer: the flush it ends finds batch work again
             ack(acks["done"])
 
+    def publish() -> None:
+        """The writer's counters into the ring, on from those of the writers before it
+        (the committer's thread: after each commit, and with what is durable)."""
+        if ring is not None:
+            assert recorder is not None
+            stats = recorder.stats
+            ring.set_counters({k: v + stats.get(k, 0) for k, v in counted.items()})
+
     def done(n: int) -> None:
         nonlocal skipped_durable
         with ack_lock:
@@ -1427,9 +1439,7 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
                         path.unlink()
             n = acks["done"] = max(acks["done"], base + n + skipped_durable)
             if ring is not None:
-                assert recorder is not None
-                stats = recorder.stats
-                ring.set_counters({k: v + stats.get(k, 0) for k, v in counted.items()})
+                publish()  # before what is durable: see ring.COUNTERS
                 if end >= 0:
                     ring.set_durable(n, end)
                 answer()
@@ -1454,6 +1464,7 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
         max_text=config["max_text"],
         on_batch=triggers.on_batch,
         on_done=done,
+        on_written=publish,
         start=False,
         one_pass_guards=True,  # no agent's thread here to hand the GIL to
         checkpoints=writer_checkpoints(store),

@@ -62,6 +62,13 @@ SELECT value->>0, value->>1, value->>2, value->>3, value->>4,
        CAST(substr(?2, value->>7, value->>8) AS TEXT)
 FROM json_each(?1)
 """
+# SQLite's ``->>`` ends a text at its first NUL character: a batch whose ids hold one takes
+# these statements, a row at a time (the same columns, stored the same way).
+_INSERT_ROWS = """
+INSERT INTO events(event_id, task_id, seq, ts, type, body, projection)
+VALUES (?, ?, ?, ?, ?, CAST(? AS TEXT), CAST(? AS TEXT))
+"""
+_NUL = b"\\u0000"  # a NUL character as orjson writes it in a JSON text
 # A task's events in replay's order (rows tied on (ts, seq) in insertion order, which the index
 # gives for free: its entries end with the row id).
 # A body read as its UTF-8 bytes: orjson parses them as they are, where a text value would be
@@ -74,18 +81,21 @@ _PROJECTIONS = "SELECT id, type, projection FROM events WHERE task_id=? ORDER BY
 # held the event writer's committer ~0.1 ms of wall time for 25 µs of work: after each, it
 # waits for the GIL the thread preparing the next batch holds. With tasks of 100 events the
 # writer ingests ~8% more this way (bench/ingest.py's short tasks).
-_START_TASKS = """
-INSERT INTO tasks(task_id, task_type, goal, scope, tools, intent, injected, started_at)
+_TASK_STARTED = (
+    "INSERT INTO tasks(task_id, task_type, goal, scope, tools, intent, injected, started_at)"
+)
+_TASK_RESTARTED = """ON CONFLICT(task_id) DO UPDATE SET task_type=excluded.task_type,
+  goal=excluded.goal, scope=excluded.scope, tools=excluded.tools, intent=excluded.intent,
+  injected=excluded.injected, started_at=excluded.started_at"""
+_START_TASKS = f"""{_TASK_STARTED}
 SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6, value->>7
-FROM json_each(?) WHERE true
-ON CONFLICT(task_id) DO UPDATE SET task_type=excluded.task_type, goal=excluded.goal,
-  scope=excluded.scope, tools=excluded.tools, intent=excluded.intent,
-  injected=excluded.injected, started_at=excluded.started_at
-"""
+FROM json_each(?) WHERE true {_TASK_RESTARTED}"""
+_START_TASK = f"{_TASK_STARTED} VALUES (?, ?, ?, ?, ?, ?, ?, ?) {_TASK_RESTARTED}"
 _END_TASKS = """
 UPDATE tasks SET status = e.value->>1, outcome = e.value->>2, ended_at = e.value->>3
 FROM json_each(?) AS e WHERE tasks.task_id = e.value->>0
 """
+_END_TASK = "UPDATE tasks SET status = ?2, outcome = ?3, ended_at = ?4 WHERE task_id = ?1"
 
 
 def writer_checkpoints(store: object) -> SQLiteStore | None:
@@ -332,10 +342,17 @@ class SQLiteStore(JobOwner):
             parts.append(extra)
             offset += size + len(extra)
         bodies = b"".join(parts)
+        listed = orjson.dumps(index)
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.execute(_INSERT_BATCH, (orjson.dumps(index), bodies))
+            if _NUL not in listed:
+                db.execute(_INSERT_BATCH, (listed, bodies))
+            else:
+                db.executemany(  # each row's body and projection, as ``parts`` holds them
+                    _INSERT_ROWS,
+                    [(*r[:5], parts[2 * k], parts[2 * k + 1]) for k, r in enumerate(rows)],
+                )
             unknown = self._adopt_unknown_tasks(db, rows)
             self._apply_task_events(db, rows)
             db.execute("COMMIT")
@@ -459,10 +476,16 @@ class SQLiteStore(JobOwner):
             else:
                 result = orjson.loads(body).get("result") or {}
                 ends[task_id] = (task_id, task_outcome(result.get("status")), _dumps(result), ts)
-        if starts:
-            db.execute(_START_TASKS, (orjson.dumps(list(starts.values())),))
-        if ends:
-            db.execute(_END_TASKS, (orjson.dumps(list(ends.values())),))
+        for many, one, tasks in (
+            (_START_TASKS, _START_TASK, starts),
+            (_END_TASKS, _END_TASK, ends),
+        ):
+            if tasks:
+                listed = orjson.dumps(list(tasks.values()))
+                if _NUL not in listed:
+                    db.execute(many, (listed,))
+                else:
+                    db.executemany(one, tasks.values())
 
     def event_ids(self, task_id: str) -> set[str]:
         return {
