@@ -418,6 +418,29 @@ Written by hand on 2026-12-02 (ninth session) from the full run above (main 1b54
 Xeon, load ~1): a later run changes the rows above, not these figures. Each says which writer it
 is for.
 
+Twenty-second session (2026-12-07, main after 4ed7f1b; the same 2-vCPU VM). Writer (issue 13),
+what it says: every counter of the writers (written, batches, dead-lettered, spilled, warnings,
+lost) is now read from the ring (words 16-21, a header of 192 bytes), where each writer puts it
+as soon as a batch is committed and again before what is durable; before, only the losses were,
+and after a writer restart, or when no flush had asked, `hs.stats["written"]` read 2 for 202
+events. Reviews the store refused to queue wait for the next batch and get a last try as the
+writer stops (before: dropped for good); a batch whose ids or task fields hold a NUL character
+is written row by row (SQLite's `->>` cut them at the NUL). Ingest with short tasks: a batch's
+task starts and ends are one statement each, as its events were (a statement per task held the
+committer 0.1-0.2 ms of wall time for 25-56 µs of its CPU, timed with `thread_time` in the
+writer: it waits for the GIL after each one). Tasks of 100 events, two series turn about with
+the commit before (medians of 6 and of 8 runs): 38.2k → 41.2k and 41.1k → 43.3k events/s
+(+5-8%); the suite's refresh above, in a slower phase, 42.0k (41.1-45.3k): still below 50k.
+Tried, not kept: reading a batch's ended tasks in one query (no gain, 6 runs each); the writer
+process's GIL switch interval at 0.5 ms (tasks of 100 +8%, 41.3k → 44.7k; one task -2%; its CPU
+per event beside a paced agent +3%: not enough for 50k, and not free); looking at the ring every
+4 ms or 0.3 ms instead of 1 ms (`bench/agent_step.py`: 4 ms cost the agent more, +12.8-14.1 µs a
+step with four threads against +10.3-11.3; 0.3 ms the same within noise for 10% more writer
+CPU); framing `hs.record`'s line in `emit_event` rather than through `emit` (4 runs turn about:
+`hs.record` -35 ns and `record_action` +60 ns at p50, not kept). The record-call rows were not
+refreshed: this session's phase of the VM put the serializing floor at 1.4-1.6 µs (1.05 above)
+and p99 at 5-10 µs for this code and the commit before alike.
+
 Twenty-first session (2026-12-06, main after ab9fcac; the same 2-vCPU VM). Writer (issue 13):
 an agent pinned to some CPUs (`taskset`, `os.sched_setaffinity`) had its writer process on the
 same CPUs, since a child inherits its parent's affinity: with the agent on CPU 0 the writer took
