@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from hindsight_loop import Hindsight, HindsightWarning
+from hindsight_loop import Hindsight, HindsightWarning, TaskRun
 from hindsight_loop.record import redact
 
 
@@ -624,6 +624,28 @@ def test_a_task_past_its_local_reviews_is_not_watched_but_still_reviewed_at_its_
         assert ("full", "task_end") in kinds
 
 
+def _refuse_jobs(con: sqlite3.Connection, refuse: bool = True) -> None:
+    """The store itself refuses: a trigger of SQLite's aborts every job insert while asked."""
+    if refuse:
+        con.executescript(
+            """CREATE TABLE IF NOT EXISTS refuse(n INTEGER); INSERT INTO refuse VALUES (1);
+               CREATE TRIGGER IF NOT EXISTS no_jobs BEFORE INSERT ON jobs
+               WHEN (SELECT max(n) FROM refuse) > 0
+               BEGIN SELECT RAISE(ABORT, 'no jobs today'); END;"""
+        )
+    else:
+        con.execute("UPDATE refuse SET n = 0")
+        con.commit()
+
+
+def _failing_task(hs: Hindsight) -> TaskRun:
+    """A task whose calls keep failing: a local review and a full one at its end."""
+    with hs.task("api", tools=["fetch"], recall=False) as task:
+        for i in range(12):
+            task.record_action("fetch", {"i": i}, status="failed", error_type="Timeout")
+    return task
+
+
 @pytest.mark.parametrize("writer", ["thread", "process"])
 def test_reviews_the_store_refused_to_queue_are_queued_with_the_next_batch(
     db_path: Path, writer: str
@@ -632,19 +654,11 @@ def test_reviews_the_store_refused_to_queue_are_queued_with_the_next_batch(
     transaction) is queued with the next batch's, not lost."""
     con = sqlite3.connect(db_path)
     with Hindsight(db_path, background=False, writer=writer) as hs:  # type: ignore[arg-type]
-        # The store itself refuses: a trigger of SQLite's aborts every job insert while asked.
-        con.executescript(
-            """CREATE TABLE refuse(n INTEGER); INSERT INTO refuse VALUES (1);
-               CREATE TRIGGER no_jobs BEFORE INSERT ON jobs WHEN (SELECT n FROM refuse) > 0
-               BEGIN SELECT RAISE(ABORT, 'no jobs today'); END;"""
-        )
-        with hs.task("api", tools=["fetch"], recall=False) as first:
-            for i in range(12):
-                first.record_action("fetch", {"i": i}, status="failed", error_type="Timeout")
+        _refuse_jobs(con)
+        first = _failing_task(hs)
         assert hs.flush()
         assert [j for j in hs.store.jobs() if j["task_id"] == first.task_id] == []
-        con.execute("UPDATE refuse SET n = 0")
-        con.commit()
+        _refuse_jobs(con, False)
         with hs.task("api", tools=["fetch"], recall=False) as second:
             for i in range(12):
                 second.record_action("fetch", {"i": i})
@@ -662,17 +676,10 @@ def test_reviews_the_store_refused_in_the_last_batch_are_queued_as_the_writer_st
 ) -> None:
     con = sqlite3.connect(db_path)
     hs = Hindsight(db_path, background=False, writer=writer)  # type: ignore[arg-type]
-    con.executescript(
-        """CREATE TABLE refuse(n INTEGER); INSERT INTO refuse VALUES (1);
-           CREATE TRIGGER no_jobs BEFORE INSERT ON jobs WHEN (SELECT n FROM refuse) > 0
-           BEGIN SELECT RAISE(ABORT, 'no jobs today'); END;"""
-    )
-    with hs.task("api", tools=["fetch"], recall=False) as task:
-        for i in range(12):
-            task.record_action("fetch", {"i": i}, status="failed", error_type="Timeout")
+    _refuse_jobs(con)
+    task = _failing_task(hs)
     assert hs.flush()
-    con.execute("UPDATE refuse SET n = 0")
-    con.commit()
+    _refuse_jobs(con, False)
     hs.close()  # no later batch came: the writer tries once more as it stops
     kinds = {k for (k,) in con.execute("SELECT kind FROM jobs WHERE task_id=?", (task.task_id,))}
     con.close()
