@@ -320,6 +320,7 @@ def test_a_writer_killed_while_it_queues_reviews_has_counted_what_it_wrote(
     while len(_rows(db)) < 14:
         assert time.monotonic() < deadline
         time.sleep(0.005)
+    time.sleep(0.2)  # past the commit, well inside the job insert (seconds)
     first = hs.recorder.pid
     assert first is not None
     with pytest.warns(HindsightWarning, match="writer process ended"):
