@@ -78,9 +78,9 @@ _BODY = "CAST(body AS BLOB)"
 CACHE_KIB = -16_384
 _PROJECTIONS = "SELECT id, type, projection FROM events WHERE task_id=? ORDER BY ts, seq, id"
 # A batch's task starts and ends, each in one statement like its events. A statement per task
-# held the event writer's committer ~0.1 ms of wall time for 25 µs of work: after each, it
-# waits for the GIL the thread preparing the next batch holds. With tasks of 100 events the
-# writer ingests ~8% more this way (bench/ingest.py's short tasks).
+# held the event writer's committer 0.1-0.2 ms of wall time for 25-56 µs of its CPU: after
+# each, it waits for the GIL the thread preparing the next batch holds. With tasks of 100
+# events the writer ingests 5-8% more this way (bench/ingest.py's short tasks).
 _TASK_STARTED = (
     "INSERT INTO tasks(task_id, task_type, goal, scope, tools, intent, injected, started_at)"
 )
@@ -458,8 +458,9 @@ class SQLiteStore(JobOwner):
         return unknown
 
     def _apply_task_events(self, db: sqlite3.Connection, rows: Sequence[EventRow]) -> None:
-        """Create tasks from their ``task_start`` and close them on ``task_end`` (a task's last
-        start and last end in the batch count, as one statement each would have left it)."""
+        """Create tasks from their ``task_start`` and close them on ``task_end``: a task's last
+        start and last end in the batch count, the end applied after the start (an end written
+        before its start in one batch ends the task, as it would across two batches)."""
         starts: dict[str, tuple] = {}
         ends: dict[str, tuple] = {}
         for r in rows:
