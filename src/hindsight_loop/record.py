@@ -41,6 +41,7 @@ import orjson
 from hindsight_loop import redact_scan
 from hindsight_loop.models import EVENT_BODY_FIELDS, WIRE_SCALARS, new_id, parse_ts
 from hindsight_loop.replay import project_json
+from hindsight_loop.ring import COUNTERS
 
 log = logging.getLogger("hindsight_loop")
 
@@ -1163,15 +1164,10 @@ class Recorder:
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._stop = False
-        # "batches": the store's transactions that wrote them (how well writes are grouped).
-        self.stats = {
-            "written": 0,
-            "batches": 0,
-            "dead_lettered": 0,
-            "spilled": 0,
-            "warnings": 0,
-            "lost": 0,
-        }
+        # Written, batches (the store's transactions that wrote them: how well writes are
+        # grouped), dead-lettered, spilled, warnings, lost: the names a writer process's ring
+        # holds them under too.
+        self.stats = dict.fromkeys(COUNTERS, 0)
         self._lost_reported = 0  # what flush() has already reported
         self._dead_letter_lock = threading.Lock()
         self._stamp: tuple[int, str, int, str] = (-1, "", -1, "")  # see _iso
@@ -1823,15 +1819,17 @@ class Recorder:
 
         self._append_dead_letter(map(line, items), reason)
 
-    def _renew_locks(self) -> None:
-        """New locks for a child forked from this process (a thread of the parent may have held
-        one at the fork, and none of the child's would ever let go). Its threads are not in the
-        child: only a recorder that was not started (the writer process's fallback) is of use
-        there."""
+    def _forked(self) -> None:
+        """In a child forked from this process: new locks (a thread of the parent may have held
+        one at the fork, and none of the child's would ever let go), and counters from nothing
+        (what the parent counted is the parent's). Its threads are not in the child: only a
+        recorder that was not started (the writer process's fallback) is of use there."""
         self._mark_lock = threading.Lock()
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._dead_letter_lock = threading.Lock()
+        self.stats = dict.fromkeys(self.stats, 0)
+        self._lost_reported = 0
 
     def keep_refused(self, thing: Any, reason: str) -> None:
         """Dead-letter something refused before it became an event (not an event at all, or

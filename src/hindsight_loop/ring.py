@@ -46,7 +46,7 @@ HEAD = 0
 _INDEX = 8
 _PAIRS = (9, 11)
 ASLEEP = 13
-#: The writer's counters (``Recorder.stats``), one word each from ``_COUNTED``.
+#: The writers' counters, one word each from ``_COUNTED`` (``Recorder.stats`` has these keys).
 COUNTERS = ("written", "batches", "dead_lettered", "spilled", "warnings", "lost")
 _COUNTED = 16
 

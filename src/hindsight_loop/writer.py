@@ -398,10 +398,7 @@ class ProcessRecorder:
             with contextlib.suppress(OSError):
                 os.close(lock)
             self._session_lock = -1
-        self._local._renew_locks()  # the in-process fallback's: a parent's thread may hold one
-        # What the parent's fallback counted (refused events, spills) is the parent's.
-        self._local.stats = dict.fromkeys(self._local.stats, 0)
-        self._local._lost_reported = 0
+        self._local._forked()  # the in-process fallback: its locks and counters the child's
         self._lost_reported = 0
         if not self._stop:
             # Fresh locks now (a thread of the parent may have held one at the fork); a ring
