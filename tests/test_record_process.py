@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 from datetime import UTC, datetime
@@ -945,7 +946,7 @@ import os, sys, threading, warnings
 warnings.simplefilter("ignore", DeprecationWarning)  # 3.12: fork() with threads running
 from hindsight_loop import Hindsight
 
-hs = Hindsight(sys.argv[1], writer="process", background=False)
+hs = Hindsight(sys.argv[1], writer=sys.argv[2], background=False)
 with hs.task("parent", recall=False) as task:
     task.user_input("before the forks")
 assert hs.flush()
@@ -973,7 +974,8 @@ if idle == 0:  # closed before it recorded anything: what comes after is after c
     hs.close()
     with hs.task("too late", recall=False) as task:
         task.user_input("after close")
-    os._exit(0 if hs.recorder.pid is None else 4)
+    started = getattr(hs.recorder, "pid", None) is not None or threading.active_count() > 1
+    os._exit(4 if started else 0)
 assert os.waitpid(idle, 0)[1] == 0
 hs.close()
 """
@@ -1022,16 +1024,21 @@ def test_a_forked_childs_stats_are_its_own(tmp_path: Path) -> None:
     assert (parent[1]["written"], parent[1]["dead_lettered"]) == (3, 1)
 
 
-def test_forked_workers_record_runs_of_their_own(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_forked_workers_record_runs_of_their_own(tmp_path: Path, writer: str) -> None:
     """Workers forked one after another had their parent's id prefix and counter: their tasks
     and events took the same ids, and their runs became one task. Each now has its own, its
     eight threads' first events all stored; a child closed before it recorded starts no
-    writer afterwards."""
+    writer afterwards. With the writer thread, whose threads stay in the parent, a child's
+    events waited in a queue no thread read: its flush() said False and they were lost."""
     script = tmp_path / "workers.py"
     script.write_text(_WORKERS)
     db = tmp_path / "workers.db"
     done = subprocess.run(
-        [sys.executable, str(script), str(db)], capture_output=True, text=True, timeout=120
+        [sys.executable, str(script), str(db), writer],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     con = sqlite3.connect(db)
@@ -1341,3 +1348,86 @@ def test_the_ring_is_faulted_in_off_the_agents_thread(tmp_path: Path) -> None:
         assert _ring_rss_kib() >= hs.recorder._size // 1024
     finally:
         hs.close()
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_ids_with_a_lone_surrogate_are_kept_and_later_flushes_return(
+    tmp_path: Path, writer: str
+) -> None:
+    """The wire check lets any text be an id; orjson refuses a lone surrogate. With the writer
+    process ``hs.record`` raised into the agent, and the seq it had taken, never handed over,
+    kept every later ``flush()`` and ``close()`` waiting for good. Now the id's text is
+    replaced where it cannot be stored (and warned about), or the event dead-lettered."""
+    hs = Hindsight(tmp_path / "s.db", writer=writer, background=False, triggers=False)  # type: ignore[arg-type]
+    try:
+        hs.record({"task_id": "t1", "type": "task_start", "task_type": "x", "goal": "g"})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HindsightWarning)
+            assert hs.record({"task_id": "t1", "type": "state_change", "event_id": "e\ud800"})
+            assert hs.record({"task_id": "t\udc80", "type": "state_change"})
+            assert hs.flush(timeout=30)
+        stored, dead = hs.stats["written"], hs.stats["dead_lettered"]
+    finally:
+        hs.close()
+    assert stored + dead == 3
+    assert len(_rows(tmp_path / "s.db")) == stored
+
+
+def _dead_lettered(db: Path, fallback: Path) -> int:
+    files = [Path(f"{db}.deadletter.jsonl"), *fallback.glob("*.jsonl")]
+    return sum(len(f.read_bytes().splitlines()) for f in files if f.exists())
+
+
+def test_what_another_thread_records_while_close_runs_is_stored_or_dead_lettered(
+    tmp_path: Path,
+) -> None:
+    """A thread recording 100 KB events while the main thread closes: lines put in the ring
+    after close()'s flush, or left waiting for room in it, were neither written nor
+    dead-lettered (half of 100,000 accepted events in the adversarial run), and a flush()
+    after close() never returned. Now close() hands them to the in-process writer."""
+    db, fallback = tmp_path / "c.db", tmp_path / "fallback"
+    hs = Hindsight(db, writer="process", fallback_dir=fallback, background=False, triggers=False)
+    accepted = 0
+    stop = threading.Event()
+    blob = "x" * 100_000
+
+    def record() -> None:
+        nonlocal accepted
+        while not stop.is_set():
+            hs.record({"task_id": "t", "type": "state_change", "context": {"blob": blob}})
+            accepted += 1
+
+    thread = threading.Thread(target=record)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HindsightWarning)
+        thread.start()
+        time.sleep(1.0)
+        hs.close()
+        stop.set()
+        thread.join()
+        assert hs.flush(timeout=30)
+    assert hs.stats["lost"] == 0
+    assert len(_rows(db)) + _dead_lettered(db, fallback) == accepted
+
+
+def test_lines_waiting_for_room_in_the_ring_are_bounded_in_bytes(tmp_path: Path) -> None:
+    """Lines wait for room in the ring up to ``queue_bound`` lines: 50,000 lines of 500 KB
+    held 3 GB after two seconds (the adversarial run). Past ``MAX_WAITING_BYTES`` the agent
+    now waits for the writer, then spills, as past ``queue_bound``."""
+    from hindsight_loop.writer import MAX_WAITING_BYTES
+
+    db, fallback = tmp_path / "m.db", tmp_path / "fallback"
+    hs = Hindsight(db, writer="process", fallback_dir=fallback, background=False, triggers=False)
+    blob = "y" * 500_000
+    most = 0
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HindsightWarning)
+            for _ in range(400):  # 200 MB, far faster than the writer reads it
+                hs.record({"task_id": "t", "type": "state_change", "context": {"blob": blob}})
+                most = max(most, hs.recorder.backlog)
+            assert hs.flush(timeout=120)
+    finally:
+        hs.close()
+    assert 0 < most * 500_000 <= MAX_WAITING_BYTES + 600_000
+    assert len(_rows(db)) + _dead_lettered(db, fallback) == 400

@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, date, datetime, timedelta
@@ -1095,6 +1096,21 @@ class Checkpoints(Protocol):
     def stop_checkpoint(self) -> None: ...
 
 
+#: The recorders of this process, reset in a child forked from it (``Recorder._forked``).
+_RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for recorder in list(_RECORDERS):
+        try:
+            recorder._forked()
+        except Exception:  # noqa: BLE001 - a fork must never fail because of Hindsight
+            log.exception("hindsight: resetting the recorder in a forked child failed")
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Recorder:
     """Accepts events from any thread without blocking and writes them in batches.
 
@@ -1177,16 +1193,26 @@ class Recorder:
         # Seconds a spill takes per event, measured at each spill (chunks are sized by it).
         self._spill_cost = SPILL_COST_GUESS
         self._spilling = 0
+        self._new_threads()
+        #: A forked child's recorder whose threads stayed in the parent: its first event
+        #: starts threads of its own (``_child_starts``).
+        self._child_idle = False
+        self._child_lock = threading.Lock()
+        _RECORDERS.add(self)
+        if start:
+            self.start()
+
+    def _new_threads(self) -> None:
         self._thread = threading.Thread(target=self._run, name="hindsight-writer", daemon=True)
         self._committer = threading.Thread(
             target=self._commit, name="hindsight-committer", daemon=True
         )
-        if start:
-            self.start()
 
     def start(self) -> None:
         """Start the writer threads (a recorder made with ``start=False`` only dead-letters until
         then: the process writer keeps one ready as its in-process fallback)."""
+        if self._child_idle:
+            self._child_idle = self._stop = False
         if not self._thread.is_alive() and self._thread.ident is None:
             self._thread.start()
             self._committer.start()
@@ -1253,8 +1279,11 @@ class Recorder:
         """
         own = next(self._seq)
         if self._stop:
-            self._after_close(task_id, own, timestamp, etype, payload, event_id)
-            return own
+            if self._child_idle:  # a forked child's first event: its own threads start
+                self._child_starts()
+            if self._stop:
+                self._after_close(task_id, own, timestamp, etype, payload, event_id)
+                return own
         q = self._queue
         if len(q) >= self._room:
             self._make_room()
@@ -1273,6 +1302,10 @@ class Recorder:
     def emit_items(self, items: list[Item]) -> None:
         """Queue items already in the queue's shape, in order (the writer process hands over
         what it read from the agent's pipe; its reader bounds the queue, not this call)."""
+        if items and self._stop:  # closed: nothing will write them
+            for item in items:
+                self._after_close(*item)
+            return
         if items:
             # Each takes a seq, as emit() would: flush() counts what it waits for by seqs.
             next(islice(self._seq, len(items) - 1, None))
@@ -1820,16 +1853,40 @@ class Recorder:
         self._append_dead_letter(map(line, items), reason)
 
     def _forked(self) -> None:
-        """In a child forked from this process: new locks (a thread of the parent may have held
-        one at the fork, and none of the child's would ever let go), and counters from nothing
-        (what the parent counted is the parent's). Its threads are not in the child: only a
-        recorder that was not started (the writer process's fallback) is of use there."""
+        """In a child forked from this process (multiprocessing, a pre-forking server): new
+        locks (a thread of the parent may have held one at the fork, and none of the child's
+        would ever let go), and counters from nothing (what the parent counted is the parent's).
+
+        The writer threads stay in the parent, and so do the events waiting for them: the
+        parent writes those. A started recorder starts threads of its own with the child's
+        first event (a child that never records, a pool worker or a ``preexec_fn``, gets
+        none); before, the child's events waited in a queue no thread read, and were lost."""
         self._mark_lock = threading.Lock()
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._dead_letter_lock = threading.Lock()
+        self._child_lock = threading.Lock()
         self.stats = dict.fromkeys(self.stats, 0)
         self._lost_reported = 0
+        if not self.started:
+            return
+        self._queue = deque()
+        self._seq = count(1)
+        self._flush_marks = self._done = self._in_flight = self._spilling = 0
+        self._preparing = False
+        self._set_room()
+        self._commits = queue.Queue(maxsize=1)
+        self._new_threads()
+        # A closed recorder stays closed; an open one waits, stopped, for its first event.
+        self._child_idle = not self._stop
+        self._stop = True
+
+    def _child_starts(self) -> None:
+        """A forked child's first event: the recorder's threads start (once, whichever of the
+        child's threads gets here first)."""
+        with self._child_lock:
+            if self._child_idle:
+                self.start()
 
     def keep_refused(self, thing: Any, reason: str) -> None:
         """Dead-letter something refused before it became an event (not an event at all, or
@@ -1962,6 +2019,7 @@ class Recorder:
         return len(self._queue) + self._in_flight + self._spilling
 
     def close(self) -> None:
+        self._child_idle = False
         if not self.started:
             self._stop = True
             return

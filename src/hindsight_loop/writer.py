@@ -103,6 +103,10 @@ COMMIT_BYTES = 1 << 20
 #: ["batches"]``), for 2-4% less of the writer's CPU per event (``bench/writer_cpu.py --pace
 #: 50``). Nothing is at risk meanwhile: what is not durable stays in the ring.
 COMMIT_DELAY = 0.005
+#: Bytes of lines that may wait for room in the ring, besides ``queue_bound`` lines: past
+#: either, ``emit`` waits for the writer, then spills (``_overload``). Lines of 100 KB counted
+#: only by number held ~10 GB before ``queue_bound`` was reached.
+MAX_WAITING_BYTES = 64 << 20
 
 
 def event_id_for(session: str, own: int) -> str:
@@ -269,6 +273,7 @@ class ProcessRecorder:
         # overload. ``_waiting`` counts them.
         self._overflow: deque[bytes] = deque()
         self._waiting = 0
+        self._waiting_bytes = 0
         # A thread moves them while there are any (only then: the writer is behind).
         self._mover_wake = threading.Event()
         self._mover: threading.Thread | None = None
@@ -398,7 +403,7 @@ class ProcessRecorder:
             with contextlib.suppress(OSError):
                 os.close(lock)
             self._session_lock = -1
-        self._local._forked()  # the in-process fallback: its locks and counters the child's
+        # The in-process fallback was reset by record's own fork hook, which runs first.
         self._lost_reported = 0
         if not self._stop:
             # Fresh locks now (a thread of the parent may have held one at the fork); a ring
@@ -569,7 +574,7 @@ class ProcessRecorder:
     def _put_slow(self, frame: bytes, own: int) -> None:
         """A line the ring cannot take at once: wait or spill under overload, spool a long
         line to a file, wait in the overflow for room, or go to the in-process writer."""
-        if self._waiting >= self._local._queue_bound:
+        if self._over():
             try:
                 self._overload()
             except Exception:  # noqa: BLE001 - the agent must never crash because of Hindsight
@@ -593,6 +598,7 @@ class ProcessRecorder:
                         self._mover_wake.set()
                     self._overflow.append(frame)
                     self._waiting += 1
+                    self._waiting_bytes += n
                 return
             self._ring.put(self._head, frame)  # type: ignore[union-attr]
             self._head += n
@@ -614,6 +620,7 @@ class ProcessRecorder:
             head += len(line)
             self._ring_lines += 1
             self._waiting -= 1
+            self._waiting_bytes -= len(line)
         self._head = head
         self._words[0] = head
         return not overflow and head + n <= self._room
@@ -728,19 +735,22 @@ class ProcessRecorder:
                     ts = str(ts)  # past 64 bits: the writer reads it as the text it is
                 elif not isinstance(ts, (int, float, str)):
                     ts = sanitizer._marker(ts)
-                return orjson.dumps(
-                    (str(task_id), own, seq, ts, str(etype), event_id, clean), option=_OPT
-                )
+                # The ids too: a lone surrogate in one (the wire check lets any text through)
+                # made this call raise into the agent, and the seq it took, never handed over,
+                # kept every later flush() waiting.
+                task_id, etype = sanitizer.text(str(task_id)), sanitizer.text(str(etype))
+                event_id = None if event_id is None else sanitizer.text(str(event_id))
+                return orjson.dumps((task_id, own, seq, ts, etype, event_id, clean), option=_OPT)
         except Exception as exc:  # noqa: BLE001 - never lose the event for its content
             sanitizer.problems.append(f"could not be stored as JSON ({exc!r}): kept as its error")
             return orjson.dumps(
                 (
-                    str(task_id),
+                    sanitizer.text(str(task_id)),
                     own,
                     seq,
                     time.time_ns(),
-                    str(etype),
-                    event_id,
+                    sanitizer.text(str(etype)),
+                    None if event_id is None else sanitizer.text(str(event_id)),
                     {"unserializable": sanitizer.text(repr(exc))},
                 ),
                 option=_OPT,
@@ -779,12 +789,12 @@ class ProcessRecorder:
         started = time.monotonic()
         deadline = started + local.block_seconds
         wait_until = started + local.block_seconds / 2
-        while self._waiting >= local.queue_bound and time.monotonic() < wait_until:
+        while self._over() and time.monotonic() < wait_until:
             time.sleep(0.001)
             with self._lock:
                 self._make_room(0)
         spilled = 0
-        while self._waiting >= local.queue_bound and spilled < BATCH_SIZE:
+        while self._over() and spilled < BATCH_SIZE:
             left = deadline - time.monotonic()
             if spilled and left <= 0:
                 break
@@ -794,6 +804,7 @@ class ProcessRecorder:
                 overflow = self._overflow
                 frames = [overflow.popleft() for _ in range(min(take, len(overflow)))]
                 self._waiting -= len(frames)
+                self._waiting_bytes -= sum(map(len, frames))
             if not frames:
                 break
             items = [frame_item(f, self.session) for f in self._unspool(frames) if f]
@@ -808,6 +819,10 @@ class ProcessRecorder:
                     self._spilled += len(frames)
                     self._cond.notify_all()
             spilled += len(frames)
+
+    def _over(self) -> bool:
+        """Whether the lines waiting for room in the ring are past their bound."""
+        return self._waiting >= self._local._queue_bound or self._waiting_bytes >= MAX_WAITING_BYTES
 
     def keep_refused(self, thing: Any, reason: str) -> None:
         self._local.keep_refused(thing, reason)
@@ -981,8 +996,28 @@ class ProcessRecorder:
             frames = self._ring_lines_between(ring.durable()[1], self._head)
             frames += self._overflow
             self._overflow.clear()
-            self._waiting = 0
+            self._waiting = self._waiting_bytes = 0
             self._move_to_local(self._unspool(frames), check=True)
+
+    def _hand_over_the_rest(self) -> None:
+        """At close, once the writer process is gone: lines another thread put in the ring
+        after the last flush, or left waiting for room in it, go to the in-process writer
+        (before, they were neither written nor dead-lettered, and the mover thread waited
+        for room that no writer would free); every later line goes there too (``_put_slow``),
+        and from its close on to the dead letter."""
+        ring = self._ring
+        if ring is None or self._fallen_back:
+            return
+        with self._lock:
+            self._fallen_back = True
+            self._room = -1  # a thread inside emit() now takes the slow path, to the fallback
+            frames = self._ring_lines_between(ring.durable()[1], self._head)
+            frames += self._overflow
+            self._overflow.clear()
+            self._waiting = self._waiting_bytes = 0
+            if frames:
+                self._local.start()
+                self._move_to_local(self._unspool(frames), check=True)
 
     def _ring_lines_between(self, start: int, end: int) -> list[bytes]:
         ring = self._ring
@@ -1087,6 +1122,7 @@ class ProcessRecorder:
             with self._cond:
                 self._gen += 1  # the writer's end of pipe is expected now, not a death
             self._reap()
+            self._hand_over_the_rest()
             ring = self._ring
             if ring is not None:
                 # The descriptor only (no writer will start again); the mapping goes with this
