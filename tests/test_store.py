@@ -3,6 +3,7 @@ and from the first schema, lessons, reflections, the review queue and its leases
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -438,5 +439,31 @@ def test_postgres_upgrade_fills_the_recall_columns_of_existing_lessons(pg_url: s
         assert row == ("csv", embedder.dim)
         indexes = store._db.execute("SELECT indexname FROM pg_indexes").fetchall()  # type: ignore[attr-defined]
         assert (f"lessons_hnsw_{embedder.dim}",) in indexes
+    finally:
+        store.close()
+
+
+def test_a_forked_child_neither_uses_nor_closes_its_parents_connections(store_url: str) -> None:
+    """A child forked from a process that had used its store read through its copy of the
+    parent's connection (SQLite's locks then are the parent's; a PostgreSQL connection shares
+    its socket with the parent), and its close() closed that copy: for PostgreSQL, that ended
+    the parent's connection, whose next query failed. The child now connects anew and leaves
+    the copies alone."""
+    store = open_store(store_url)
+    try:
+        store.write_event_batch(
+            [_row("e1", "tsk_f", 0, "2025-01-01T00:00:00.000Z", "task_start", {"task_type": "t"})]
+        )
+        assert store.event_count("tsk_f") == 1  # this thread's connection is open
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                code = 0 if store.event_count("tsk_f") == 1 else 2
+                store.close()
+            finally:
+                os._exit(code)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert store.event_count("tsk_f") == 1  # the parent's connection still works
     finally:
         store.close()

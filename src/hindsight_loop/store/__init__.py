@@ -7,8 +7,11 @@ never to a database directly, so another backend only has to implement this prot
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -41,6 +44,44 @@ class Job:
     """For a local review: ``[first, last]`` step indices (``Step.index``) of the anomaly's window."""
     attempts: int = 0
     use_llm: bool = True
+
+
+class ThreadConnections:
+    """Both stores' connections: one per thread (``_local.db``), each listed in ``_conns`` for
+    ``close()``; in a child forked from the process, none of them.
+
+    A connection copied into a child by ``fork()`` is its parent's: SQLite's locks are the
+    parent's (SQLite says never to use one across a fork), and a PostgreSQL connection shares
+    its socket with the parent, whose connection closing it in the child would end. The child
+    keeps the copies, never using, closing or finalizing them, and connects anew."""
+
+    def _init_connections(self) -> None:
+        self._local = threading.local()
+        self._conns: list[Any] = []
+        self._lock = threading.Lock()
+        _STORES.add(self)
+
+    def _forked(self) -> None:
+        _INHERITED.extend(self._conns)
+        self._init_connections()
+
+
+#: The stores of this process, and a forked child's copies of their connections.
+_STORES: weakref.WeakSet[ThreadConnections] = weakref.WeakSet()
+_INHERITED: list[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_STORES):
+        try:
+            store._forked()
+        except Exception:  # noqa: BLE001 - a fork must never fail because of Hindsight
+            logging.getLogger("hindsight_loop").exception(
+                "hindsight: dropping the parent's connections in a forked child failed"
+            )
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class JobOwner:

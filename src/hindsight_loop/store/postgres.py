@@ -27,7 +27,7 @@ import orjson
 from hindsight_loop.lesson_keys import RuleFilter, ScoreBound, recall_keys
 from hindsight_loop.models import Event, Lesson, Reflection, Task, iso, utcnow
 from hindsight_loop.replay import StoredRun, no_gc
-from hindsight_loop.store import EventRow, Job, JobOwner
+from hindsight_loop.store import EventRow, Job, JobOwner, ThreadConnections
 from hindsight_loop.store.pg_migrations import (
     MIGRATIONS,
     applied,
@@ -130,16 +130,14 @@ RECALL_COLUMNS = (
 )
 
 
-class PostgresStore(JobOwner):
+class PostgresStore(JobOwner, ThreadConnections):
     """A ``Store`` on a PostgreSQL database (``postgresql://user@host/db``)."""
 
     def __init__(self, url: str, *, readonly: bool = False) -> None:
         self.dsn = url
         self.url = _redact_url(url)
         self.readonly = readonly
-        self._local = threading.local()
-        self._conns: list[Any] = []
-        self._lock = threading.Lock()
+        self._init_connections()
         self._closed = False
         JobOwner.__init__(self)
         try:

@@ -29,7 +29,7 @@ from hindsight_loop.models import (
     utcnow,
 )
 from hindsight_loop.replay import StoredRun, no_gc, project_body, wire_timestamp
-from hindsight_loop.store import EventRow, Job, JobOwner
+from hindsight_loop.store import EventRow, Job, JobOwner, ThreadConnections
 from hindsight_loop.store.migrations import MIGRATIONS, SchemaError, check_schema, migrate
 
 #: Seconds a claimed job may run before another worker takes it back (a reflection with
@@ -179,7 +179,7 @@ def _task_from_start(task_id: str, ts: str, body: dict[str, Any]) -> tuple:
     )
 
 
-class SQLiteStore(JobOwner):
+class SQLiteStore(JobOwner, ThreadConnections):
     """A ``Store`` on one SQLite file."""
 
     def __init__(
@@ -195,9 +195,7 @@ class SQLiteStore(JobOwner):
         #: written, not even WAL mode or a migration.
         self.readonly = readonly
         self._uri: str | None = None
-        self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        self._init_connections()
         self._closed = False
         JobOwner.__init__(self)
         #: Task ids known to be in the tasks table (``write_event_batch`` skips looking).
@@ -223,6 +221,14 @@ class SQLiteStore(JobOwner):
                 finally:
                     probe.close()
         migrate(self._db)
+
+    def _forked(self) -> None:
+        if self.path == ":memory:":
+            return  # no file, no lock: the child's copy of the database is its own
+        super()._forked()
+        self._checkpoint_lock = threading.Lock()
+        self._deferred = self._stoppable = None
+        self._wal_pages = 0
 
     def _open_readonly(self) -> None:
         if not Path(self.path).is_file():
