@@ -9,25 +9,29 @@ from pathlib import Path
 
 import pytest
 
+from hindsight_loop import Hindsight
 from hindsight_loop.embed import HashEmbedder
 from hindsight_loop.lessons import (
     MAX_MERGE_ENTRIES,
     MAX_SOURCE_SAMPLE,
+    Change,
     agreement_shown,
     confirm,
     curate,
     edit,
+    expire,
     order_opposition,
     parse_import_line,
     poles,
     poles_flipped,
+    reject,
     source_count,
     stance,
     stance_relation,
     values_agree,
     variants,
 )
-from hindsight_loop.models import Features, LessonDraft
+from hindsight_loop.models import Features, LessonDraft, iso, parse_ts, utcnow
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 EMBEDDER = HashEmbedder()
@@ -821,3 +825,198 @@ def test_harm_a_thing_in_ing_can_do_avoids_nothing():
     assert stance("A worn bearing can overheat the motor; replace it.").get("bearing", 0) >= 0
     assert stance("Anything metal can damage the microwave.").get("metal", 0) >= 0
     assert stance("Heating it all at once can warp the shelves.").get("xbatch", 0) < 0
+
+
+# -- the adversarial pass of 2027-01 (/tmp/adv11): promises broken through the facade ----------
+
+GBK = "Pass encoding='gbk' to read_csv for exports from erp_cn."
+GBK_MORE = (
+    "Pass encoding='gbk' and errors='strict' to read_csv for exports from erp_cn (files like "
+    "/data/raw/x_2024.csv)."
+)
+
+
+def _import(hs: Hindsight, **line: object) -> Change:
+    """One hand-written import line curated into the book, as `hindsight lessons import` does."""
+    return hs.curate(parse_import_line({"tools": ["read_csv"], "task_type": "csv", **line}))
+
+
+@pytest.mark.parametrize("days", [10, 600])
+def test_a_merge_keeps_the_date_a_person_set(hs: Hindsight, days: int) -> None:
+    """A person's valid_until (earlier or later than a repeat's 30 days) survives a merge."""
+    kept = _import(hs, advice=GBK).lesson
+    date = iso(utcnow() + timedelta(days=days))
+    hs.change_lesson(kept.lesson_id, lambda x: edit(x, by="bob", valid_until=date))
+    change = _import(hs, advice=GBK_MORE)
+    assert change.action == "merge" and change.lesson.lesson_id == kept.lesson_id
+    assert hs.store.get_lesson(kept.lesson_id).valid_until == date
+
+
+def test_a_merge_may_extend_a_date_the_machine_set_but_never_shortens_it(hs: Hindsight) -> None:
+    kept = _import(hs, advice=GBK).lesson
+    far = iso(utcnow() + timedelta(days=400))
+    hs.change_lesson(kept.lesson_id, lambda x: edit(x, by="curator", valid_until=far))
+    _import(hs, advice=GBK_MORE)
+    assert hs.store.get_lesson(kept.lesson_id).valid_until == far
+    near = iso(utcnow() + timedelta(days=2))
+    hs.change_lesson(kept.lesson_id, lambda x: edit(x, by="curator", valid_until=near))
+    _import(hs, advice=GBK)
+    assert parse_ts(hs.store.get_lesson(kept.lesson_id).valid_until) > utcnow() + timedelta(days=29)
+
+
+def test_a_repeat_never_rewrites_a_rejected_lesson(hs: Hindsight) -> None:
+    kept = _import(hs, advice=GBK).lesson
+    hs.change_lesson(kept.lesson_id, lambda x: reject(x, by="bob"))
+    before = hs.store.get_lesson(kept.lesson_id)
+    change = _import(hs, advice=GBK_MORE)
+    after = hs.store.get_lesson(kept.lesson_id)
+    assert change.action == "merge" and after.status == "rejected"
+    assert after.advice == GBK and after.valid_until == before.valid_until
+    assert after.support == 2 and GBK_MORE in variants(after)  # it still absorbs the repeat
+
+
+def test_a_lesson_a_person_expired_stays_expired_on_a_repeat(hs: Hindsight) -> None:
+    kept = _import(hs, advice=GBK).lesson
+    hs.change_lesson(kept.lesson_id, lambda x: expire(x, by="bob"))
+    assert _import(hs, advice=GBK_MORE).action == "merge"
+    assert hs.store.get_lesson(kept.lesson_id).status == "expired"
+
+
+RETRY = "Retry fetch_quote after a timeout."
+NEVER_RETRY = "Never retry fetch_quote after a timeout."
+
+
+def _quote(hs: Hindsight, advice: str, **line: object) -> Change:
+    body = {"task_type": "quotes", "tools": ["fetch_quote"], "advice": advice, **line}
+    return hs.curate(parse_import_line(body, by="alice"))
+
+
+def _served(hs: Hindsight, **query: object) -> list[str]:
+    q = {"task_type": "quotes", "tools": ["fetch_quote"], "query": "retry fetch_quote timeout"}
+    return [x.advice for x in hs.recall(**{**q, **query})]  # type: ignore[arg-type]
+
+
+def test_a_lesson_contradicting_two_records_both_and_recall_serves_one_side(
+    hs: Hindsight,
+) -> None:
+    a = _quote(hs, RETRY).lesson
+    b = _quote(hs, "Retry fetch_quote when it answers 503.").lesson
+    change = _quote(hs, "Never retry fetch_quote.")
+    assert change.action == "conflict"
+    assert {x.lesson_id for x in change.others} == {a.lesson_id, b.lesson_id}
+    never = change.lesson.lesson_id
+    assert set(hs.store.get_lesson(never).conflicts) == {a.lesson_id, b.lesson_id}
+    hs.change_lesson(never, lambda x: confirm(x, by="bob"))
+    served = _served(hs, query="fetch_quote retry")
+    assert "Never retry fetch_quote." not in served or len(served) == 1, served
+
+
+def test_a_lesson_waiting_in_review_is_compared_with_a_later_opposite(hs: Hindsight) -> None:
+    waiting = _quote(hs, NEVER_RETRY, status="needs_review").lesson
+    change = _quote(hs, RETRY)
+    assert change.action == "conflict" and change.other is not None
+    assert change.other.lesson_id == waiting.lesson_id
+    hs.change_lesson(waiting.lesson_id, lambda x: confirm(x, by="bob"))
+    assert len(_served(hs)) == 1
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "query"),
+    [
+        ({"task_type": "*"}, {}, {}),
+        ({"task_type": "any"}, {}, {}),
+        ({"task_type": "Quotes"}, {}, {}),
+        ({"task_type": "quotes "}, {}, {}),
+        ({"scope": "project:Shop"}, {"scope": "project:shop"}, {"scope": "project:shop"}),
+        ({}, {"scope": "project:shop"}, {"scope": "project:shop"}),  # global is always served
+        ({"tools": ["Fetch_Quote"]}, {}, {}),
+    ],
+    ids=["star", "any", "case", "space", "scope-case", "global-scope", "tool-case"],
+)
+def test_curation_compares_the_lessons_recall_serves_together(
+    hs: Hindsight, first: dict, second: dict, query: dict
+) -> None:
+    _quote(hs, RETRY, **first)
+    assert _quote(hs, NEVER_RETRY, **second).action == "conflict"
+    assert len(_served(hs, **query)) == 1
+
+
+def test_a_repeat_merges_only_within_its_own_task_type_and_scope(hs: Hindsight) -> None:
+    """Case and spaces aside the keys are one; a lesson for any task type is served beside one
+    for a task type but does not take it in (a merge would widen where the repeat applies)."""
+    kept = _quote(hs, RETRY, task_type="Quotes").lesson
+    change = _quote(hs, RETRY, task_type=" quotes")
+    assert change.action == "merge" and change.lesson.lesson_id == kept.lesson_id
+    assert _quote(hs, RETRY, task_type="*").action == "add"
+
+
+# The adversarial pairs: negations and antonyms the rules did not read. Each must be a conflict
+# (never a merge) whichever comes first.
+ADVERSARIAL_OPPOSITES = [
+    ("Call refresh_index before search_catalog.",
+     "There is no reason to call refresh_index before search_catalog."),
+    ("Call refresh_index before search_catalog.",
+     "Forgo calling refresh_index before search_catalog."),
+    ("Call refresh_index before search_catalog.",
+     "Quit calling refresh_index before search_catalog."),
+    ("Call refresh_index before search_catalog.",
+     "Calling refresh_index before search_catalog is a bad idea."),
+    ("Call refresh_index before search_catalog.", "Refresh_index before search_catalog? Never."),
+    ("Call refresh_index before search_catalog.",
+     "You can leave out refresh_index before search_catalog."),
+    ("Call refresh_index before search_catalog.", "Eschew refresh_index before search_catalog."),
+    ("无需对用户输入再做一次转义。", "需要对用户输入再做一次转义。"),
+    ("无需对用户输入再做一次转义。", "需要对用户输入再做一次转义，例如 html.escape(text, quote=True)。"),
+    ("千万不要跳过下载后的校验和验证。", "下载后跳过校验和验证。"),
+    ("不需要在每次请求时附带租户 ID。", "每次请求都要附带租户 ID。"),
+    ("不建议使用 sleep 轮询任务状态。", "建议使用 sleep 轮询任务状态。"),
+    ("不建议直接调用 delete_all。", "建议直接调用 delete_all。"),
+    ("用批量接口代替逐条插入。", "用逐条插入代替批量接口。"),
+    ("Keep the trailing slash in the URL passed to fetch_page.",
+     "Strip the trailing slash from the URL passed to fetch_page."),
+    ("Keep the trailing slash in the URL passed to fetch_page.",
+     "Strip the trailing slash from the URL passed to fetch_page, e.g. /api/v2/items/ becomes "
+     "/api/v2/items."),
+    ("Uppercase the country code before calling lookup_tax.",
+     "Lowercase the country code before calling lookup_tax."),
+    ("Escape the HTML in render_comment.", "Unescape the HTML in render_comment."),
+    ("Compress the archive before calling upload_backup.",
+     "Decompress the archive before calling upload_backup."),
+    ("Sort the results in ascending order before calling export_csv.",
+     "Sort the results in descending order before calling export_csv."),
+    ("Round the amount up before calling charge_card.",
+     "Round the amount down before calling charge_card."),
+    ("Upgrade the driver before running sync_db.", "Downgrade the driver before running sync_db."),
+    ("Strip the whitespace from the SKU before calling find_product.",
+     "Keep the whitespace in the SKU when calling find_product."),
+    ("Truncate the table before load_data.", "Keep the table's rows before load_data."),
+    ("Split the address into fields before calling geocode.",
+     "Join the address fields into one string before calling geocode."),
+    ("Set retries=3 in call_vendor.", "Set retries=0 in call_vendor."),
+    ("上传备份前先压缩归档文件。", "上传备份前先解压归档文件。"),
+    ("运行 sync_db 前先升级驱动。", "运行 sync_db 前先降级驱动。"),
+    ("金额先向上取整再调用 charge_card。", "金额先向下取整再调用 charge_card。"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("a", "b"), ADVERSARIAL_OPPOSITES)
+def test_negations_and_antonyms_the_rules_did_not_read_are_conflicts(a: str, b: str) -> None:
+    assert _action(a, b, ("tool_x",)) == "conflict"
+    assert _action(b, a, ("tool_x",)) == "conflict"
+
+
+def test_a_prohibition_on_its_own_turns_the_clause_before_it_round() -> None:
+    assert stance("Refresh the cache first? Never.")["cache"] < 0
+    assert stance("先刷新缓存？不要。")["缓存"] < 0
+    # Forbidding a skip asks for the act.
+    assert stance("Never skip the checksum.")["checksum"] > 0
+    assert stance("千万不要跳过备份。")["备份"] > 0
+
+
+def test_a_pair_of_undoing_verbs_is_a_stance_word() -> None:
+    assert poles_flipped("把国家代码转成大写。", "把国家代码转成小写。")
+    assert poles_flipped("Encrypt the payload.", "Send the payload in plaintext.")
+    # 解压缩 is one act (decompress), not both.
+    assert poles("先解压缩归档文件。") == {"compress": frozenset({-1})}
+    # A zip code is no archive.
+    assert "compress" not in poles("Check the zip code before calling geocode.")

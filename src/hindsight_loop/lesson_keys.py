@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from hindsight_loop.embed import lesson_text
-from hindsight_loop.models import Lesson, parse_ts
+from hindsight_loop.models import Lesson, LessonDraft, parse_ts
 from hindsight_loop.text import tokenize
 
 #: Task types that name no task type in particular: such a lesson fits any task.
@@ -30,6 +30,23 @@ def task_key(task_type: str | None) -> str:
 
 def scope_key(scope: str | None) -> str:
     return norm(scope) or "global"
+
+
+def same_keys(a: Lesson | LessonDraft, b: Lesson | LessonDraft) -> bool:
+    """Whether two lessons are of one task type and one scope as recall reads them (case and
+    surrounding spaces ignored): the lessons curation may merge."""
+    return task_key(a.task_type) == task_key(b.task_type) and scope_key(a.scope) == scope_key(
+        b.scope
+    )
+
+
+def served_together(a: Lesson | LessonDraft, b: Lesson | LessonDraft) -> bool:
+    """Whether one recall may return both lessons: their task types match (or one is of any
+    task type) and their scopes match (or one is global, which every recall reads). The lessons
+    curation must compare for contradictions, since recall keeps apart only recorded ones."""
+    ta, tb = task_key(a.task_type), task_key(b.task_type)
+    sa, sb = scope_key(a.scope), scope_key(b.scope)
+    return (ta == tb or not ta or not tb) and (sa == sb or "global" in (sa, sb))
 
 
 def valid_epoch(lesson: Lesson) -> float:

@@ -26,7 +26,9 @@ from typing import Any, Literal, get_args
 import numpy as np
 import orjson
 
+from hindsight_loop import lesson_keys
 from hindsight_loop.embed import cosine_floor, is_model_floor, rescale_cosines
+from hindsight_loop.lesson_keys import norm
 from hindsight_loop.models import (
     DEFAULT_VALIDITY,
     Features,
@@ -108,13 +110,19 @@ class Change:
     """``add`` a new lesson, ``merge`` into an existing one, or a new lesson in ``conflict``."""
     lesson: Lesson
     """The new lesson (add, conflict) or the existing lesson the draft was merged into (merge)."""
-    other: Lesson | None = None
-    """For a conflict: the active lesson contradicted, with the new id added to its conflicts."""
+    others: list[Lesson] = dataclasses.field(default_factory=list)
+    """For a conflict: every live or waiting lesson contradicted, each with the new id added to
+    its conflicts (recall keeps apart only the pairs recorded, so none may be left out)."""
+
+    @property
+    def other(self) -> Lesson | None:
+        """The first lesson contradicted (``others`` has them all)."""
+        return self.others[0] if self.others else None
 
     @property
     def saves(self) -> list[Lesson]:
         """The lessons the caller has to write back to the store."""
-        return [self.lesson] if self.other is None else [self.lesson, self.other]
+        return [self.lesson, *self.others]
 
 
 # -- small helpers ------------------------------------------------------------------------------
@@ -194,7 +202,8 @@ def draft_to_lesson(
 
 _NEG_EN = re.compile(
     r"\b(?:do\s+not|does\s+not|don't|don’t|doesn't|never|not|no|avoid(?:s|ing)?|without|"
-    r"refrain\s+from|stop)\b",
+    r"refrain\s+from|stop|quit|forgo(?:ing)?|forego(?:ing)?|eschew(?:s|ing)?|"
+    r"(?:can|could|may)\s+(?:safely\s+|just\s+)?leave\s+out)\b",
     re.IGNORECASE,
 )
 _EMPH_EN = re.compile(
@@ -203,9 +212,11 @@ _EMPH_EN = re.compile(
 )
 # No bare 不: it starts many ordinary words (不同, 不断); 别 only before a verb (not 特别, 类别).
 _NEG_ZH = re.compile(
-    r"不要|不能|不应该|不应|不可以|不可|不得|不用|不必|无需|切勿|请勿|勿|禁止|避免|甭|别(?=[用再让把去忘使])"
+    r"不要|不能|不应该|不应|不可以|不可|不得|不用|不必|无需|无须|不需要|不建议|不推荐|不主张|切勿|请勿|勿|"
+    r"禁止|避免|甭|别(?=[用再让把去忘使])"
 )
-_EMPH_ZH = re.compile(r"总是|务必|一定要|应当|应该|优先")
+# 建议 / 需要 go after the negations are gone: "不建议 X" and "建议 X" leave one core.
+_EMPH_ZH = re.compile(r"总是|务必|一定要|应当|应该|优先|建议|推荐|主张|需要")
 #: snake_case names in advice: tools and columns (``get_weather``, ``order_date``).
 # The name is group 1; a match starts only where a run of letters and digits starts, the digits
 # before the name's first letter skipped: a run with no name in it ("a9a9…") is read once, not
@@ -225,16 +236,17 @@ def _scenario(lesson: Lesson | LessonDraft) -> dict[str, Any]:
     """The situation a lesson is about: tool(s), step and error type, from features and ``when``."""
     when = lesson.structured.when if lesson.structured else {}
     f = lesson.features
-    tools = set(f.tools)
+    # Normalized as recall matches them (``lesson_keys.norm``): "Fetch_Quote" is fetch_quote.
+    tools = {norm(t) for t in f.tools} - {""}
     if isinstance(when.get("tool"), str):
-        tools.add(when["tool"])
+        tools.add(norm(when["tool"]))
     if not tools:
         # No tools given: the snake_case names the advice mentions stand in (get_weather).
         tools = {m.lower() for m in _IDENTIFIER_RE.findall(lesson.advice)}
     return {
         "tools": tools,
-        "step": when.get("step") or f.step,
-        "error_type": when.get("error_type") or f.error_type,
+        "step": norm(when.get("step") or f.step) or None,
+        "error_type": norm(when.get("error_type") or f.error_type) or None,
         "context": _canon(when["context"]) if when.get("context") else None,
     }
 
@@ -439,7 +451,8 @@ _CONDITION_MID_EN = re.compile(
 )
 _CONDITION_ZH = re.compile(
     # Not 小时 / 及时 / 同时 ... at the end: "至少隔 48 小时" is a value, not a when.
-    r"^\s*(?:如果|若|当|一旦|对于|在|没有|无)"
+    # Not 无需 / 无须 / 没有必要: "无需再转义" says what not to do, not when.
+    r"^\s*(?:如果|若|当|一旦|对于|在|没有(?!必要)|无(?![需须]))"
     r"|(?:(?<![小按准及同临实定计])时|之前|以前|前|之后|以后|后|的话)\s*$"
 )
 _CONDITION_MID_ZH = re.compile(
@@ -453,10 +466,14 @@ _FORBID_RE = re.compile(
     # "stop calling it" forbids; "stop and tell the user" is the act of stopping.
     r"stop(?=\s+(?:\w+ing|x[a-z]+)\b)|must\s+not|should\s+not|shouldn't|mustn't|no\s+longer|skip|omit|"
     # "there's no point letting it soak", "no need to ask again": what follows is not done.
-    r"there(?:'s|’s|\s+is)\s+no\s+(?:point|need|sense)(?:\s+in)?|no\s+need\s+to|"
-    r"need\s+not|needn't|(?:it's|it\s+is)\s+pointless\s+to)\b"
+    r"there(?:'s|’s|\s+is)\s+no\s+(?:point|need|sense|reason)(?:\s+in)?|no\s+(?:need|reason)\s+to|"
+    r"need\s+not|needn't|(?:it's|it\s+is)\s+pointless\s+to|"
+    # "forgo calling it", "quit calling it", "eschew it", "you can leave out the header" (not
+    # "leave out public holidays" when counting days: what the count excludes, not an act).
+    r"forgo(?:es|ing)?|forego(?:es|ing)?|eschew(?:s|ing)?|quit(?=\s+(?:\w+ing|x[a-z]+)\b)|"
+    r"(?:can|could|may)\s+(?:safely\s+|just\s+)?leave\s+out)\b"
     # 甭 (不用 said as one syllable): "甭等", "甭管".
-    r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略|甭"
+    r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略|甭|不建议|不推荐|不主张"
     # 别 is "don't" except inside a word: 别的 / 别人 (other), 区别, 告别, 分别, 类别, 特别, 级别 ...
     r"|(?<![区告分类特级性识个差辨派道离鉴])别(?![的人处称名致扭])",
     re.IGNORECASE,
@@ -465,7 +482,7 @@ _FORBID_RE = re.compile(
 _DISMISS_RE = re.compile(
     # "… is a waste of a morning": a waste of anything dismisses what precedes.
     r"\b(?:is|are|was)\s+(?:a\s+|just\s+a\s+)?(?:(?:complete\s+|total\s+)?waste\s+of|unnecessary|pointless|"
-    r"overkill|useless|not\s+needed|not\s+necessary)\b"
+    r"overkill|useless|not\s+needed|not\s+necessary|(?:an?\s+)?(?:bad|terrible|poor)\s+idea)\b"
     r"|\b(?:(?:is|are|was|'s)\s+)?(?:an?\s+)?(?:overkill|not\s+worth\s+(?:it|the)|too\s+slow|"
     r"too\s+expensive|too\s+risky|more\s+trouble\s+than|not\s+enough|proves?\s+nothing)\b"
     # "calling it again just burns quota", "re-reviewing them wastes the reviewer's time".
@@ -493,7 +510,9 @@ _DISMISS_RE = re.compile(
 # ... exclusions: what precedes is what to do ("X instead of Y", "X without Y", "X, not Y").
 _EXCLUDE_RE = re.compile(
     # 是不是 asks whether, excluding nothing.
-    r"\b(?:instead\s+of|rather\s+than|without|not)\b|而不是|(?<!是)不是(?!不)|不用|不必|无需|不需要",
+    # "用 A 代替 B": A is done in place of B, as "A instead of B".
+    r"\b(?:instead\s+of|rather\s+than|in\s+place\s+of|without|not)\b|而不是|而非|(?<!是)不是(?!不)"
+    r"|不用|不必|无需|无须|不需要|代替|取代|替代",
     re.IGNORECASE,
 )
 _GENERIC_ACTS = frozenset(
@@ -626,9 +645,8 @@ def stance(text: str) -> dict[str, float]:
             # the situation still speaks of the head; only the situation itself goes.
             verdict = _DISMISS_RE.search(clause, mid.end())
             clause = clause[: mid.start()] + (" " + clause[verdict.start() :] if verdict else "")
-        elif (mid := _CONDITION_MID_ZH.search(clause)) and not _FORBID_RE.search(
-            clause[: mid.start()]
-        ):
+        elif (mid := _CONDITION_MID_ZH.search(clause)) and not _negates(clause[: mid.start()]):
+            # "不需要在每次请求时附带 ID": a negation before the situation still governs the act.
             clause = clause[mid.end() :]
         if gated := _until(clause):
             # "don't approve the claim until you've checked the policy": wait, and do what
@@ -670,11 +688,20 @@ def stance(text: str) -> dict[str, float]:
             continue
         if cut is exclude:
             _signed_terms(clause[: cut.start()], 1.0, out)
+        elif again := _FORBID_RE.match(clause, _skip_space(clause, cut.end())):
+            # "never skip the checksum", "千万不要跳过校验": forbidding a skip asks for the act.
+            _signed_terms(clause[again.end() :], 1.0, out)
+            continue
         elif without := _WITHOUT_RE.search(clause, cut.end()):
             # "never call unlock_door without the PIN", "不要未经确认就删除": two negations ask
             # for what follows "without"; the act itself is allowed once that is done.
             stop = _WITHOUT_END_RE.search(clause, without.end())
             _signed_terms(clause[without.end() : stop.start() if stop else None], 1.0, out)
+            continue
+        if said and not _terms(clause[cut.end() :]) and not _terms(clause[: cut.start()]):
+            # "Refresh the index first? Never.", "先刷新缓存？不要。": a prohibition on its own
+            # speaks of the clause before it, which was read as asked for: turn it round.
+            _signed_terms(said, -2.0, out)
             continue
         _avoid(clause[cut.end() :], out)
     signs = {t: math.copysign(1.0, v) for t, v in out.items() if v}
@@ -682,6 +709,21 @@ def stance(text: str) -> dict[str, float]:
         if a in signs and b not in signs:
             signs[b] = -signs[a]
     return signs
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
+
+
+# Negations that say an act is not needed ("不需要", "无需", "no need to"), besides prohibitions.
+_NEED_NOT_RE = re.compile(r"不需要|无需|无须|不用|不必|\bno\s+need\b|\bneed\s+not\b", re.I)
+
+
+def _negates(text: str) -> bool:
+    """Whether text holds a prohibition or says an act is not needed."""
+    return bool(_FORBID_RE.search(text) or _NEED_NOT_RE.search(text))
 
 
 _UNTIL_RE = re.compile(r"\bxwait\s+xuntil\b")
@@ -1031,6 +1073,23 @@ def agreement_shown(a: str, b: str) -> bool:
     return bool(a_first & b_first) and bool(a_later & b_later)
 
 
+def _arguments(text: str) -> dict[str, set[str]]:
+    """The values advice sets each argument to (``retries=3``: retries -> {3}), quotes and
+    spaces aside."""
+    out: dict[str, set[str]] = {}
+    for value in _assigned_values(text):
+        name, _, val = value.partition("=")
+        out.setdefault(name, set()).add(val.strip("'\"`"))
+    return out
+
+
+def values_clash(a: str, b: str) -> bool:
+    """Whether two pieces of advice set one argument to different values, with no value in
+    common (``retries=3`` / ``retries=0``; not ``sep=';'`` / "not sep=',', use sep=';'")."""
+    args_a, args_b = _arguments(a), _arguments(b)
+    return any(args_a[name].isdisjoint(args_b[name]) for name in args_a.keys() & args_b.keys())
+
+
 def _values_asked(text: str) -> frozenset[str]:
     """The concrete values advice asks for: terms it takes as +1 (``stance``) that are values
     (``utf-8-sig``, 5%, -16) or part of a value it names whole (``sep=';'``, ``LIMIT``)."""
@@ -1073,7 +1132,8 @@ _POLES = (
     ("fate",
      re.compile(r"\b(?:keep(?:s|ing)?|kept|retain(?:s|ed|ing)?|preserv(?:e|es|ed|ing))\b|保留|留着|留下", re.I),
      re.compile(r"\b(?:delet(?:e|es|ed|ing)|remov(?:e|es|ed|ing)|discard(?:s|ed|ing)?|purg(?:e|es|ed|ing)|"
-                r"wip(?:e|es|ed|ing))\b|删除|删掉|清除|移除|清空|丢弃|去掉", re.I)),
+                r"wip(?:e|es|ed|ing)|strip(?:s|ped|ping)?|trim(?:s|med|ming)?|truncat(?:e|es|ed|ing))\b"
+                r"|删除|删掉|清除|移除|清空|丢弃|去掉|去除|剔除|截断", re.I)),
     ("include",
      re.compile(r"\b(?:includ(?:e|es|ed|ing)|inclusive)\b|包含|包括|带上|加上", re.I),
      re.compile(r"\b(?:exclud(?:e|es|ed|ing)|exclusive|leav(?:e|es|ing) out|left out)\b|排除|不含|不包括|不带", re.I)),
@@ -1091,6 +1151,33 @@ _POLES = (
     ("sync",
      re.compile(r"\bsynchronous(?:ly)?\b|同步", re.I),
      re.compile(r"\basynchronous(?:ly)?\b|\basync\b|异步", re.I)),
+    # Acts and their undoing: an act done one way is the other undone.
+    ("case",
+     re.compile(r"\b(?:upper-?cas(?:e|es|ed|ing)|capitali[sz](?:e|es|ed|ing)|all\s+caps)\b|大写", re.I),
+     re.compile(r"\blower-?cas(?:e|es|ed|ing)\b|小写", re.I)),
+    ("escape",
+     re.compile(r"\b(?:escap(?:e|es|ed|ing)|encod(?:e|es|ed|ing))\b|(?<![反去])转义|(?<!解)编码", re.I),
+     re.compile(r"\b(?:unescap(?:e|es|ed|ing)|decod(?:e|es|ed|ing))\b|反转义|去转义|解码", re.I)),
+    ("compress",
+     # Not a bare "zip" (a zip code) nor "extract" (a date from a string).
+     re.compile(r"\b(?:compress(?:es|ed|ing|ion)?|gzip(?:s|ped|ping)?)\b|(?<!解)压缩", re.I),
+     re.compile(r"\b(?:decompress(?:es|ed|ing|ion)?|uncompress(?:es|ed|ing)?|unzip(?:s|ped|ping)?|"
+                r"gunzip)\b|解压", re.I)),
+    ("cipher",
+     re.compile(r"\bencrypt(?:s|ed|ing|ion)?\b|加密", re.I),
+     re.compile(r"\b(?:decrypt(?:s|ed|ing|ion)?|plain-?text)\b|解密|明文", re.I)),
+    ("grade",
+     re.compile(r"\bupgrad(?:e|es|ed|ing)\b|升级", re.I),
+     re.compile(r"\bdowngrad(?:e|es|ed|ing)\b|降级|回退版本", re.I)),
+    ("sort",
+     re.compile(r"\bascending\b|升序|从小到大", re.I),
+     re.compile(r"\bdescending\b|降序|从大到小", re.I)),
+    ("round",
+     re.compile(r"\bround(?:s|ed|ing)?\s+(?:[\w'-]+\s+){0,3}?up\b|向上取整|上取整", re.I),
+     re.compile(r"\bround(?:s|ed|ing)?\s+(?:[\w'-]+\s+){0,3}?down\b|向下取整|下取整", re.I)),
+    ("split",
+     re.compile(r"\bsplit(?:s|ting)?\b|拆分|拆开|拆成", re.I),
+     re.compile(r"\b(?:join(?:s|ed|ing)?|concatenat(?:e|es|ed|ing)|combin(?:e|es|ed|ing))\b|合并|拼接|拼成", re.I)),
 )  # fmt: skip
 
 
@@ -1247,22 +1334,29 @@ def curate(
 ) -> Change:
     """Decide what a new lesson does to the book: add it, merge it, or flag a conflict.
 
-    Only lessons of the same task type and scope are compared. A draft repeats a lesson when
+    Only lessons one recall may serve beside the draft are compared (``lesson_keys``: task types
+    and scopes as recall matches them, case aside; a lesson of any task type or of the global
+    scope is served with the others), and only those of its own task type and scope take it in
+    as a repeat. A draft repeats a lesson when
     their structured forms agree (same ``when``, same ``prefer``), when it is word for word one of
     the lesson's wordings, or when their advice is close (``text_similarity`` against every
     wording merged so far, above a threshold that is lower when both name the same step or error
     type), their scenarios do not differ and the rules can read that both say the same thing
-    (``agreement_shown``). It contradicts an *active* lesson when the structured forms swap
-    prefer and avoid, when one prefers what the other avoids (``stance_relation``, ``poles``), or
-    when the advice is the same once negation words are removed but only one of the two is
-    negated. Close advice the rules cannot read either way is held for a person (a conflict
-    marked ``unsure``) unless a ``judge`` settles it.
+    (``agreement_shown``). It contradicts a lesson when the structured forms swap prefer and
+    avoid, when both set one argument to different values (``values_clash``), when one prefers
+    what the other avoids (``stance_relation``, ``poles``), or when the advice is the same once
+    negation words are removed but only one of the two is negated. Close advice the rules cannot
+    read either way is held for a person (a conflict marked ``unsure``) unless a ``judge``
+    settles it. Every contradicted lesson that is active or waiting in review is recorded
+    (``Change.others``): recall keeps apart only the pairs recorded.
 
     Args:
         draft: A reflector's draft, or a ``Lesson`` (imports) whose id, status and validity are
             kept if it is added.
-        book: The lessons to compare with (any status; rejected ones absorb repeats and stay
-            rejected, expired ones are revived by a repeat).
+        book: The lessons to compare with (any status, any task type: those recall never
+            serves beside the draft are left out here; rejected ones absorb repeats and stay as
+            they are, text and dates; expired ones are revived by a repeat unless a person
+            expired them; a ``valid_until`` a person set is kept).
         embedder: An ``Embedder``: ``embed(texts) -> float32 array`` with L2-normalized rows.
         now: The curation time (tests pass a fixed one).
         validity: How long a new or refreshed lesson stays valid.
@@ -1280,20 +1374,22 @@ def curate(
         A ``Change``; save ``change.saves``.
     """
     now = now or utcnow()
-    scope = check_scope(draft.scope)
+    check_scope(draft.scope)
     if isinstance(draft, Lesson) and _is_dead(draft, now):
         # A rejected or expired lesson (an import, a restore) is kept as it is: it never lends
         # support to, revives or rewrites a lesson in the book, nor contradicts one.
         return Change(action="add", lesson=_new_lesson(draft, now=now, validity=validity))
+    # Compared as recall matches them (``lesson_keys``): a lesson recall may serve beside the
+    # draft is read for a contradiction; only one of the draft's own task type and scope may
+    # take it in as a repeat (a repeat must not widen or narrow where a lesson applies).
     candidates = [
         lesson
         for lesson in book
-        if lesson.task_type == draft.task_type
-        and lesson.scope == scope
+        if lesson_keys.served_together(lesson, draft)
         and (not isinstance(draft, Lesson) or lesson.lesson_id != draft.lesson_id)
     ]
     best_same: tuple[float, Lesson] | None = None
-    conflict_with: Lesson | None = None
+    conflict_with: list[Lesson] = []
     unsure: set[str] = set()
     if candidates:
         same, conflicts, unsure, judged = _relations(
@@ -1305,14 +1401,19 @@ def curate(
             (x, other)
             for x, other in same
             if not (other.lesson_id in judged and _is_dead(other, now))
+            and lesson_keys.same_keys(other, draft)
         ]
         if same:
             # Among equal repeats one that is not dead wins: one a person merged away (rejected, "same
             # as" another) still matches its own text, and the one it went into holds it too.
             best_same = max(same, key=lambda pair: (pair[0], not _is_dead(pair[1], now)))
-        live = [c for c in conflicts if c.is_live(now)]
-        if live:
-            conflict_with = live[0]
+        # Every contradiction that recall could serve, now or once a person confirms it: a
+        # lesson waiting in review goes live with no second look at the book.
+        seen: set[str] = set()
+        for other in conflicts:
+            if other.lesson_id not in seen and _may_go_live(other, now):
+                seen.add(other.lesson_id)
+                conflict_with.append(other)
 
     if best_same is not None:
         # A merge on the model's word alone adds support and the wording, never the text the
@@ -1333,23 +1434,26 @@ def curate(
     if quality == "suspect":
         lesson.quality = "suspect"
         lesson.status = "needs_review"
-    if conflict_with is None:
+    if not conflict_with:
         return Change(action="add", lesson=lesson)
 
     lesson.status = "needs_review"
-    lesson.conflicts = _merge_list(lesson.conflicts, [conflict_with.lesson_id])
-    # "unsure": near text the rules could not read either way (a rewording or an opposite),
-    # told apart in review from a contradiction they read.
-    flag = {"unsure": True} if conflict_with.lesson_id in unsure else {}
-    lesson.history.append(
-        _history(now, "curator", "conflict", {"conflicts": [conflict_with.lesson_id], **flag})
-    )
-    other = copy.deepcopy(conflict_with)
-    other.conflicts = _merge_list(other.conflicts, [lesson.lesson_id])
-    other.history.append(
-        _history(now, "curator", "conflict", {"conflicts": [lesson.lesson_id], **flag})
-    )
-    return Change(action="conflict", lesson=lesson, other=other)
+    others = []
+    for contradicted in conflict_with:
+        lesson.conflicts = _merge_list(lesson.conflicts, [contradicted.lesson_id])
+        # "unsure": near text the rules could not read either way (a rewording or an opposite),
+        # told apart in review from a contradiction they read.
+        flag = {"unsure": True} if contradicted.lesson_id in unsure else {}
+        lesson.history.append(
+            _history(now, "curator", "conflict", {"conflicts": [contradicted.lesson_id], **flag})
+        )
+        other = copy.deepcopy(contradicted)
+        other.conflicts = _merge_list(other.conflicts, [lesson.lesson_id])
+        other.history.append(
+            _history(now, "curator", "conflict", {"conflicts": [lesson.lesson_id], **flag})
+        )
+        others.append(other)
+    return Change(action="conflict", lesson=lesson, others=others)
 
 
 def _relations(
@@ -1441,6 +1545,13 @@ def _relations(
                 and not _is_dead(lesson, now)
             ):
                 far_pairs.append((sim, lesson))
+            continue
+        if agreement >= 0 and values_clash(draft.advice, lesson.advice):
+            # One argument set to two values ("retries=3" / "retries=0") in one situation: the
+            # agent cannot follow both, and a merge would let one text replace the other's
+            # value. (One naming an error the other does not may be a fallback: gbk on a codec
+            # error, utf-8-sig otherwise.)
+            conflicts.append(lesson)
             continue
         opposed, agreed = stance_relation(draft.advice, lesson.advice)
         if opposed >= MIN_OPPOSITION and (
@@ -1598,6 +1709,11 @@ def _judged(
     return same, conflicts, verdicts
 
 
+def _may_go_live(lesson: Lesson, now: datetime) -> bool:
+    """Live, or waiting for a person whose confirmation would make it live."""
+    return lesson.is_live(now) or (lesson.status == "needs_review" and not _is_dead(lesson, now))
+
+
 def _is_dead(lesson: Lesson, now: datetime) -> bool:
     """Rejected, expired, or past its ``valid_until`` (unpinned)."""
     if lesson.status in {"rejected", "expired"}:
@@ -1619,6 +1735,24 @@ def _vouched(lesson: Lesson) -> bool:
         )
         for entry in lesson.history
     )
+
+
+def _last_change(lesson: Lesson, field: str) -> dict[str, Any] | None:
+    """The latest history entry that changed ``field`` (``valid_until``, ``status``), if any."""
+    return next((e for e in reversed(lesson.history) if field in (e.get("changes") or {})), None)
+
+
+def _dated_by_machine(lesson: Lesson) -> bool:
+    """Whether the lesson's ``valid_until`` is the machine's to move: no person chose it with an
+    edit (a confirmation or an unpin only renews the default period, which a repeat may too)."""
+    entry = _last_change(lesson, "valid_until")
+    return entry is None or entry.get("by") in MACHINE_ACTORS or entry.get("action") != "edit"
+
+
+def _expired_by_machine(lesson: Lesson) -> bool:
+    """Whether the lesson ran out on its own (``expire_due``) rather than by a person's word."""
+    entry = _last_change(lesson, "status")
+    return entry is None or entry.get("by") in MACHINE_ACTORS
 
 
 def _new_lesson(draft: LessonDraft | Lesson, *, now: datetime, validity: timedelta) -> Lesson:
@@ -1669,8 +1803,10 @@ def _merge(
     pattern = _is_pattern(kept.structured) and _is_pattern(draft.structured)
     fix_new, fix_old = _has_fix(draft), _has_fix(kept)
     # A person who says two lessons are one has chosen which text stays; a model's word is
-    # enough to count a repeat, not to change the advice.
-    vouched = _vouched(kept) or by not in MACHINE_ACTORS or judged
+    # enough to count a repeat, not to change the advice. A rejected lesson stays as it was
+    # rejected: it absorbs repeats (so they do not come back as new lessons) and nothing else.
+    rejected = kept.status == "rejected"
+    vouched = _vouched(kept) or by not in MACHINE_ACTORS or judged or rejected
     if vouched:
         # A person's words (or the text already served) stand: the repeat adds support and
         # sources, never its text.
@@ -1723,12 +1859,17 @@ def _merge(
         changes["source_task_ids"] = added_sources
     if advice != old_advice:
         changes["advice"] = {"from": old_advice, "to": advice}
-    if not lesson.pinned:
-        lesson.valid_until = iso(now + validity)
-        if lesson.status == "expired":
-            # The lesson was learned again: it is current once more.
-            lesson.status = "active"
-            changes["status"] = {"from": "expired", "to": "active"}
+    if not lesson.pinned and not rejected and _dated_by_machine(lesson):
+        # Learned again: valid for another ``validity`` from now, never shorter than it was.
+        renewed = now + validity
+        if not lesson.valid_until or parse_ts(lesson.valid_until) < renewed:
+            lesson.valid_until = iso(renewed)
+    current = lesson.pinned or not lesson.valid_until or parse_ts(lesson.valid_until) > now
+    if lesson.status == "expired" and current and _expired_by_machine(lesson):
+        # The lesson was learned again: it is current once more (unless a person expired it,
+        # or set a date that has passed: their word stands).
+        lesson.status = "active"
+        changes["status"] = {"from": "expired", "to": "active"}
     lesson.value_score = value_score(lesson, now)
     lesson.history.append(_history(now, by, "merge", changes))
     _compact_history(lesson, dropped_sources)
@@ -1751,7 +1892,7 @@ def same_as(
     """
     if absorbed.lesson_id == kept.lesson_id:
         raise ValueError("a lesson cannot be merged into itself")
-    if absorbed.task_type != kept.task_type or absorbed.scope != kept.scope:
+    if not lesson_keys.same_keys(absorbed, kept):
         raise ValueError(
             f"{absorbed.lesson_id} ({absorbed.task_type}, {absorbed.scope}) and {kept.lesson_id} "
             f"({kept.task_type}, {kept.scope}) are of other task types or scopes"

@@ -81,12 +81,17 @@ class Curator:
         # Read the book, decide and write in one transaction: two reviews (a worker thread, a
         # `hindsight worker` process, an MCP call) curating at once must see each other's lesson.
         with self._lock, self.store.transaction():
-            book = self.store.list_lessons(task_type=draft.task_type)
+            book = self._book()
             judged = (lambda a, b: verdicts.get((a, b))) if verdicts else None
             change = curate(draft, book, embedder=self._embedder(), judge=judged)
             for lesson in change.saves:
                 self.save(lesson)
         return change
+
+    def _book(self) -> list[Lesson]:
+        """The whole book: ``curate`` picks the lessons to compare as recall matches task types
+        (case ignored, ``*`` for any: ``lesson_keys``), which the store's exact filter cannot."""
+        return self.store.list_lessons()
 
     def _ask_judge(self, draft: Any) -> dict[tuple[str, str], str | None]:
         """The judge's verdicts on the pairs this draft leaves open, asked before the write
@@ -100,7 +105,7 @@ class Curator:
             verdicts[(a, b)] = verdict = judge(a, b)
             return verdict
 
-        book = self.store.list_lessons(task_type=draft.task_type)
+        book = self._book()
         curate(draft, book, embedder=self._embedder(), judge=ask)  # decides nothing: pure
         return verdicts
 
