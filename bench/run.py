@@ -418,6 +418,35 @@ Written by hand on 2026-12-02 (ninth session) from the full run above (main 1b54
 Xeon, load ~1): a later run changes the rows above, not these figures. Each says which writer it
 is for.
 
+Twenty-third session (2026-12-07, main after dff5862; the same 2-vCPU VM). No speed change and
+no new speed rows: where the writer's time goes was measured again, and what the agent pays was
+not moved. The writer process fed 100,000 events in tasks of 100 from a file (`py-spy record
+--gil`): the GIL is held for the whole run, three quarters of it by the main thread (decoding
+the line with orjson 14%, the replay projection 16%, the sanitizer's check 8.5%, redaction 6%)
+and a quarter by the committer (the live rules and reviews grow it from 182 to 571 samples
+against one long task); `perf` puts the interpreter at 48% of its CPU, the kernel 15%, libc 13%,
+SQLite 11%, orjson 8%. From the file it takes 52k events/s in tasks of 100 (68k in one task)
+with no agent beside it; beside an agent on the same two cores it cannot reach 50k/s without
+cutting its Python per event by about a fifth. `bench/record_cost.py` in this session's slow
+phase: the serializing floor 1.52 µs, `record_action` with the writer process 2.31 µs and
+`hs.record` 2.55 µs at p50, p99 8.5-9.1 µs (the floor's own p99 5.2 µs). Trust (nothing accepted
+is lost), from an adversarial pass on the writer: a child forked from an agent using the writer
+thread lost every event (its threads stay in the parent; now it starts its own with its first
+event); a lone surrogate in an event's `task_id` or `event_id` made `hs.record` raise, and every
+later `flush()` and `close()` hang (the ids are now replaced and warned about); lines another
+thread put in the ring during `close()`, or left waiting for room in it, were neither written
+nor dead-lettered (49,698 of 102,763 in the repro; now handed to the in-process writer); lines
+waiting for room were bounded by number only, and 100 KB lines held 10 GB (now 64 MiB at most,
+`writer.MAX_WAITING_BYTES`: peak RSS 122 MB in the same repro); a child forked after its parent
+used the store read through the parent's connections, and with PostgreSQL its close() ended
+the parent's connection (both stores now connect anew in a child). From one on the lesson book
+(issue 11): a merge no longer resets a date a person set or rewrites a rejected lesson; every
+contradicted lesson is recorded, and lessons waiting in review are compared; curation compares
+the lessons recall may serve together (case, `*` task types, global beside a project scope) and
+merges only those of the same keys; more negations and opposite verbs are read (the tester's
+opposite pairs merged: 72 → 4). `bench/curation/run.py` and `bench/retrieval/run.py`: every
+figure unchanged; `bench/real_runs.py`: unchanged.
+
 Twenty-second session (2026-12-07, main after 4ed7f1b; the same 2-vCPU VM). Writer (issue 13),
 what it says: every counter of the writers (written, batches, dead-lettered, spilled, warnings,
 lost) is now read from the ring (words 16-21, a header of 192 bytes), where each writer puts it
