@@ -1431,3 +1431,30 @@ def test_lines_waiting_for_room_in_the_ring_are_bounded_in_bytes(tmp_path: Path)
         hs.close()
     assert 0 < most * 500_000 <= MAX_WAITING_BYTES + 600_000
     assert len(_rows(db)) + _dead_lettered(db, fallback) == 400
+
+
+def test_spool_files_waiting_for_the_writer_are_bounded_in_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lines too long for the ring wait in spool files, in ``/dev/shm`` (memory): 2 MB events
+    held 3 GB there within seconds, as nothing bounded them. Past ``MAX_SPOOLED_BYTES`` the
+    agent now waits for the writer, then spills the line to the dead letter."""
+    from hindsight_loop import writer
+
+    monkeypatch.setattr(writer, "MAX_SPOOLED_BYTES", 8 << 20)
+    db, fallback = tmp_path / "s.db", tmp_path / "fallback"
+    hs = Hindsight(db, writer="process", fallback_dir=fallback, background=False, triggers=False)
+    blob = "z" * 2_000_000
+    most = 0
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HindsightWarning)
+            for _ in range(40):
+                hs.record({"task_id": "t", "type": "state_change", "context": {"blob": blob}})
+                mine = hs.recorder.spool_dir.glob(f"{hs.recorder.session}-*.line")
+                most = max(most, sum(p.stat().st_size for p in mine if p.exists()))
+            assert hs.flush(timeout=120)
+    finally:
+        hs.close()
+    assert 2_000_000 < most <= (8 << 20) + 2_100_000
+    assert len(_rows(db)) + _dead_lettered(db, fallback) == 40

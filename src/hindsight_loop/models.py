@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, get_args
@@ -145,6 +147,23 @@ def _new_id_prefix() -> None:
 # Registered at import, before any recorder's hook (they import this module): a child's new
 # recorder session and tasks take ids of the new prefix.
 os.register_at_fork(after_in_child=_new_id_prefix)
+
+
+def reset_in_forked_child(registry: weakref.WeakSet[Any], what: str) -> None:
+    """Have a child forked from this process call ``_forked()`` on each object of ``registry``
+    (recorders, stores): their threads, locks and connections are the parent's. A failure is
+    logged: a fork must never fail because of Hindsight."""
+
+    def hook() -> None:
+        for thing in list(registry):
+            try:
+                thing._forked()
+            except Exception:  # noqa: BLE001
+                logging.getLogger("hindsight_loop").exception(
+                    "hindsight: resetting a %s in a forked child failed", what
+                )
+
+    os.register_at_fork(after_in_child=hook)
 
 
 def new_id(kind: str) -> str:

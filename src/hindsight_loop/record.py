@@ -40,7 +40,13 @@ from typing import Any, Protocol
 import orjson
 
 from hindsight_loop import redact_scan
-from hindsight_loop.models import EVENT_BODY_FIELDS, WIRE_SCALARS, new_id, parse_ts
+from hindsight_loop.models import (
+    EVENT_BODY_FIELDS,
+    WIRE_SCALARS,
+    new_id,
+    parse_ts,
+    reset_in_forked_child,
+)
 from hindsight_loop.replay import project_json
 from hindsight_loop.ring import COUNTERS
 
@@ -1098,17 +1104,7 @@ class Checkpoints(Protocol):
 
 #: The recorders of this process, reset in a child forked from it (``Recorder._forked``).
 _RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for recorder in list(_RECORDERS):
-        try:
-            recorder._forked()
-        except Exception:  # noqa: BLE001 - a fork must never fail because of Hindsight
-            log.exception("hindsight: resetting the recorder in a forked child failed")
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+reset_in_forked_child(_RECORDERS, "recorder")
 
 
 class Recorder:

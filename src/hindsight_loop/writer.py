@@ -53,7 +53,7 @@ try:
 except ImportError:  # not on Windows: no session lock, and no sweep of what dead ones left
     fcntl = None  # type: ignore[assignment]
 
-from hindsight_loop.models import new_id
+from hindsight_loop.models import new_id, reset_in_forked_child
 from hindsight_loop.record import (
     BATCH_SIZE,
     SPILL_FIRST,
@@ -107,6 +107,10 @@ COMMIT_DELAY = 0.005
 #: either, ``emit`` waits for the writer, then spills (``_overload``). Lines of 100 KB counted
 #: only by number held ~10 GB before ``queue_bound`` was reached.
 MAX_WAITING_BYTES = 64 << 20
+#: Bytes of lines too long for the ring that may wait in spool files (in ``/dev/shm``: memory)
+#: for the writer; past it ``emit`` waits for the writer, then spills the line (one line longer
+#: than this alone may still wait). Unbounded, 2 MB events held 3 GB there within two seconds.
+MAX_SPOOLED_BYTES = 256 << 20
 
 
 def event_id_for(session: str, own: int) -> str:
@@ -191,17 +195,7 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 
 #: The recorders of this process, so a forked child can let go of their writer processes.
 _RECORDERS: weakref.WeakSet[ProcessRecorder] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for recorder in list(_RECORDERS):
-        try:
-            recorder._forked()
-        except Exception:  # noqa: BLE001 - a fork must never fail because of Hindsight
-            log.exception("hindsight: resetting the recorder in a forked child failed")
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+reset_in_forked_child(_RECORDERS, "process recorder")
 
 
 class ProcessRecorder:
@@ -274,6 +268,11 @@ class ProcessRecorder:
         self._overflow: deque[bytes] = deque()
         self._waiting = 0
         self._waiting_bytes = 0
+        # Spool files of this session's long lines the writer may not have read yet, oldest
+        # first, with their size (``_room_to_spool``).
+        self._spools: deque[tuple[Path, int]] = deque()
+        self._spool_bytes = 0
+        self._spool_lock = threading.Lock()
         # A thread moves them while there are any (only then: the writer is behind).
         self._mover_wake = threading.Event()
         self._mover: threading.Thread | None = None
@@ -581,6 +580,9 @@ class ProcessRecorder:
                 log.exception("hindsight: spilling under overload failed")
         n = len(frame)
         if n > self._big and not self._fallen_back:
+            if not self._room_to_spool(n):
+                self._spill_line(frame)
+                return
             spooled = self._spooled(frame, own)
             if spooled is None:  # no file for it either: the in-process writer takes it
                 with self._lock:
@@ -673,6 +675,37 @@ class ProcessRecorder:
                     return mine
         return Path(f"{self._local.dead_letter}.spool")
 
+    def _room_to_spool(self, n: int) -> bool:
+        """Whether a line of ``n`` bytes may wait in a spool file: the files the writer has not
+        read yet stay within ``MAX_SPOOLED_BYTES``; waits for it up to half ``block_seconds``."""
+        deadline = time.monotonic() + self._local.block_seconds / 2
+        while True:
+            with self._spool_lock:
+                spools = self._spools
+                # The writer deletes each file once its event is durable, mostly in order.
+                while spools and not spools[0][0].exists():
+                    self._spool_bytes -= spools.popleft()[1]
+                if not spools or self._spool_bytes + n <= MAX_SPOOLED_BYTES:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            if self._words[ASLEEP]:
+                self._ring_bell(b"w")
+            time.sleep(0.001)
+
+    def _spill_line(self, frame: bytes) -> None:
+        """One line to the dead letter on the agent's thread, as ``_overload`` spills."""
+        local = self._local
+        items = [frame_item(frame, self.session)]
+        with local._cond:
+            local._spilling += 1
+        try:
+            local._spill(items)
+        finally:
+            with self._cond:
+                self._spilled += 1
+                self._cond.notify_all()
+
     def _spooled(self, frame: bytes, own: int) -> bytes | None:
         """A line too long for the ring, in a spool file (``spool_dir``); the ring gets a line
         naming it (the writer deletes the file once the event is durable)."""
@@ -688,6 +721,9 @@ class ProcessRecorder:
         except OSError as exc:
             warn(f"a {len(frame)}-byte event could not be spooled ({exc!r}): written in-process")
             return None
+        with self._spool_lock:
+            self._spools.append((path, len(frame)))
+            self._spool_bytes += len(frame)
         return _spool_line(path)
 
     def _direct(self, frame: bytes) -> None:

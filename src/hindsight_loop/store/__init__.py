@@ -7,7 +7,6 @@ never to a database directly, so another backend only has to implement this prot
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -17,7 +16,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hindsight_loop.models import Event, Lesson, Reflection, Task
+from hindsight_loop.models import Event, Lesson, Reflection, Task, reset_in_forked_child
 
 if TYPE_CHECKING:
     from hindsight_loop.replay import StoredRun
@@ -71,17 +70,7 @@ _STORES: weakref.WeakSet[ThreadConnections] = weakref.WeakSet()
 _INHERITED: list[Any] = []
 
 
-def _after_fork_in_child() -> None:
-    for store in list(_STORES):
-        try:
-            store._forked()
-        except Exception:  # noqa: BLE001 - a fork must never fail because of Hindsight
-            logging.getLogger("hindsight_loop").exception(
-                "hindsight: dropping the parent's connections in a forked child failed"
-            )
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+reset_in_forked_child(_STORES, "store")
 
 
 class JobOwner:
