@@ -4,6 +4,8 @@ words stand, rows stay small; checked against the labelled pairs of ``bench/cura
 from __future__ import annotations
 
 import json
+import sqlite3
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from hindsight_loop.embed import HashEmbedder
 from hindsight_loop.lessons import (
     MAX_MERGE_ENTRIES,
     MAX_SOURCE_SAMPLE,
+    MAX_TOOLS,
     Change,
     agreement_shown,
     confirm,
@@ -1020,3 +1023,149 @@ def test_a_pair_of_undoing_verbs_is_a_stance_word() -> None:
     assert poles("先解压缩归档文件。") == {"compress": frozenset({-1})}
     # A zip code is no archive.
     assert "compress" not in poles("Check the zip code before calling geocode.")
+
+
+# -- the adversarial pass of 2027-01, second round (/tmp/adv11) --------------------------------
+
+
+def test_a_repeat_of_one_lesson_that_contradicts_another_records_the_pair(hs: Hindsight) -> None:
+    """A draft merged into A that the rules read against B: A and B are recorded as a conflict
+    on both sides (the merge still happens), and no recall serves them together."""
+    a = _quote(hs, RETRY).lesson
+    b = _quote(hs, "Call fetch_quote with retries=0.").lesson
+    assert not hs.store.get_lesson(a.lesson_id).conflicts  # the two read as unrelated
+    change = _quote(hs, "Retry fetch_quote after a timeout with retries=3.")
+    assert change.action == "merge" and change.lesson.lesson_id == a.lesson_id
+    assert [x.lesson_id for x in change.others] == [b.lesson_id]
+    stored_a, stored_b = hs.store.get_lesson(a.lesson_id), hs.store.get_lesson(b.lesson_id)
+    assert stored_a.support == 2 and stored_a.status == stored_b.status == "active"
+    assert stored_a.conflicts == [b.lesson_id] and stored_b.conflicts == [a.lesson_id]
+    for query in ("retry fetch_quote timeout", "fetch_quote retries", "retries=0 fetch_quote"):
+        served = {
+            x.lesson_id for x in hs.recall(task_type="quotes", tools=["fetch_quote"], query=query)
+        }
+        assert not {a.lesson_id, b.lesson_id} <= served, (query, served)
+    # Said again, the pair is not recorded twice.
+    again = _quote(hs, "Retry fetch_quote after a timeout with retries=3.")
+    assert again.action == "merge" and not again.others
+
+
+def _body_bytes(db_path: Path, lesson_id: str) -> int:
+    with closing(sqlite3.connect(db_path)) as db:
+        (size,) = db.execute(
+            "SELECT length(body) FROM lessons WHERE lesson_id = ?", (lesson_id,)
+        ).fetchone()
+    return int(size)
+
+
+def test_a_lesson_repeated_with_ever_new_tools_stays_bounded_and_is_recalled(
+    hs: Hindsight, db_path: Path
+) -> None:
+    """Each repeat naming a new tool used to add it to features.tools (2,000 tools at support
+    2,000). Past MAX_TOOLS the lesson is about any tool: the row stops growing, and the rule
+    stage still serves it for its first tools."""
+    kept = _import(hs, advice=GBK).lesson
+    for i in range(1, MAX_TOOLS):
+        _import(hs, advice=GBK, tools=["read_csv", f"tool_{i}"])
+    at_bound = hs.store.get_lesson(kept.lesson_id)
+    assert at_bound.features.tools == ["read_csv", *(f"tool_{i}" for i in range(1, MAX_TOOLS))]
+    small = _body_bytes(db_path, kept.lesson_id)
+    for i in range(MAX_TOOLS, 2000):
+        change = _import(hs, advice=GBK, tools=["read_csv", f"tool_{i}"])
+        assert change.action == "merge" and change.lesson.lesson_id == kept.lesson_id
+    stored = hs.store.get_lesson(kept.lesson_id)
+    assert stored.support == 2000 and stored.features.tools == []
+    assert _body_bytes(db_path, kept.lesson_id) < 2 * small
+    for tools in (["read_csv"], ["read_csv", "tool_1"], ["tool_1999"]):
+        served = hs.recall(task_type="csv", tools=tools, query="read_csv erp_cn export encoding")
+        assert [x.lesson_id for x in served] == [kept.lesson_id], tools
+
+
+def test_a_repeat_naming_a_tool_never_narrows_a_lesson_about_any_tool(hs: Hindsight) -> None:
+    kept = _import(hs, advice=GBK, tools=[]).lesson
+    assert _import(hs, advice=GBK_MORE, tools=["read_csv"]).action == "merge"
+    assert hs.store.get_lesson(kept.lesson_id).features.tools == []
+    served = hs.recall(task_type="csv", tools=["open_xlsx"], query="read erp_cn export gbk")
+    assert [x.lesson_id for x in served] == [kept.lesson_id]
+
+
+def _weather(hs: Hindsight, advice: str) -> Change:
+    body = {"task_type": "weather", "tools": ["get_weather"], "advice": advice}
+    return hs.curate(parse_import_line(body, by="alice"))
+
+
+@pytest.mark.parametrize(
+    ("precaution", "remedy"),
+    [
+        ("调用 get_weather 前先问清楚用户所在的城市。", "get_weather 返回 404 时，检查城市名是否用了拼音。"),
+        ("Ask the user which city they are in before calling get_weather.",
+         "When get_weather returns 404, check whether the city name is spelled in pinyin."),
+    ],
+)  # fmt: skip
+def test_a_precaution_and_a_remedy_for_the_same_tool_are_two_lessons(
+    hs: Hindsight, precaution: str, remedy: str
+) -> None:
+    """Advice for before a call and advice for once it has gone wrong share the tool and the
+    city, not the situation: neither absorbs the other (the first's advice was lost)."""
+    assert _weather(hs, precaution).action == "add"
+    assert _weather(hs, remedy).action == "add"
+    assert sorted(x.advice for x in hs.lessons()) == sorted([precaution, remedy])
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("get_weather 返回 404 时，检查城市名是否用了拼音。", "如果 get_weather 返回 404，检查城市名是不是用了拼音。"),
+        ("When get_weather returns 404, check whether the city name is in pinyin.",
+         "If get_weather returns 404, check if the city name was written in pinyin."),
+        ("调用 get_weather 前先问清楚用户所在的城市。", "调用 get_weather 之前，先问清楚用户在哪个城市。"),
+    ],
+)  # fmt: skip
+def test_rewordings_of_one_situation_still_merge(a: str, b: str) -> None:
+    assert _action(a, b, ("get_weather",)) == "merge"
+    assert _action(b, a, ("get_weather",)) == "merge"
+
+
+# A flag passed or left off, a form changed or left as it is: merged as one lesson before.
+FLAG_AND_SHAPE_OPPOSITES = [
+    ("Use the --dry-run flag.", "Drop the --dry-run flag."),
+    ("Use the --dry-run flag with apply_plan.", "Drop the --dry-run flag with apply_plan."),
+    ("Pass the --dry-run flag to deploy_app.", "Remove the --dry-run flag when calling deploy_app."),
+    ("Call git_push with the force option.", "Call git_push without the force option."),
+    ("调用 deploy_app 时加上 --dry-run 参数。", "调用 deploy_app 时去掉 --dry-run 参数。"),
+    ("Flatten the nested JSON.", "Keep the nested JSON as it is."),
+    ("Flatten the nested JSON before calling index_doc.",
+     "Keep the nested JSON as is when calling index_doc."),
+    ("Flatten the nested JSON before calling load_rows.", "Keep the JSON nested when calling load_rows."),
+    ("Flatten the nested JSON before calling load_rows.",
+     "Nest the flat fields back into JSON before calling load_rows."),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("a", "b"), FLAG_AND_SHAPE_OPPOSITES)
+def test_a_flag_dropped_or_a_form_kept_as_it_is_are_opposites(a: str, b: str) -> None:
+    assert _action(a, b, ("tool_x",)) == "conflict"
+    assert _action(b, a, ("tool_x",)) == "conflict"
+
+
+def test_flag_and_shape_rewordings_still_merge() -> None:
+    assert _action("Use the --dry-run flag with apply_plan.", "Pass --dry-run to apply_plan.") == (
+        "merge"
+    )
+    assert (
+        _action(
+            "Flatten the nested JSON before calling index_doc.",
+            "Flatten nested JSON objects before index_doc.",
+        )
+        == "merge"
+    )
+    assert (
+        _action(
+            "Keep the nested JSON as is when calling index_doc.",
+            "Pass the nested JSON to index_doc unchanged.",
+        )
+        == "merge"
+    )
+    # "nested" alone describes the data, on both sides; "as it is likely" is a reason.
+    assert "shape" not in poles("Validate the nested JSON before calling index_doc.")
+    assert "shape" not in poles("Retry fetch_quote, as it is likely a transient error.")

@@ -3,6 +3,7 @@ and from the first schema, lessons, reflections, the review queue and its leases
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 from pathlib import Path
@@ -467,3 +468,31 @@ def test_a_forked_child_neither_uses_nor_closes_its_parents_connections(store_ur
         assert store.event_count("tsk_f") == 1  # the parent's connection still works
     finally:
         store.close()
+
+
+def test_the_curator_reads_the_lessons_recall_serves_beside_a_draft(store_url: str) -> None:
+    """Not the whole book (read for every draft, it grew with every task type the book holds):
+    the draft's task type in every stored spelling, and the lessons of any task type; one
+    spelling saved since by another store object (a worker process) is read too."""
+    from hindsight_loop.embed import HashEmbedder
+    from hindsight_loop.lessons import parse_import_line
+    from hindsight_loop.models import LessonDraft
+    from hindsight_loop.worker import Curator
+
+    store, other = open_store(store_url), open_store(store_url)
+    try:
+        curator = Curator(store, lambda: HashEmbedder())
+        for i, task_type in enumerate(["quotes", "Quotes ", "*", "any", "csv", "quotes_v2"]):
+            store.save_lesson(Lesson(lesson_id=f"les_{i}", task_type=task_type, advice="a"))
+        draft = LessonDraft(task_type="QUOTES", advice="Retry fetch_quote after a timeout.")
+        assert {x.lesson_id for x in curator._book(draft)} == {"les_0", "les_1", "les_2", "les_3"}
+        assert len(curator._book(LessonDraft(task_type="*", advice="a"))) == 6  # the whole book
+        line = {"task_type": " quotes", "tools": ["fetch_quote"], "advice": draft.advice}
+        other.save_lesson(dataclasses.replace(parse_import_line(line), lesson_id="les_new"))
+        assert "les_new" in {x.lesson_id for x in curator._book(draft)}
+        never = LessonDraft(task_type="QUOTES", advice="Never retry fetch_quote after a timeout.")
+        change = curator.add(never)
+        assert change.action == "conflict" and "les_new" in {x.lesson_id for x in change.others}
+    finally:
+        store.close()
+        other.close()

@@ -1,4 +1,5 @@
-"""How recall's rule stage reads a lesson: the normalized keys it filters and ranks on.
+"""How recall's rule stage reads a lesson: the normalized keys it filters and ranks on, and
+what its advice says of its own condition (a remedy for a call gone wrong, or a precaution).
 
 Recall keeps these keys in memory (``recall.LessonIndex``) and the PostgreSQL store keeps them in
 columns, so the rule stage can run in SQL; both take them from here, so the two can never filter
@@ -8,6 +9,7 @@ differently.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from hindsight_loop.embed import lesson_text
@@ -47,6 +49,63 @@ def served_together(a: Lesson | LessonDraft, b: Lesson | LessonDraft) -> bool:
     ta, tb = task_key(a.task_type), task_key(b.task_type)
     sa, sb = scope_key(a.scope), scope_key(b.scope)
     return (ta == tb or not ta or not tb) and (sa == sb or "global" in (sa, sb))
+
+
+# -- what advice says of its own condition ------------------------------------------------------
+
+#: A call going wrong, in a remedy's condition: a failure verb ("fails", "times out", "raises"),
+#: or a call returning nothing or an error ("returns no results", "get_weather returns 404",
+#: "run_sql says …": a tool's name, or "the call" / "it", before "returns" or "says").
+_FAILS_EN = (
+    r"fail(?:s|ed|ing)?|errors?|errored|raises?|raised|throws?|threw|times? out|timed out|"
+    r"crash(?:es|ed)?|rejects?|rejected|refuses?|refused"
+)
+_RETURNS_EN = r"returns?|returned|says|said|reports?|gives?|comes? back"
+_REMEDY_EN = re.compile(
+    r"\b(?:when|whenever|if)\b[^.,;:!?]{0,80}?\b(?:"
+    rf"(?:{_FAILS_EN})\b"
+    rf"|(?:\w+_\w+|call|tool|request|api|it)\s+(?:{_RETURNS_EN})\b"
+    rf"|(?:{_RETURNS_EN})\s+(?:no|nothing|empty|an? error|errors?|null|none|[45]\d\d)\b)",
+    re.IGNORECASE,
+)
+#: The same in Chinese: a failure word, in a clause closed by 时 / 时候 or opened by 如果 / 若 /
+#: 一旦 / 当 ("读取 CSV 报编码错误时，", "如果上传失败"). 时 must close the clause: 实时 and 及时 do not.
+_FAILS_ZH = (
+    r"(?:报错|报[^。；，,;]{0,8}错|出错|错误|失败|超时|异常|拒绝|崩溃|无结果|没有结果|"
+    r"返回(?:空|为空|错误|\s*[45]\d\d))"
+)
+_REMEDY_ZH = re.compile(
+    rf"(?:如果|若|一旦|当)[^。；，,;]{{0,30}}{_FAILS_ZH}"
+    rf"|{_FAILS_ZH}[^。；，,;]{{0,30}}(?:时候|时[，,：:\s])"
+)
+
+#: A precaution worded after the failure that taught it: what to do first, next time ("When
+#: read_csv fails with EncodingError, you should call it with encoding='utf-8-sig' first
+#: instead of encoding='utf-8'", "…, you should avoid calling …: try another option first",
+#: "…时，你应该先用 gbk 读取"): the reflector's own lessons read so, and they are for the start
+#: of the next run, not for after the failure.
+_PRECAUTION_EN = re.compile(
+    r"\bfirst\b[^.;!?]{0,80}\binstead of\b|\binstead of\b[^.;!?]{0,80}\bfirst\b"
+    r"|\bavoid\b[^.!?]{0,160}\bfirst\b",
+    re.IGNORECASE,
+)
+_PRECAUTION_ZH = re.compile(r"先[^。；！？!?]{0,60}而不是|避免[^。！？!?]{0,80}先|一开始就")
+
+
+def names_failure(text: str) -> bool:
+    """Whether text holds a remedy's condition: a call gone wrong ("when get_weather returns
+    404", "如果上传失败")."""
+    return bool(_REMEDY_EN.search(text) or _REMEDY_ZH.search(text))
+
+
+def is_remedy(advice: str) -> bool:
+    """Whether a lesson's advice is a remedy: what to do once a call has gone wrong, and not a
+    precaution for the next run's start. Recall ranks a remedy lower for a request that reports
+    nothing gone wrong (``recall.Ranking.remedy_miss``); curation takes a remedy and a
+    precaution for lessons of two situations (``lessons._scenario``)."""
+    if _PRECAUTION_EN.search(advice) or _PRECAUTION_ZH.search(advice):
+        return False
+    return names_failure(advice)
 
 
 def valid_epoch(lesson: Lesson) -> float:

@@ -79,6 +79,9 @@ MAX_SOURCE_SAMPLE = 20
 MAX_MERGE_ENTRIES = 16
 #: Reworded versions of a lesson kept (in its history) so later rewordings can match any of them.
 MAX_VARIANTS = 8
+#: Distinct tools a lesson names. Repeats that name more than this between them show it is about
+#: no tool in particular: it is then about any tool (no tools, as recall's rule stage reads it).
+MAX_TOOLS = 16
 #: Pairs within this of the merge threshold (either side) are open: a model, when one is
 #: configured, has the last word on them (``llm.judge``).
 JUDGE_MARGIN = 0.15
@@ -104,15 +107,17 @@ FEATURE_FIELDS = ("tools", "intent", "step", "error_type", "keywords")
 
 @dataclass(kw_only=True, slots=True)
 class Change:
-    """What curation decided for one draft; save ``lesson``, and ``other`` when it is set."""
+    """What curation decided for one draft; save ``saves`` (``lesson`` and ``others``)."""
 
     action: Literal["add", "merge", "conflict"]
     """``add`` a new lesson, ``merge`` into an existing one, or a new lesson in ``conflict``."""
     lesson: Lesson
     """The new lesson (add, conflict) or the existing lesson the draft was merged into (merge)."""
     others: list[Lesson] = dataclasses.field(default_factory=list)
-    """For a conflict: every live or waiting lesson contradicted, each with the new id added to
-    its conflicts (recall keeps apart only the pairs recorded, so none may be left out)."""
+    """Every live or waiting lesson contradicted, each with ``lesson``'s id added to its
+    conflicts (recall keeps apart only the pairs recorded, so none may be left out): for a
+    conflict, those the new lesson contradicts; for a merge, those the draft contradicts, now
+    recorded against the lesson it went into."""
 
     @property
     def other(self) -> Lesson | None:
@@ -248,7 +253,27 @@ def _scenario(lesson: Lesson | LessonDraft) -> dict[str, Any]:
         "step": norm(when.get("step") or f.step) or None,
         "error_type": norm(when.get("error_type") or f.error_type) or None,
         "context": _canon(when["context"]) if when.get("context") else None,
+        "phase": _phase(lesson.advice),
     }
+
+
+#: Advice for before a call: "before calling get_weather", "调用 get_weather 前".
+_BEFORE_CALL_RE = re.compile(
+    r"\bbefore\s+(?:you\s+)?(?:call|calling|use|using|run|running|invoke|invoking)\b"
+    r"|\bbefore\s+[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b"
+    r"|(?:调用|使用|执行|运行)[^。；，,!?！？]{0,30}?(?:之前|以前|前)"
+    r"|[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+\s*(?:之前|以前|前)",
+    re.IGNORECASE,
+)
+
+
+def _phase(advice: str) -> str | None:
+    """When in a call the advice itself says it applies: ``remedy`` once the call has gone wrong
+    ("get_weather 返回 404 时", "when fetch_quote times out", as recall reads a remedy),
+    ``before`` the call ("before calling get_weather", "调用 get_weather 前"), else None."""
+    if lesson_keys.is_remedy(advice):
+        return "remedy"
+    return "before" if _BEFORE_CALL_RE.search(advice) else None
 
 
 def _scenario_agreement(a: dict[str, Any], b: dict[str, Any]) -> int:
@@ -256,6 +281,10 @@ def _scenario_agreement(a: dict[str, Any], b: dict[str, Any]) -> int:
     tool), 1 both name the same step or error type, -1 only one names them, 0 neither does.
 
     A shared tool alone says little: most lessons of a task type are about the same few tools.
+    Where neither names a step or error type, advice for once a call has gone wrong and advice
+    for before it (``_phase``: a remedy and a precaution) count as only one naming an error:
+    "ask the user's city before calling get_weather" and "when get_weather returns 404, check
+    the city's spelling" share the tool and the city, not the situation.
     """
     for key in ("step", "error_type", "context"):
         if a[key] and b[key] and a[key] != b[key]:
@@ -264,7 +293,9 @@ def _scenario_agreement(a: dict[str, Any], b: dict[str, Any]) -> int:
         return -2
     named_a, named_b = (a["step"], a["error_type"]), (b["step"], b["error_type"])
     if named_a == named_b:
-        return 1 if any(named_a) else 0
+        if any(named_a):
+            return 1
+        return -1 if {a["phase"], b["phase"]} == {"remedy", "before"} else 0
     return -1
 
 
@@ -1178,6 +1209,27 @@ _POLES = (
     ("split",
      re.compile(r"\bsplit(?:s|ting)?\b|拆分|拆开|拆成", re.I),
      re.compile(r"\b(?:join(?:s|ed|ing)?|concatenat(?:e|es|ed|ing)|combin(?:e|es|ed|ing))\b|合并|拼接|拼成", re.I)),
+    # A form changed, or left as it is: "flatten the nested JSON" / "keep it nested", "keep the
+    # nested JSON as it is" ("nested" alone describes the data, and both sides say it).
+    ("shape",
+     re.compile(r"\b(?:flatten(?:s|ed|ing)?|un-?nest(?:s|ed|ing)?|normali[sz](?:e|es|ed|ing)|"
+                r"reformat(?:s|ted|ting)?|restructur(?:e|es|ed|ing)|reshap(?:e|es|ed|ing))\b"
+                r"|展平|扁平化|拍平|打平|铺平|规范化|重新格式化", re.I),
+     re.compile(r"(?<![\w-])nest(?:s|ing)?\s+(?:the|them|it|each|every|all|these|those)\b"
+                r"|\b(?:keep|leave)(?:s|ing)?\s+(?:[\w'-]+\s+){0,3}?(?:nested|unchanged|untouched|"
+                r"as[- ]is|as\s+(?:it|they)\s+(?:is|are))\b"
+                r"|\b(?:as[- ]is|unchanged|untouched|unmodified|verbatim)\b"
+                r"|保持原样|原样|原封不动|保持嵌套|不做转换|不要转换", re.I)),
+    # A flag or option passed or left off: "use the --dry-run flag" / "drop (omit, remove) it",
+    # "加上 --force 参数" / "去掉 --force 参数". Omit and leave out are prohibitions already.
+    ("flag",
+     re.compile(r"\b(?:us(?:e|es|ed|ing)|pass(?:es|ed|ing)?|add(?:s|ed|ing)?|set(?:s|ting)?|"
+                r"supply|supplie[sd]|supplying|provid(?:e|es|ed|ing)|append(?:s|ed|ing)?|with)\s+"
+                r"(?:the\s+|a\s+|an\s+)?(?:-{1,2}[a-z][\w-]*|[\w-]+\s+(?:flag|option|switch))\b"
+                r"|(?:加上|带上|加|带|使用|传入|传)\s*(?:-{1,2}[a-z][\w-]*|[^。；，,\s]{1,10}?(?:参数|选项|标志|开关))", re.I),
+     re.compile(r"\b(?:drop(?:s|ped|ping)?|remov(?:e|es|ed|ing)|delet(?:e|es|ed|ing)|strip(?:s|ped|ping)?|"
+                r"without)\s+(?:the\s+|a\s+|an\s+)?(?:-{1,2}[a-z][\w-]*|[\w-]+\s+(?:flag|option|switch))\b"
+                r"|(?:去掉|去除|删掉|删除|移除|拿掉|不加|不带|不传)\s*(?:-{1,2}[a-z][\w-]*|[^。；，,\s]{1,10}?(?:参数|选项|标志|开关))", re.I)),
 )  # fmt: skip
 
 
@@ -1348,7 +1400,8 @@ def curate(
     negation words are removed but only one of the two is negated. Close advice the rules cannot
     read either way is held for a person (a conflict marked ``unsure``) unless a ``judge``
     settles it. Every contradicted lesson that is active or waiting in review is recorded
-    (``Change.others``): recall keeps apart only the pairs recorded.
+    (``Change.others``): recall keeps apart only the pairs recorded. A draft that repeats one
+    lesson and contradicts another is merged, and the contradiction recorded between the two.
 
     Args:
         draft: A reflector's draft, or a ``Lesson`` (imports) whose id, status and validity are
@@ -1418,17 +1471,29 @@ def curate(
     if best_same is not None:
         # A merge on the model's word alone adds support and the wording, never the text the
         # agent is told: a model that is wrong (an opposite it calls the same) must not rewrite it.
-        return Change(
-            action="merge",
-            lesson=_merge(
-                best_same[1],
-                draft,
-                now=now,
-                validity=validity,
-                merge_text=merge_text,
-                judged=best_same[1].lesson_id in judged,
-            ),
+        merged = _merge(
+            best_same[1],
+            draft,
+            now=now,
+            validity=validity,
+            merge_text=merge_text,
+            judged=best_same[1].lesson_id in judged,
         )
+        # What the draft contradicts, the lesson that now holds its words contradicts too: a
+        # repeat of A that opposes B leaves A and B a pair recall must keep apart. Only the
+        # contradictions the rules (or the judge) read: near text they could not read is held
+        # for a person when it is a new lesson, and must not keep two live lessons apart.
+        # A pair recorded already is left as it is.
+        read = [
+            other
+            for other in conflict_with
+            if other.lesson_id not in unsure
+            and not (other.lesson_id in merged.conflicts and merged.lesson_id in other.conflicts)
+        ]
+        others = (
+            _record_conflicts(merged, read, set(), now=now) if _may_go_live(merged, now) else []
+        )
+        return Change(action="merge", lesson=merged, others=others)
 
     lesson = _new_lesson(draft, now=now, validity=validity)
     if quality == "suspect":
@@ -1438,22 +1503,36 @@ def curate(
         return Change(action="add", lesson=lesson)
 
     lesson.status = "needs_review"
+    return Change(
+        action="conflict",
+        lesson=lesson,
+        others=_record_conflicts(lesson, conflict_with, unsure, now=now),
+    )
+
+
+def _record_conflicts(
+    lesson: Lesson, contradicted: Sequence[Lesson], unsure: set[str], *, now: datetime
+) -> list[Lesson]:
+    """Record each contradicted lesson that recall may serve beside ``lesson`` on both sides
+    (``lesson`` in place); returns copies of those contradicted, to be saved."""
     others = []
-    for contradicted in conflict_with:
-        lesson.conflicts = _merge_list(lesson.conflicts, [contradicted.lesson_id])
+    for other in contradicted:
+        if other.lesson_id == lesson.lesson_id or not lesson_keys.served_together(lesson, other):
+            continue
+        lesson.conflicts = _merge_list(lesson.conflicts, [other.lesson_id])
         # "unsure": near text the rules could not read either way (a rewording or an opposite),
         # told apart in review from a contradiction they read.
-        flag = {"unsure": True} if contradicted.lesson_id in unsure else {}
+        flag = {"unsure": True} if other.lesson_id in unsure else {}
         lesson.history.append(
-            _history(now, "curator", "conflict", {"conflicts": [contradicted.lesson_id], **flag})
+            _history(now, "curator", "conflict", {"conflicts": [other.lesson_id], **flag})
         )
-        other = copy.deepcopy(contradicted)
+        other = copy.deepcopy(other)
         other.conflicts = _merge_list(other.conflicts, [lesson.lesson_id])
         other.history.append(
             _history(now, "curator", "conflict", {"conflicts": [lesson.lesson_id], **flag})
         )
         others.append(other)
-    return Change(action="conflict", lesson=lesson, others=others)
+    return others
 
 
 def _relations(
@@ -1838,7 +1917,7 @@ def _merge(
                 setattr(lesson, name, theirs)
         lesson.suggestions = _merge_list(lesson.suggestions, draft.suggestions, limit=5)
         f, g = lesson.features, draft.features
-        f.tools = _merge_list(f.tools, g.tools)
+        f.tools = _merged_tools(f.tools, g.tools)
         f.keywords = _merge_list(f.keywords, g.keywords, limit=12)
         f.intent = f.intent or g.intent
         f.step = f.step or g.step
@@ -1859,6 +1938,8 @@ def _merge(
         changes["source_task_ids"] = added_sources
     if advice != old_advice:
         changes["advice"] = {"from": old_advice, "to": advice}
+    if kept.features.tools and not lesson.features.tools:
+        changes["tools"] = {"from": kept.features.tools, "to": []}
     if not lesson.pinned and not rejected and _dated_by_machine(lesson):
         # Learned again: valid for another ``validity`` from now, never shorter than it was.
         renewed = now + validity
@@ -1874,6 +1955,21 @@ def _merge(
     lesson.history.append(_history(now, by, "merge", changes))
     _compact_history(lesson, dropped_sources)
     return lesson
+
+
+def _merged_tools(kept: list[str], new: list[str]) -> list[str]:
+    """The tools of a lesson once a repeat naming ``new`` is merged in: the union, first seen
+    first, while it names at most ``MAX_TOOLS`` tools; past that, none.
+
+    Recall's rule stage serves a lesson without tools whatever tools a task has (``[]`` is "any
+    tool"), so a lesson about any tool stays so (a repeat naming one must not narrow it), and a
+    lesson repeated across more distinct tools than ``MAX_TOOLS`` becomes one: it is still served
+    for its first tools, and its row stops growing with every new tool a repeat names.
+    """
+    if not kept:
+        return []
+    tools = _merge_list(kept, new)
+    return [] if len({norm(t) for t in tools} - {""}) > MAX_TOOLS else tools
 
 
 def same_as(

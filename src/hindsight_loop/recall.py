@@ -895,31 +895,6 @@ def errors_named(q: RecallQuery) -> set[str]:
     return {_error_stem(n) for n in names if n}
 
 
-#: A call going wrong, in a remedy's condition: a failure verb ("fails", "times out", "raises"),
-#: or a call returning nothing or an error ("returns no results", "get_weather returns 404",
-#: "run_sql says …": a tool's name, or "the call" / "it", before "returns" or "says").
-_FAILS_EN = (
-    r"fail(?:s|ed|ing)?|errors?|errored|raises?|raised|throws?|threw|times? out|timed out|"
-    r"crash(?:es|ed)?|rejects?|rejected|refuses?|refused"
-)
-_RETURNS_EN = r"returns?|returned|says|said|reports?|gives?|comes? back"
-_REMEDY_EN = re.compile(
-    r"\b(?:when|whenever|if)\b[^.,;:!?]{0,80}?\b(?:"
-    rf"(?:{_FAILS_EN})\b"
-    rf"|(?:\w+_\w+|call|tool|request|api|it)\s+(?:{_RETURNS_EN})\b"
-    rf"|(?:{_RETURNS_EN})\s+(?:no|nothing|empty|an? error|errors?|null|none|[45]\d\d)\b)",
-    re.IGNORECASE,
-)
-#: The same in Chinese: a failure word, in a clause closed by 时 / 时候 or opened by 如果 / 若 /
-#: 一旦 / 当 ("读取 CSV 报编码错误时，", "如果上传失败"). 时 must close the clause: 实时 and 及时 do not.
-_FAILS_ZH = (
-    r"(?:报错|报[^。；，,;]{0,8}错|出错|错误|失败|超时|异常|拒绝|崩溃|无结果|没有结果|"
-    r"返回(?:空|为空|错误|\s*[45]\d\d))"
-)
-_REMEDY_ZH = re.compile(
-    rf"(?:如果|若|一旦|当)[^。；，,;]{{0,30}}{_FAILS_ZH}"
-    rf"|{_FAILS_ZH}[^。；，,;]{{0,30}}(?:时候|时[，,：:\s])"
-)
 #: What a request says when something has gone wrong: an error, a failure, a refusal, an empty
 #: or missing result, a call that does not work. Read generously: a request taken to report an
 #: outcome only keeps its remedies from being held back.
@@ -972,34 +947,17 @@ def advice_flags(advice: str) -> tuple[bool, bool, int]:
     whether it is a remedy (``Ranking.remedy_miss``), whether it is about later dates
     (``Ranking.time_miss``), and the kinds of failure its remedy's condition names
     (``Ranking.condition``, a mask of ``_FAILURE_KINDS``; 0 for a precaution)."""
-    remedy = is_remedy(advice)
+    remedy = lesson_keys.is_remedy(advice)
     kinds = 0
     if remedy:
         for clause in _clauses(advice):
-            if _REMEDY_EN.search(clause) or _REMEDY_ZH.search(clause):
+            if lesson_keys.names_failure(clause):
                 kinds |= _kinds_in(clause)
     return remedy, speaks_of_later(advice), kinds
 
 
-#: A precaution worded after the failure that taught it: what to do first, next time ("When
-#: read_csv fails with EncodingError, you should call it with encoding='utf-8-sig' first
-#: instead of encoding='utf-8'", "…, you should avoid calling …: try another option first",
-#: "…时，你应该先用 gbk 读取"): the reflector's own lessons read so, and they are for the start
-#: of the next run, not for after the failure.
-_PRECAUTION_EN = re.compile(
-    r"\bfirst\b[^.;!?]{0,80}\binstead of\b|\binstead of\b[^.;!?]{0,80}\bfirst\b"
-    r"|\bavoid\b[^.!?]{0,160}\bfirst\b",
-    re.IGNORECASE,
-)
-_PRECAUTION_ZH = re.compile(r"先[^。；！？!?]{0,60}而不是|避免[^。！？!?]{0,80}先|一开始就")
-
-
-def is_remedy(advice: str) -> bool:
-    """Whether a lesson's advice is a remedy: what to do once a call has gone wrong
-    (``Ranking.remedy_miss``), and not a precaution for the next run's start."""
-    if _PRECAUTION_EN.search(advice) or _PRECAUTION_ZH.search(advice):
-        return False
-    return bool(_REMEDY_EN.search(advice) or _REMEDY_ZH.search(advice))
+#: Whether advice is a remedy (what to do once a call has gone wrong), as curation reads it too.
+is_remedy = lesson_keys.is_remedy
 
 
 def reports_outcome(q: RecallQuery) -> bool:

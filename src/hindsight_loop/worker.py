@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
+from hindsight_loop import lesson_keys
 from hindsight_loop.embed import lesson_text
 from hindsight_loop.lessons import Change, apply_outcome, curate, expire_due
 from hindsight_loop.models import (
@@ -74,6 +75,12 @@ class Curator:
         self._embedder = embedder
         self._judge = judge
         self._lock = threading.Lock()
+        # Every task type the book holds, as stored, by the key recall matches it on
+        # (``lesson_keys.task_key``), kept current from ``store.lessons_since``: the store's
+        # task_type filter is exact, and recall serves "Quotes" with "quotes " and "*".
+        self._spellings: dict[str, set[str]] = {}
+        self._spellings_version = -1  # lessons from before the book was versioned are at 0
+        self._spellings_lock = threading.Lock()
 
     def add(self, draft: Any) -> Change:
         """Curate one lesson draft into the book: add, merge into a twin, or flag a conflict."""
@@ -81,17 +88,40 @@ class Curator:
         # Read the book, decide and write in one transaction: two reviews (a worker thread, a
         # `hindsight worker` process, an MCP call) curating at once must see each other's lesson.
         with self._lock, self.store.transaction():
-            book = self._book()
+            book = self._book(draft)
             judged = (lambda a, b: verdicts.get((a, b))) if verdicts else None
             change = curate(draft, book, embedder=self._embedder(), judge=judged)
             for lesson in change.saves:
                 self.save(lesson)
         return change
 
-    def _book(self) -> list[Lesson]:
-        """The whole book: ``curate`` picks the lessons to compare as recall matches task types
-        (case ignored, ``*`` for any: ``lesson_keys``), which the store's exact filter cannot."""
-        return self.store.list_lessons()
+    def _book(self, draft: Lesson | LessonDraft) -> list[Lesson]:
+        """The lessons ``curate`` may compare ``draft`` with: those of its task type in every
+        spelling stored (case and surrounding spaces aside) and those of any task type, the
+        lessons recall may serve beside it (``lesson_keys.served_together``; ``curate`` leaves
+        out those of other scopes). Not the whole book: reading it for every draft grows with
+        every task type the book holds."""
+        key = lesson_keys.task_key(draft.task_type)
+        if not key:
+            return self.store.list_lessons()  # of any task type: served beside every lesson
+        spellings = self._task_type_spellings(key, "")
+        if "" in spellings:
+            return self.store.list_lessons()  # an empty task_type filters nothing in the store
+        return [
+            x for spelling in sorted(spellings) for x in self.store.list_lessons(task_type=spelling)
+        ]
+
+    def _task_type_spellings(self, *keys: str) -> set[str]:
+        """The task types stored whose ``lesson_keys.task_key`` is one of ``keys``, the book's
+        lessons saved since the last look (by any process) read first."""
+        with self._spellings_lock:
+            if self.store.book_version() != self._spellings_version:
+                version, saved = self.store.lessons_since(self._spellings_version)
+                for lesson in saved:
+                    spelling = lesson.task_type
+                    self._spellings.setdefault(lesson_keys.task_key(spelling), set()).add(spelling)
+                self._spellings_version = version
+            return set().union(*(self._spellings.get(key, ()) for key in keys))
 
     def _ask_judge(self, draft: Any) -> dict[tuple[str, str], str | None]:
         """The judge's verdicts on the pairs this draft leaves open, asked before the write
@@ -105,7 +135,7 @@ class Curator:
             verdicts[(a, b)] = verdict = judge(a, b)
             return verdict
 
-        book = self._book()
+        book = self._book(draft)
         curate(draft, book, embedder=self._embedder(), judge=ask)  # decides nothing: pure
         return verdicts
 
