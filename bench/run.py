@@ -437,14 +437,19 @@ later `flush()` and `close()` hang (the ids are now replaced and warned about); 
 thread put in the ring during `close()`, or left waiting for room in it, were neither written
 nor dead-lettered (49,698 of 102,763 in the repro; now handed to the in-process writer); lines
 waiting for room were bounded by number only, and 100 KB lines held 10 GB (now 64 MiB at most,
-`writer.MAX_WAITING_BYTES`: peak RSS 122 MB in the same repro); a child forked after its parent
+`writer.MAX_WAITING_BYTES`: peak RSS 122 MB in the same repro); spool files of lines over 1
+MiB, in `/dev/shm`, were not bounded at all (3 GB of 2 MB events within seconds; now 256 MiB,
+`writer.MAX_SPOOLED_BYTES`, past which the agent waits, then spills); a child forked after its parent
 used the store read through the parent's connections, and with PostgreSQL its close() ended
 the parent's connection (both stores now connect anew in a child). From one on the lesson book
 (issue 11): a merge no longer resets a date a person set or rewrites a rejected lesson; every
 contradicted lesson is recorded, and lessons waiting in review are compared; curation compares
 the lessons recall may serve together (case, `*` task types, global beside a project scope) and
-merges only those of the same keys; more negations and opposite verbs are read (the tester's
-opposite pairs merged: 72 → 4). `bench/curation/run.py` and `bench/retrieval/run.py`: every
+merges only those of the same keys; a repeat of one lesson that contradicts another records
+that pair; merged tools stop at 16 (then any tool); a precaution and a remedy for one tool stay
+two lessons; more negations and opposite verbs are read (the tester's opposite pairs merged: 72
+→ 0); the curator reads the lessons recall may serve beside a draft, not the whole book (one
+curate at 10,000 lessons 33 ms). `bench/curation/run.py` and `bench/retrieval/run.py`: every
 figure unchanged; `bench/real_runs.py`: unchanged.
 
 Twenty-second session (2026-12-07, main after 4ed7f1b; the same 2-vCPU VM). Writer (issue 13),
