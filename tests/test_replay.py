@@ -983,3 +983,14 @@ def test_steps_keep_what_was_said_and_the_error_in_full() -> None:
     assert len(long.input["text"]) == DETAIL_TEXT_MAX
     assert len(step_detail(long)) == DETAIL_TEXT_MAX
     assert Chronicle.from_dict(orjson.loads(orjson.dumps(chronicle.to_dict()))) == chronicle
+
+
+def test_the_complaint_gate_finds_a_hint_exactly_where_one_is() -> None:
+    """``_HINTED`` groups the hints by first character (a faster pattern): it must still find
+    each hint, in any position, and nothing else."""
+    from hindsight_loop.replay import _COMPLAINT_HINTS, _HINTED
+
+    texts = [t for h in _COMPLAINT_HINTS for t in (h, f"说{h}", f"the report {h} now")]
+    texts += ["the report is fine", "nothing to see", "对，就这样", "ne ver", "wron", "不"]
+    for text in texts:
+        assert (_HINTED.search(text) is not None) == any(h in text for h in _COMPLAINT_HINTS), text
