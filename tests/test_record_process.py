@@ -17,6 +17,7 @@ import textwrap
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -1410,6 +1411,26 @@ def test_what_another_thread_records_while_close_runs_is_stored_or_dead_lettered
     assert len(_rows(db)) + _dead_lettered(db, fallback) == accepted
 
 
+def _record_fast(
+    db: Path, fallback: Path, size: int, n: int, measure: Callable[[Hindsight], int]
+) -> int:
+    """Record ``n`` events of ``size`` bytes with the writer process as fast as the agent can,
+    then flush and close; the most ``measure`` read after each."""
+    hs = Hindsight(db, writer="process", fallback_dir=fallback, background=False, triggers=False)
+    blob = "y" * size
+    most = 0
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HindsightWarning)
+            for _ in range(n):
+                hs.record({"task_id": "t", "type": "state_change", "context": {"blob": blob}})
+                most = max(most, measure(hs))
+            assert hs.flush(timeout=120)
+    finally:
+        hs.close()
+    return most
+
+
 def test_lines_waiting_for_room_in_the_ring_are_bounded_in_bytes(tmp_path: Path) -> None:
     """Lines wait for room in the ring up to ``queue_bound`` lines: 50,000 lines of 500 KB
     held 3 GB after two seconds (the adversarial run). Past ``MAX_WAITING_BYTES`` the agent
@@ -1417,18 +1438,8 @@ def test_lines_waiting_for_room_in_the_ring_are_bounded_in_bytes(tmp_path: Path)
     from hindsight_loop.writer import MAX_WAITING_BYTES
 
     db, fallback = tmp_path / "m.db", tmp_path / "fallback"
-    hs = Hindsight(db, writer="process", fallback_dir=fallback, background=False, triggers=False)
-    blob = "y" * 500_000
-    most = 0
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", HindsightWarning)
-            for _ in range(400):  # 200 MB, far faster than the writer reads it
-                hs.record({"task_id": "t", "type": "state_change", "context": {"blob": blob}})
-                most = max(most, hs.recorder.backlog)
-            assert hs.flush(timeout=120)
-    finally:
-        hs.close()
+    # 200 MB, far faster than the writer reads it.
+    most = _record_fast(db, fallback, 500_000, 400, lambda hs: hs.recorder.backlog)
     assert 0 < most * 500_000 <= MAX_WAITING_BYTES + 600_000
     assert len(_rows(db)) + _dead_lettered(db, fallback) == 400
 
@@ -1443,18 +1454,11 @@ def test_spool_files_waiting_for_the_writer_are_bounded_in_bytes(
 
     monkeypatch.setattr(writer, "MAX_SPOOLED_BYTES", 8 << 20)
     db, fallback = tmp_path / "s.db", tmp_path / "fallback"
-    hs = Hindsight(db, writer="process", fallback_dir=fallback, background=False, triggers=False)
-    blob = "z" * 2_000_000
-    most = 0
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", HindsightWarning)
-            for _ in range(40):
-                hs.record({"task_id": "t", "type": "state_change", "context": {"blob": blob}})
-                mine = hs.recorder.spool_dir.glob(f"{hs.recorder.session}-*.line")
-                most = max(most, sum(p.stat().st_size for p in mine if p.exists()))
-            assert hs.flush(timeout=120)
-    finally:
-        hs.close()
+
+    def spooled(hs: Hindsight) -> int:
+        mine = hs.recorder.spool_dir.glob(f"{hs.recorder.session}-*.line")  # type: ignore[attr-defined]
+        return sum(p.stat().st_size for p in mine if p.exists())
+
+    most = _record_fast(db, fallback, 2_000_000, 40, spooled)
     assert 2_000_000 < most <= (8 << 20) + 2_100_000
     assert len(_rows(db)) + _dead_lettered(db, fallback) == 40
