@@ -1462,3 +1462,148 @@ def test_spool_files_waiting_for_the_writer_are_bounded_in_bytes(
     most = _record_fast(db, fallback, 2_000_000, 40, spooled)
     assert 2_000_000 < most <= (8 << 20) + 2_100_000
     assert len(_rows(db)) + _dead_lettered(db, fallback) == 40
+
+
+_FORKS_BESIDE_RECORDING = """
+import os, sys, threading, time, warnings
+warnings.simplefilter("ignore")
+from hindsight_loop import Hindsight
+
+hs = Hindsight(sys.argv[1], writer="thread", background=False, triggers=False)
+stop = threading.Event()
+
+def record(k):
+    while not stop.is_set():
+        hs.record({"task_id": f"p{k}", "type": "state_change"})
+
+threads = [threading.Thread(target=record, args=(k,)) for k in range(3)]
+for t in threads:
+    t.start()
+time.sleep(0.2)
+failed = 0
+for c in range(10):
+    pid = os.fork()
+    if pid == 0:
+        for i in range(50):
+            hs.record({"task_id": f"c{c}", "type": "state_change"})
+        ok = hs.flush(timeout=20)
+        hs.close()
+        os._exit(0 if ok else 3)
+    deadline = time.monotonic() + 30
+    while not (done := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not done[0]:  # hung: SQLite's mutexes held by a parent's thread at the fork
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    failed += not done[0] or done[1] != 0
+stop.set()
+for t in threads:
+    t.join()
+assert hs.flush(timeout=60)
+hs.close()
+print(failed)
+"""
+
+
+def test_children_forked_beside_recording_threads_write_with_the_writer_thread(
+    tmp_path: Path,
+) -> None:
+    """A fork while the writer thread's committer is inside SQLite copies SQLite's held mutexes
+    into the child, where nothing lets go of them: the child's first write hung (13 of 20
+    forks). A fork now waits for the committer to finish its store call."""
+    script = tmp_path / "forks.py"
+    script.write_text(_FORKS_BESIDE_RECORDING)
+    db = tmp_path / "forks.db"
+    done = subprocess.run(
+        [sys.executable, str(script), str(db)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0"]
+    con = sqlite3.connect(db)
+    try:
+        children = con.execute("SELECT count(*) FROM events WHERE task_id LIKE 'c%'").fetchone()
+    finally:
+        con.close()
+    assert children == (10 * 50,)
+
+
+def test_after_a_fall_back_the_in_process_queue_bounds_the_agent(tmp_path: Path) -> None:
+    """Past its restarts the writer falls back in-process; every line then went to the
+    in-process writer's queue, which nothing bounded (227,415 lines for a queue_bound of 1,000
+    in the adversarial run, 5 GB). ``queue_bound`` bounds it now, as with the writer thread."""
+    from hindsight_loop.writer import MAX_RESTARTS
+
+    db = tmp_path / "f.db"
+    hs = Hindsight(db, writer="process", background=False, triggers=False, queue_bound=1000)
+    most = 0
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HindsightWarning)
+            for _ in range(MAX_RESTARTS + 1):
+                hs.record({"task_id": "t", "type": "state_change"})
+                assert hs.flush(timeout=30)
+                pid = hs.recorder.pid
+                assert pid is not None
+                _kill(pid)
+            while hs.recorder.mode != "thread":
+                hs.record({"task_id": "t", "type": "state_change"})
+                time.sleep(0.01)
+            for _ in range(50_000):
+                hs.record({"task_id": "t", "type": "state_change", "context": {"x": "y" * 100}})
+                most = max(most, hs.recorder._local.backlog)
+            assert hs.flush(timeout=60)
+    finally:
+        hs.close()
+    assert most <= 1000
+
+
+_POOL = """
+import multiprocessing, sys, warnings
+warnings.simplefilter("ignore")
+from hindsight_loop import Hindsight
+
+hs = Hindsight(sys.argv[1], writer="thread", background=False, triggers=False)
+hs.record({"task_id": "p", "type": "state_change"})
+assert hs.flush(timeout=30)
+
+def work(n):
+    for i in range(20):  # no flush: the worker ends as a Pool's do, with os._exit
+        hs.record({"task_id": f"w{n}", "type": "state_change"})
+
+if __name__ == "__main__":
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        pool.map(work, range(40))
+        pool.close()
+        pool.join()
+    assert hs.flush(timeout=30)
+    hs.close()
+"""
+
+
+def test_pool_workers_forked_with_the_writer_thread_write_what_they_did_not_flush(
+    tmp_path: Path,
+) -> None:
+    """A multiprocessing worker ends with os._exit: no atexit hook runs, and its daemon writer
+    threads died with what they held (740 of 801 events lost). A forked child's recorder now
+    flushes in threading's exit hooks, which a worker runs."""
+    script = tmp_path / "pool.py"
+    script.write_text(_POOL)
+    db = tmp_path / "pool.db"
+    done = subprocess.run(
+        [sys.executable, str(script), str(db)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(_rows(db)) == 1 + 40 * 20
+
+
+def test_a_flush_after_an_event_recorded_after_close_says_true(tmp_path: Path) -> None:
+    """With the writer thread, an event recorded after close() is dead-lettered, yet the next
+    flush() said False: its seq was never counted as handled."""
+    hs = Hindsight(tmp_path / "a.db", writer="thread", background=False, triggers=False)
+    hs.record({"task_id": "t", "type": "state_change"})
+    hs.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HindsightWarning)
+        hs.record({"task_id": "t", "type": "state_change"})
+    assert hs.flush(timeout=10) is True
+    assert (hs.stats["written"], hs.stats["dead_lettered"]) == (1, 1)

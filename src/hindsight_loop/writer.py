@@ -585,6 +585,8 @@ class ProcessRecorder:
                 return
             spooled = self._spooled(frame, own)
             if spooled is None:  # no file for it either: the in-process writer takes it
+                with self._spool_lock:
+                    self._spool_bytes -= n
                 with self._lock:
                     self._local.start()
                     self._direct(frame)
@@ -686,6 +688,9 @@ class ProcessRecorder:
                 while spools and not spools[0][0].exists():
                     self._spool_bytes -= spools.popleft()[1]
                 if not spools or self._spool_bytes + n <= MAX_SPOOLED_BYTES:
+                    # Taken now, under the lock: threads that all looked before any spooled
+                    # went past the bound by a line each.
+                    self._spool_bytes += n
                     return True
             if time.monotonic() >= deadline:
                 return False
@@ -722,13 +727,16 @@ class ProcessRecorder:
             warn(f"a {len(frame)}-byte event could not be spooled ({exc!r}): written in-process")
             return None
         with self._spool_lock:
-            self._spools.append((path, len(frame)))
-            self._spool_bytes += len(frame)
+            self._spools.append((path, len(frame)))  # its bytes taken by _room_to_spool
         return _spool_line(path)
 
     def _direct(self, frame: bytes) -> None:
         """With the lock, after falling back (or for a line no spool file took): the
-        in-process writer takes it."""
+        in-process writer takes it, within its ``queue_bound`` as ``Recorder.emit`` is (before,
+        nothing bounded what waited for it after a fall back)."""
+        local = self._local
+        if len(local._queue) >= local._room:
+            local._make_room()
         self._move_to_local(self._unspool([frame]), check=False)
 
     def _unspool(self, frames: list[bytes]) -> list[bytes]:
@@ -1051,9 +1059,10 @@ class ProcessRecorder:
             frames += self._overflow
             self._overflow.clear()
             self._waiting = self._waiting_bytes = 0
-            if frames:
-                self._local.start()
-                self._move_to_local(self._unspool(frames), check=True)
+            # Started even with nothing to hand over: a thread just behind the lock hands its
+            # line to it (``_direct``) before close() closes it.
+            self._local.start()
+            self._move_to_local(self._unspool(frames), check=True)
 
     def _ring_lines_between(self, start: int, end: int) -> list[bytes]:
         ring = self._ring
