@@ -441,7 +441,13 @@ waiting for room were bounded by number only, and 100 KB lines held 10 GB (now 6
 MiB, in `/dev/shm`, were not bounded at all (3 GB of 2 MB events within seconds; now 256 MiB,
 `writer.MAX_SPOOLED_BYTES`, past which the agent waits, then spills); a child forked after its parent
 used the store read through the parent's connections, and with PostgreSQL its close() ended
-the parent's connection (both stores now connect anew in a child). From one on the lesson book
+the parent's connection (both stores now connect anew in a child). A second pass on those
+changes: with the writer thread, a fork while its committer was inside SQLite left SQLite's
+mutexes held in the child, whose first write hung (13 of 20 forks beside three recording
+threads; a fork now waits for the committer's store call: 0 of 20); after a fall back to the
+in-process writer nothing bounded its queue (5 GB; now `queue_bound`); a multiprocessing
+worker, which ends with `os._exit`, lost what it had not flushed (740 of 801; it now flushes in
+threading's exit hooks); a line reaching the lock just after close()'s hand-over was lost. From one on the lesson book
 (issue 11): a merge no longer resets a date a person set or rewrites a rejected lesson; every
 contradicted lesson is recorded, and lessons waiting in review are compared; curation compares
 the lessons recall may serve together (case, `*` task types, global beside a project scope) and
