@@ -581,7 +581,7 @@ class ProcessRecorder:
         n = len(frame)
         if n > self._big and not self._fallen_back:
             if not self._room_to_spool(n):
-                self._spill_line(frame)
+                self._spill_frames([frame])
                 return
             spooled = self._spooled(frame, own)
             if spooled is None:  # no file for it either: the in-process writer takes it
@@ -698,17 +698,22 @@ class ProcessRecorder:
                 self._ring_bell(b"w")
             time.sleep(0.001)
 
-    def _spill_line(self, frame: bytes) -> None:
-        """One line to the dead letter on the agent's thread, as ``_overload`` spills."""
+    def _spill_frames(self, frames: list[bytes], *, timed: bool = False) -> None:
+        """Lines to the dead letter on the agent's thread (``Recorder._spill``), each counted
+        as handled. ``timed``: the time taken per event sizes the overload's next chunks
+        (``_overload``; not a single line too long for a spool file, which would skew it)."""
         local = self._local
-        items = [frame_item(frame, self.session)]
+        items = [frame_item(f, self.session) for f in self._unspool(frames) if f]
         with local._cond:
-            local._spilling += 1
+            local._spilling += len(items)
+        t0 = time.perf_counter()
         try:
             local._spill(items)
         finally:
+            if timed:
+                local._spill_cost = max((time.perf_counter() - t0) / max(len(items), 1), 1e-7)
             with self._cond:
-                self._spilled += 1
+                self._spilled += len(frames)
                 self._cond.notify_all()
 
     def _spooled(self, frame: bytes, own: int) -> bytes | None:
@@ -851,17 +856,7 @@ class ProcessRecorder:
                 self._waiting_bytes -= sum(map(len, frames))
             if not frames:
                 break
-            items = [frame_item(f, self.session) for f in self._unspool(frames) if f]
-            with local._cond:
-                local._spilling += len(items)
-            t0 = time.perf_counter()
-            try:
-                local._spill(items)
-            finally:
-                local._spill_cost = max((time.perf_counter() - t0) / max(len(items), 1), 1e-7)
-                with self._cond:
-                    self._spilled += len(frames)
-                    self._cond.notify_all()
+            self._spill_frames(frames, timed=True)
             spilled += len(frames)
 
     def _over(self) -> bool:
@@ -1031,37 +1026,32 @@ class ProcessRecorder:
             return
         self._reap()
         warn(f"{reason}: Hindsight writes events in the agent's process from now on")
-        self._local.start()
-        ring = self._ring
-        assert ring is not None
-        with self._lock:
-            self._fallen_back = True
-            self._room = -1  # every line takes the slow path, to the in-process writer
-            frames = self._ring_lines_between(ring.durable()[1], self._head)
-            frames += self._overflow
-            self._overflow.clear()
-            self._waiting = self._waiting_bytes = 0
-            self._move_to_local(self._unspool(frames), check=True)
+        self._write_in_process()
 
     def _hand_over_the_rest(self) -> None:
         """At close, once the writer process is gone: lines another thread put in the ring
         after the last flush, or left waiting for room in it, go to the in-process writer
         (before, they were neither written nor dead-lettered, and the mover thread waited
-        for room that no writer would free); every later line goes there too (``_put_slow``),
-        and from its close on to the dead letter."""
+        for room that no writer would free); every later line goes there too, and from its
+        close on to the dead letter. It starts even with nothing to hand over: a thread just
+        behind the lock hands its line to it (``_direct``) before close() closes it."""
+        if self._ring is not None and not self._fallen_back:
+            self._write_in_process()
+
+    def _write_in_process(self) -> None:
+        """From now on every line goes to the in-process writer (``_put_slow``), starting with
+        those no writer process made durable (the ring's, of which those a dead writer did
+        store are skipped by event id) and those waiting for room in the ring."""
+        self._local.start()
         ring = self._ring
-        if ring is None or self._fallen_back:
-            return
+        assert ring is not None
         with self._lock:
             self._fallen_back = True
-            self._room = -1  # a thread inside emit() now takes the slow path, to the fallback
+            self._room = -1  # every line takes the slow path, a thread inside emit() too
             frames = self._ring_lines_between(ring.durable()[1], self._head)
             frames += self._overflow
             self._overflow.clear()
             self._waiting = self._waiting_bytes = 0
-            # Started even with nothing to hand over: a thread just behind the lock hands its
-            # line to it (``_direct``) before close() closes it.
-            self._local.start()
             self._move_to_local(self._unspool(frames), check=True)
 
     def _ring_lines_between(self, start: int, end: int) -> list[bytes]:
