@@ -1513,11 +1513,12 @@ def curate(
 def _record_conflicts(
     lesson: Lesson, contradicted: Sequence[Lesson], unsure: set[str], *, now: datetime
 ) -> list[Lesson]:
-    """Record each contradicted lesson that recall may serve beside ``lesson`` on both sides
-    (``lesson`` in place); returns copies of those contradicted, to be saved."""
+    """Record each contradicted lesson on both sides (``lesson`` in place); returns copies of
+    those contradicted, to be saved. ``curate`` compares only lessons recall may serve beside
+    the draft, whose keys ``lesson`` has."""
     others = []
     for other in contradicted:
-        if other.lesson_id == lesson.lesson_id or not lesson_keys.served_together(lesson, other):
+        if other.lesson_id == lesson.lesson_id:
             continue
         lesson.conflicts = _merge_list(lesson.conflicts, [other.lesson_id])
         # "unsure": near text the rules could not read either way (a rewording or an opposite),
