@@ -14,7 +14,7 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from hindsight_loop import Hindsight, recall
+from hindsight_loop import Hindsight, lesson_keys, recall
 from hindsight_loop.cli import app
 from hindsight_loop.embed import HashEmbedder, lesson_text
 from hindsight_loop.models import Features, Lesson, iso
@@ -857,7 +857,7 @@ def test_a_remedy_is_held_back_until_the_request_reports_something_gone_wrong() 
             False,
         ),
     ):
-        assert recall.is_remedy(advice) is remedy, advice
+        assert lesson_keys.is_remedy(advice) is remedy, advice
 
 
 def test_a_lesson_for_later_dates_ranks_lower_for_a_request_about_today() -> None:

@@ -956,10 +956,6 @@ def advice_flags(advice: str) -> tuple[bool, bool, int]:
     return remedy, speaks_of_later(advice), kinds
 
 
-#: Whether advice is a remedy (what to do once a call has gone wrong), as curation reads it too.
-is_remedy = lesson_keys.is_remedy
-
-
 def reports_outcome(q: RecallQuery) -> bool:
     """Whether a request is about something that went wrong: its error type, or words of an
     error, a failure or an empty result in its text (``Ranking.remedy_miss``)."""
