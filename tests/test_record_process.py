@@ -298,12 +298,13 @@ def test_the_stats_count_what_every_writer_wrote_though_no_flush_asked(tmp_path:
     assert hs.stats["lost"] == hs.stats["dead_lettered"] == 0
 
 
-def test_a_writer_killed_while_it_queues_reviews_has_counted_what_it_wrote(
+def test_a_writer_killed_while_it_queues_reviews_has_counted_what_it_wrote_and_its_reviews_come(
     tmp_path: Path,
 ) -> None:
     """The counters reach the ring as soon as the events are committed: the reviews queued
     after them may wait on a busy store, and a restarted writer does not count again what
-    the dead one stored."""
+    the dead one stored. It queues the reviews the dead one did not (before, they were lost:
+    it skips the stored lines, so its triggers never saw the task end), and only once."""
     db = tmp_path / "k.db"
     hs = Hindsight(db, writer="process", background=False)
     con = sqlite3.connect(db)
@@ -333,6 +334,12 @@ def test_a_writer_killed_while_it_queues_reviews_has_counted_what_it_wrote(
         assert hs.flush(timeout=30) is True
     hs.close()
     assert hs.stats["written"] == len(_rows(db)) == 14
+    con = sqlite3.connect(db)
+    try:
+        jobs = con.execute("SELECT task_id, kind, trigger FROM jobs").fetchall()
+    finally:
+        con.close()
+    assert jobs == [(task.task_id, "full", "task_end")]
 
 
 def test_past_its_restarts_the_writer_falls_back_in_process(tmp_path: Path) -> None:

@@ -124,6 +124,14 @@ def test_jobs_queued_together_are_claimed_in_their_order(store_url: str) -> None
             ("outcome", "task_end", None, False),
         ]
         assert store.pending_jobs(mine=True) == 3
+        # What a writer taking over from a dead one reads: every job queued, whatever its
+        # status now (a review done already is not queued again).
+        done = claimed[1]
+        assert done is not None
+        store.finish_job(done.job_id, status="done")
+        assert store.queued_job_kinds("tsk_1", trigger="task_end") == {"full", "outcome"}
+        assert store.queued_job_kinds("tsk_1", trigger="loop") == {"local"}
+        assert store.queued_job_kinds("tsk_2", trigger="task_end") == set()
     finally:
         store.close()
 

@@ -8,7 +8,7 @@ review of a window around it, so a reflection can start before the run ends.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,13 +179,36 @@ class Triggers:
             run.events = max(0, self.store.event_count(task_id) - later)
             run.ended = True
             return
+        count, run.had_failure = self._stored_run(task_id)
+        run.events = max(0, count - later)
+
+    def _stored_run(self, task_id: str) -> tuple[int, bool]:
+        """How many events the store holds for a task, and whether a tool call of them
+        failed, read from their projections (no body decoded)."""
         stored = self.store.stored_run(task_id)
-        projections = stored.projections()
-        run.events = max(0, len(projections) - later)
-        run.had_failure = any(
-            p[1] == "action_executed" and p[2] in FAILED_STATUSES for p in projections
-        )
-        stored.release()
+        try:
+            projections = stored.projections()
+            return len(projections), any(
+                p[1] == "action_executed" and p[2] in FAILED_STATUSES for p in projections
+            )
+        finally:
+            stored.release()
+
+    def ends_stored_before(self, task_ids: Iterable[str]) -> None:
+        """Task ends a writer that died had stored: queue the reviews it may have died before
+        queueing (it commits a batch, then queues the batch's reviews). The writer taking over
+        skips those lines as stored, so ``on_batch`` never sees them; the reviews already
+        queued for a task (done, even) are not queued again. The live rules' local reviews of
+        the dead writer's batch are not redone: their windows were in its memory."""
+        jobs: list[dict[str, Any]] = []
+        for task_id in dict.fromkeys(task_ids):
+            queued = self.store.queued_job_kinds(task_id, trigger="task_end")
+            wanted: list[dict[str, Any]] = []
+            self._end_reviews(task_id, self._stored_run(task_id)[1], wanted)
+            jobs += [job for job in wanted if job["kind"] not in queued]
+        if jobs:
+            self.store.enqueue_jobs(jobs)
+            self._wake()
 
     def _end_reviews(self, task_id: str, had_failure: bool, jobs: list[dict[str, Any]]) -> None:
         """The reviews an ended task gets: its outcome for the lessons it was given, and a full

@@ -1544,6 +1544,17 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
     session = config["session"]
     resent = ring_config.get("resent", 0) if ring_config else 0
     known: dict[str, set[str]] = {}
+    ended_before: list[str] = []  # tasks whose end the writer that died stored
+
+    def reviews_of(task_ids: list[str]) -> None:
+        """The reviews of task ends the writer that died stored, where it died before queueing
+        them: the triggers never see lines skipped as stored."""
+        try:
+            triggers.ends_stored_before(task_ids)
+        except Exception:  # noqa: BLE001 - the events are stored; a review is not worth them
+            log.exception("hindsight: could not queue the reviews of tasks a dead writer ended")
+        task_ids.clear()
+
     tail: list[bytes] = []  # the pieces of a line not read to its end yet
     skipped = 0  # lines read that need no writing
     committed = 0  # items handed to the committer
@@ -1627,9 +1638,13 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
                         skipped += 1  # stored by the writer that died (a prefix: in order)
                         resent -= 1
                         raws.pop()
+                        if item[3] == "task_end":
+                            ended_before.append(item[0])
                         continue
                     resent = 0  # the first one not stored: the rest were not either
                 items.append(item)
+            if ended_before and not resent:
+                reviews_of(ended_before)
             tail = [buf[start:]] if start < len(buf) else []  # the rest of it comes next
             del view
             if items:
@@ -1644,6 +1659,8 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
             if held >= BATCH_SIZE or held_bytes >= COMMIT_BYTES:
                 commit()
     finally:
+        if ended_before:
+            reviews_of(ended_before)
         if held or skipped > marked or spools:
             commit()
         recorder.finish()

@@ -822,6 +822,12 @@ class SQLiteStore(JobOwner, ThreadConnections):
             is not None
         )
 
+    def queued_job_kinds(self, task_id: str, *, trigger: str) -> set[str]:
+        rows = self._db.execute(
+            "SELECT DISTINCT kind FROM jobs WHERE task_id=? AND trigger=?", (task_id, trigger)
+        )
+        return {row[0] for row in rows}
+
     def pending_jobs(self, *, mine: bool = False) -> int:
         """Jobs waiting or running; with ``mine``, only those this store object queued or is
         running (another process's jobs, or one left behind when it died, are not ours to wait
