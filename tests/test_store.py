@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -476,6 +479,44 @@ def test_a_forked_child_neither_uses_nor_closes_its_parents_connections(store_ur
         assert store.event_count("tsk_f") == 1  # the parent's connection still works
     finally:
         store.close()
+
+
+def test_children_forked_beside_threads_using_the_store_read_it(tmp_path: Path) -> None:
+    """A fork while another thread was inside SQLite (a reflection worker saving lessons, a
+    recall) copied SQLite's held global mutexes into the child, whose first store call then
+    hung on a connection of its own: 4-5 of 150 children beside two threads writing. A fork
+    now waits for the store calls under way (``store.STORE_CALLS``)."""
+    store = open_store(str(tmp_path / "f.db"))
+    stop = threading.Event()
+
+    def busy(n: int) -> None:
+        while not stop.is_set():
+            store.upsert_task(Task(task_id=f"tsk_{n}", task_type="t", goal="g" * 300))
+            store.list_tasks(limit=50)
+
+    threads = [threading.Thread(target=busy, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    hung = 0
+    try:
+        for _ in range(60):
+            time.sleep(0.003)
+            pid = os.fork()
+            if pid == 0:  # the child: never returns into pytest
+                signal.alarm(10)  # a hung child is killed by its alarm
+                try:
+                    child = open_store(str(tmp_path / "f.db"))
+                    for _ in range(20):
+                        child.list_tasks(limit=5)
+                finally:
+                    os._exit(0)
+            hung += os.WIFSIGNALED(os.waitpid(pid, 0)[1])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        store.close()
+    assert hung == 0
 
 
 def test_the_curator_reads_the_lessons_recall_serves_beside_a_draft(store_url: str) -> None:

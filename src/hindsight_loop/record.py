@@ -1105,29 +1105,8 @@ class Checkpoints(Protocol):
 #: The recorders of this process, reset in a child forked from it (``Recorder._forked``).
 _RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
 reset_in_forked_child(_RECORDERS, "recorder")
-#: Seconds a fork waits for a committer to finish what it is doing with the store.
+#: Seconds a forked child's last flush may take at its exit (``Recorder._flush_at_exit``).
 FORK_WAIT = 5.0
-
-
-def _quiet_before_fork() -> None:
-    """Before a fork, the committers of this process finish what they are doing with the store
-    (``Recorder._storing``): SQLite's own mutexes (of its open files, and of each file's locks),
-    held by a thread in the middle of a call at the fork, stay held in the child for good, and
-    a forked child's first write with the writer thread hung (13 of 20 forks beside three threads
-    recording). Other threads' store calls (a reflection worker's) are not waited for."""
-    for recorder in list(_RECORDERS):
-        if recorder.started and recorder._storing.acquire(timeout=FORK_WAIT):
-            recorder._held_for_fork = True
-
-
-def _resume_after_fork() -> None:
-    for recorder in list(_RECORDERS):
-        if recorder._held_for_fork:
-            recorder._held_for_fork = False
-            recorder._storing.release()
-
-
-os.register_at_fork(before=_quiet_before_fork, after_in_parent=_resume_after_fork)
 
 
 class Recorder:
@@ -1217,9 +1196,6 @@ class Recorder:
         #: starts threads of its own (``_child_starts``).
         self._child_idle = False
         self._child_lock = threading.Lock()
-        #: Held by the committer while it uses the store, and by a fork meanwhile.
-        self._storing = threading.Lock()
-        self._held_for_fork = False
         _RECORDERS.add(self)
         if start:
             self.start()
@@ -1761,8 +1737,7 @@ class Recorder:
         checkpoints = self._checkpoints
         if checkpoints is not None:
             try:
-                with self._storing:
-                    checkpoints.defer_checkpoints()
+                checkpoints.defer_checkpoints()
             except Exception:  # noqa: BLE001 - then the store checkpoints as it always did
                 log.exception("hindsight: could not take over the store's checkpoints")
                 checkpoints = self._checkpoints = None
@@ -1774,8 +1749,7 @@ class Recorder:
                 if raw:
                     self._dead_letter_raw(raw, problem)
                 if rows:
-                    with self._storing:
-                        self._write_batch(rows, cleans)
+                    self._write_batch(rows, cleans)
             except Exception:  # noqa: BLE001 - this thread must outlive any one batch
                 log.exception("hindsight: committing a batch failed")
             del rows, raw, cleans
@@ -1793,16 +1767,14 @@ class Recorder:
             if checkpoints is not None:
                 try:
                     if checkpoints.checkpoint_due(idle=self._commits.empty()):
-                        with self._storing:
-                            checkpoints.checkpoint()
+                        checkpoints.checkpoint()
                 except Exception:  # noqa: BLE001 - the next batch's COMMIT is what matters
                     log.exception("hindsight: a checkpoint failed")
         if self._on_batch is not None:
             # The writer stops: a batch of nothing lets the hook try once more with what it
             # kept for the next batch (reviews the store refused), as no next batch will come.
             try:
-                with self._storing:
-                    self._on_batch([], [])
+                self._on_batch([], [])
             except Exception:  # noqa: BLE001
                 log.exception("hindsight: batch hook failed")
 
@@ -1894,8 +1866,6 @@ class Recorder:
         self._wake = threading.Event()
         self._dead_letter_lock = threading.Lock()
         self._child_lock = threading.Lock()
-        self._storing = threading.Lock()  # the child's copy was held by the fork
-        self._held_for_fork = False
         self.stats = dict.fromkeys(self.stats, 0)
         self._lost_reported = 0
         if not self.started:

@@ -29,7 +29,14 @@ from hindsight_loop.models import (
     utcnow,
 )
 from hindsight_loop.replay import StoredRun, no_gc, project_body, wire_timestamp
-from hindsight_loop.store import EventRow, Job, JobOwner, ThreadConnections
+from hindsight_loop.store import (
+    STORE_CALLS,
+    EventRow,
+    Job,
+    JobOwner,
+    ThreadConnections,
+    through_store_calls,
+)
 from hindsight_loop.store.migrations import MIGRATIONS, SchemaError, check_schema, migrate
 
 #: Seconds a claimed job may run before another worker takes it back (a reflection with
@@ -179,6 +186,7 @@ def _task_from_start(task_id: str, ts: str, body: dict[str, Any]) -> tuple:
     )
 
 
+@through_store_calls("__init__", "_events_by_key")  # a fork waits for the calls under way
 class SQLiteStore(JobOwner, ThreadConnections):
     """A ``Store`` on one SQLite file."""
 
@@ -315,21 +323,24 @@ class SQLiteStore(JobOwner, ThreadConnections):
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        """One write transaction (BEGIN IMMEDIATE) for this thread; writes inside it join it."""
-        db = self._db
-        if db.in_transaction:
-            yield
-            return
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            # SQLite may have rolled back already (a full disk does): a second ROLLBACK would
-            # replace the real error with "no transaction is active".
+        """One write transaction (BEGIN IMMEDIATE) for this thread; writes inside it join it.
+        A fork waits for it whole (``STORE_CALLS``): a call inside it that waited for a fork
+        would keep the transaction's lock from another thread's call the fork waits for."""
+        with STORE_CALLS:
+            db = self._db
             if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+                yield
+                return
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                # SQLite may have rolled back already (a full disk does): a second ROLLBACK
+                # would replace the real error with "no transaction is active".
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     # -- events ----------------------------------------------------------------------------
     def write_event_batch(self, rows: Sequence[EventRow]) -> list[str]:
