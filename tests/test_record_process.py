@@ -342,6 +342,35 @@ def test_a_writer_killed_while_it_queues_reviews_has_counted_what_it_wrote_and_i
     assert jobs == [(task.task_id, "full", "task_end")]
 
 
+def test_a_restarted_writer_stores_an_event_whose_id_a_stored_one_had(tmp_path: Path) -> None:
+    """A caller may give two events of a task one id (a retried call with new content): both
+    are stored. A writer taking over from a dead one took the second for one the dead writer
+    had stored, and skipped it: neither stored nor dead-lettered nor counted lost. It now
+    knows the stored lines by id and seq."""
+    db = tmp_path / "d.db"
+    hs = Hindsight(db, writer="process", background=False, triggers=False)
+    call = {"task_id": "t", "type": "action_executed", "event_id": "evt_call_1"}
+    hs.record({"task_id": "t", "type": "task_start", "task_type": "x", "goal": "g"})
+    hs.record({**call, "result": {"status": "failed"}})
+    assert hs.flush()
+    first = hs.recorder.pid
+    assert first is not None
+    os.kill(first, signal.SIGSTOP)  # what comes now waits, unread, for the next writer
+    hs.record({**call, "result": {"status": "succeeded"}})
+    hs.record({"task_id": "t", "type": "task_end", "result": {"status": "succeeded"}})
+    with pytest.warns(HindsightWarning, match="writer process ended"):
+        _kill(first)
+        assert hs.flush(timeout=30) is True
+    hs.close()
+    rows = _rows(db)
+    assert [r[1] for r in rows] == ["task_start", "action_executed", "action_executed", "task_end"]
+    assert [orjson.loads(r[2])["result"]["status"] for r in rows if r[0] == "evt_call_1"] == [
+        "failed",
+        "succeeded",
+    ]
+    assert hs.stats["lost"] == hs.stats["dead_lettered"] == 0
+
+
 def test_past_its_restarts_the_writer_falls_back_in_process(tmp_path: Path) -> None:
     from hindsight_loop.writer import MAX_RESTARTS
 

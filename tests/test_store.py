@@ -240,6 +240,7 @@ def test_a_new_task_is_adopted_after_batches_of_known_ones(store_url: str) -> No
             store.write_event_batch([_row("b3", "tsk_b", 3, t.format(5), "user_input", {})]) == []
         )
         assert store.event_ids("tsk_b") == {"b2", "b3"}
+        assert store.event_keys("tsk_b") == {("b2", 2), ("b3", 3)}
     finally:
         store.close()
 

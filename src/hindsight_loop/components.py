@@ -186,7 +186,7 @@ def make_recorder(
         ProcessRecorder(
             writer_db(store, db),
             local=local,
-            stored_ids=store.event_ids,
+            stored_keys=store.event_keys,
             owner=lambda: store.owner,
             review_min_events=triggers.review_min_events,
             live_triggers=triggers.live,

@@ -209,7 +209,8 @@ class ProcessRecorder:
     Args:
         db: The store as the writer process opens it (a path or URL).
         local: The in-process recorder (its dead letter, limits and text length are used).
-        stored_ids: A task's stored event ids (skips what a dead writer stored, on fallback).
+        stored_keys: A task's stored ``(event_id, seq)`` (skips what a dead writer stored, on
+            fallback).
         owner: The agent's store's job owner, read when a writer starts: the reviews the writer
             queues are the agent's, so its ``drain()`` waits for them (``pending_jobs(mine=
             True)``); a forked child's store names the child.
@@ -223,14 +224,14 @@ class ProcessRecorder:
         db: str,
         *,
         local: Recorder,
-        stored_ids: Callable[[str], set[str]],
+        stored_keys: Callable[[str], set[tuple[str, int]]],
         owner: Callable[[], str] | None = None,
         review_min_events: int = 10,
         live_triggers: bool = True,
         on_review: Callable[[], None] | None = None,
     ) -> None:
         self._local = local
-        self._stored_ids = stored_ids
+        self._stored_keys = stored_keys
         self._on_review = on_review
         self._config = {
             "db": db,
@@ -1066,7 +1067,7 @@ class ProcessRecorder:
 
     def _move_to_local(self, frames: list[bytes], *, check: bool) -> None:
         """Hand lines to the in-process writer; with ``check``, all but those a dead writer
-        stored (by event id). Each counts as handled."""
+        stored (by event id and seq). Each counts as handled."""
         items = []
         for frame in frames:
             if not frame:
@@ -1077,13 +1078,13 @@ class ProcessRecorder:
                 self._local.keep_refused(frame[:100_000], "unreadable recorder line")
         if check:
             # Those a dead writer stored are a prefix (it wrote in order): skip them.
-            known: dict[str, set[str]] = {}
+            known: dict[str, set[tuple[str, int]]] = {}
             skip = 0
-            for task_id, _seq, _ts, _etype, _p, event_id in items:
-                ids = known.get(task_id)
-                if ids is None:
-                    ids = known[task_id] = self._stored_ids(task_id)
-                if event_id not in ids:
+            for task_id, seq, _ts, _etype, _p, event_id in items:
+                keys = known.get(task_id)
+                if keys is None:
+                    keys = known[task_id] = self._stored_keys(task_id)
+                if (event_id, seq) not in keys:  # a caller may give two events one id
                     break
                 skip += 1
             items = items[skip:]
@@ -1543,7 +1544,7 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
         urgency.start(*(t for t in (threading.get_native_id(), recorder.committer_id) if t))
     session = config["session"]
     resent = ring_config.get("resent", 0) if ring_config else 0
-    known: dict[str, set[str]] = {}
+    known: dict[str, set[tuple[str, int]]] = {}
     ended_before: list[str] = []  # tasks whose end the writer that died stored
 
     def reviews_of(task_ids: list[str]) -> None:
@@ -1631,10 +1632,11 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
                         continue
                 assert item is not None  # the except above continues when it has none
                 if resent:
-                    ids = known.get(item[0])
-                    if ids is None:
-                        ids = known[item[0]] = store.event_ids(item[0])
-                    if item[5] in ids:
+                    keys = known.get(item[0])
+                    if keys is None:
+                        keys = known[item[0]] = store.event_keys(item[0])
+                    # By id and seq: a caller may give two events of a task one id.
+                    if (item[5], item[1]) in keys:
                         skipped += 1  # stored by the writer that died (a prefix: in order)
                         resent -= 1
                         raws.pop()

@@ -237,6 +237,11 @@ class Store(Protocol):
         """The ids of a task's stored events (an import skips those it already stored)."""
         ...
 
+    def event_keys(self, task_id: str) -> set[tuple[str, int]]:
+        """The ``(event_id, seq)`` of a task's stored events: a writer taking over from a dead
+        one skips the lines it stored (a caller may use one id twice in a task)."""
+        ...
+
     def runs_with(self, task_type: str, fragment: str, *, besides: str) -> int:
         """How many runs of a task type, other than ``besides``, have a tool call whose stored
         body contains ``fragment`` (a compact JSON ``"key":value``)."""

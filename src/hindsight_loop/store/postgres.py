@@ -334,6 +334,10 @@ class PostgresStore(JobOwner, ThreadConnections):
             for r in self._db.execute("SELECT event_id FROM events WHERE task_id=%s", (task_id,))
         }
 
+    def event_keys(self, task_id: str) -> set[tuple[str, int]]:
+        sql = "SELECT event_id, seq FROM events WHERE task_id=%s"
+        return {(row[0], row[1]) for row in self._db.execute(sql, (task_id,))}
+
     def runs_with(self, task_type: str, fragment: str, *, besides: str) -> int:
         row = self._db.execute(
             """SELECT count(DISTINCT e.task_id) FROM events e JOIN tasks t USING (task_id)

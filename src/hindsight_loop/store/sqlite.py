@@ -511,6 +511,10 @@ class SQLiteStore(JobOwner, ThreadConnections):
             for row in self._db.execute("SELECT event_id FROM events WHERE task_id=?", (task_id,))
         }
 
+    def event_keys(self, task_id: str) -> set[tuple[str, int]]:
+        sql = "SELECT event_id, seq FROM events WHERE task_id=?"
+        return {(row[0], row[1]) for row in self._db.execute(sql, (task_id,))}
+
     def runs_with(self, task_type: str, fragment: str, *, besides: str) -> int:
         # A scan of the task type's tool calls: run by the worker off the hot path, only for the
         # few values a one-run lesson would quote.
