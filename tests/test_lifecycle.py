@@ -90,3 +90,54 @@ def test_a_store_from_a_newer_version_is_refused_with_the_fix(tmp_path: Path) ->
     db.close()
     with pytest.raises(SchemaError, match="newer Hindsight.*pip install -U"):
         SQLiteStore(path)
+
+
+def test_a_child_forked_while_the_agent_reindexes_and_curates_recalls_and_learns(
+    tmp_path: Path,
+) -> None:
+    """A fork while a thread of the agent held the recall index's lock (a rebuild after the
+    book changed) or the curator's (a lesson being curated) left that lock held in the child
+    for good: its first recall waited forever (1 of 40 children beside an agent at work). The
+    child now makes locks of its own."""
+    import os
+    import signal
+
+    from hindsight_loop.models import Features, LessonDraft
+
+    hs = Hindsight(tmp_path / "f.db", background=False)
+    try:
+        hs.add_lesson(
+            LessonDraft(
+                task_type="api",
+                advice="Retry fetch after a timeout.",
+                features=Features(tools=["fetch"]),
+            )
+        )
+        assert hs.recall(task_type="api", tools=["fetch"], query="fetch a page")
+        held, done = threading.Event(), threading.Event()
+
+        def busy() -> None:  # a rebuild and a curation under way in another thread
+            with hs.recall_cache._lock, hs.curator._lock:
+                held.set()
+                done.wait()
+
+        thread = threading.Thread(target=busy)
+        thread.start()
+        held.wait()
+        try:
+            pid = os.fork()
+            if pid == 0:  # the child: never returns into pytest
+                code = 1
+                try:
+                    signal.alarm(20)  # a child waiting for good is killed by its alarm
+                    found = hs.recall(task_type="api", tools=["fetch"], query="fetch a page")
+                    hs.add_lesson(LessonDraft(task_type="api", advice="Log the page fetched."))
+                    code = 0 if found else 2
+                finally:
+                    os._exit(code)
+            assert os.waitpid(pid, 0)[1] == 0
+        finally:
+            done.set()
+            thread.join()
+    finally:
+        hs.close()

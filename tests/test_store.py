@@ -520,6 +520,65 @@ def test_children_forked_beside_threads_using_the_store_read_it(tmp_path: Path) 
     assert hung == 0
 
 
+def test_a_call_waiting_on_another_process_holds_up_one_fork_at_most(tmp_path: Path) -> None:
+    """A thread waiting out SQLite's busy timeout on another process's lock is inside a store
+    call for up to 30 s. A fork waits ``STORE_CALLS.WAIT`` for it, then goes ahead; before,
+    each of a pool's forks waited 5 s for the same call, and so did each fork of the child,
+    which kept the waiting thread's count. Now the forks after the first do not wait for it."""
+    from hindsight_loop.store import STORE_CALLS
+
+    path = str(tmp_path / "w.db")
+    store = open_store(path)
+    store.enqueue_job("tsk_x")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process's write (a CLI import)
+    waiting = threading.Thread(target=store.enqueue_job, args=("tsk_y",))
+    waiting.start()
+    time.sleep(0.3)  # in its busy timeout now
+    took = []
+    try:
+        for _ in range(3):
+            start = time.monotonic()
+            pid = os.fork()
+            if pid == 0:  # the child: never returns into pytest
+                code = 1
+                try:
+                    start = time.monotonic()
+                    grandchild = os.fork()
+                    if grandchild == 0:
+                        os._exit(0)
+                    os.waitpid(grandchild, 0)
+                    code = 0 if time.monotonic() - start < STORE_CALLS.WAIT / 2 else 3
+                finally:
+                    os._exit(code)
+            took.append(time.monotonic() - start)
+            assert os.waitpid(pid, 0)[1] == 0  # the child's own fork did not wait
+    finally:
+        holder.execute("COMMIT")
+        waiting.join()
+        holder.close()
+        store.close()
+    assert took[0] >= STORE_CALLS.WAIT * 0.9
+    assert max(took[1:]) < STORE_CALLS.WAIT / 2
+
+
+def test_the_connections_of_threads_that_ended_are_closed(store_url: str) -> None:
+    """Each thread has a connection of its own; one whose thread ended was kept open until
+    the store closed: 10,000 short-lived threads each making one call held 10,000 files (or
+    PostgreSQL sessions) open. A new connection now closes those of threads that ended."""
+    store = open_store(store_url)
+    try:
+        store.upsert_task(Task(task_id="tsk_t", task_type="t"))
+        for _ in range(30):
+            t = threading.Thread(target=store.get_task, args=("tsk_t",))
+            t.start()
+            t.join()
+        assert len(store._conns) <= 2  # type: ignore[attr-defined]  # this thread's, the last one's
+        assert store.get_task("tsk_t") is not None  # this thread's connection still works
+    finally:
+        store.close()
+
+
 def test_the_curator_reads_the_lessons_recall_serves_beside_a_draft(store_url: str) -> None:
     """Not the whole book (read for every draft, it grew with every task type the book holds):
     the draft's task type in every stored spelling, and the lessons of any task type; one

@@ -35,6 +35,7 @@ import logging
 import math
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -52,7 +53,7 @@ from hindsight_loop.embed import (
     matvec,
     rescale_cosines,
 )
-from hindsight_loop.models import MAX_LESSONS, Intent, Lesson, parse_ts
+from hindsight_loop.models import MAX_LESSONS, Intent, Lesson, parse_ts, reset_in_forked_child
 from hindsight_loop.text import (
     CONCEPT_MARK,
     QUOTE_MAX,
@@ -1807,6 +1808,11 @@ class StoreStage:
 SYNC_REBUILD_MAX = 2_000
 
 
+#: The recall caches of this process, reset in a child forked from it (``RecallCache._forked``).
+_CACHES: weakref.WeakSet[RecallCache] = weakref.WeakSet()
+reset_in_forked_child(_CACHES, "recall cache")
+
+
 class RecallCache:
     """The recall index of one store, rebuilt when the book changes; recall reads, never writes.
 
@@ -1834,6 +1840,14 @@ class RecallCache:
         #: With a store stage: also build the in-memory index in the background and answer
         #: from it while it is current (memory for speed; False keeps only the stage).
         self.keep_index = True
+        _CACHES.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child: locks of its own. A fork while a thread of the parent rebuilt
+        the index left the lock held in the child, whose recall then waited for good (1 of
+        40 children recalling beside an agent at work)."""
+        self._lock = threading.Lock()
+        self._stage_lock = threading.Lock()
 
     def search(self, query: RecallQuery, *, limit: int) -> LessonSet:
         """The best lessons for ``query`` from the current book."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ from hindsight_loop.models import (
     Task,
     iso,
     new_id,
+    reset_in_forked_child,
     utcnow,
 )
 from hindsight_loop.record import redact_text
@@ -53,6 +55,11 @@ POLL_INTERVAL = 0.25
 DRAIN_POLL = 0.01
 #: Most recent ended runs of a task type that a batch review reads.
 BATCH_RUNS = 200
+
+
+#: The curators and workers of this process, reset in a child forked from it (``_forked``).
+_FORKED: weakref.WeakSet[Curator | Worker] = weakref.WeakSet()
+reset_in_forked_child(_FORKED, "curator or worker")
 
 
 class Curator:
@@ -80,6 +87,13 @@ class Curator:
         # task_type filter is exact, and recall serves "Quotes" with "quotes " and "*".
         self._spellings: dict[str, set[str]] = {}
         self._spellings_version = -1  # lessons from before the book was versioned are at 0
+        self._spellings_lock = threading.Lock()
+        _FORKED.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child: locks of its own (one a parent's thread held at the fork would
+        stay held in the child, and the child's lessons would wait for it for good)."""
+        self._lock = threading.Lock()
         self._spellings_lock = threading.Lock()
 
     def add(self, draft: Any) -> Change:
@@ -242,9 +256,16 @@ class Worker:
         self._wake = threading.Event()
         self._busy = threading.Lock()
         self._thread: threading.Thread | None = None
+        _FORKED.add(self)
         if background:
             self._thread = threading.Thread(target=self._loop, name="hindsight-jobs", daemon=True)
             self._thread.start()
+
+    def _forked(self) -> None:
+        """In a forked child: locks of its own; the background thread stayed in the parent
+        (it runs the jobs the child queues, in the shared store)."""
+        self._wake = threading.Event()
+        self._busy = threading.Lock()
 
     def wake(self) -> None:
         """Tell the background thread a job was queued."""

@@ -7,6 +7,7 @@ never to a database directly, so another backend only has to implement this prot
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -59,9 +60,22 @@ class ThreadConnections:
 
     def _init_connections(self) -> None:
         self._local = threading.local()
-        self._conns: list[Any] = []
+        self._conns: dict[Any, threading.Thread] = {}  # each connection and its thread
         self._lock = threading.Lock()
         _STORES.add(self)
+
+    def _keep(self, db: Any) -> None:
+        """List this thread's new connection for ``close()``, and close those of threads that
+        have ended: each outlived its thread, and 10,000 short-lived threads making a call
+        each held 10,000 files open, until SQLite could open no more."""
+        with self._lock:
+            ended = [conn for conn, thread in self._conns.items() if not thread.is_alive()]
+            for conn in ended:
+                del self._conns[conn]
+            self._conns[db] = threading.current_thread()
+        for conn in ended:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _forked(self) -> None:
         _INHERITED.extend(self._conns)
@@ -79,19 +93,31 @@ class StoreCalls:
     SQLite store call (``through_store_calls``) passes through here.
 
     The calls pay no lock: each thread counts its own depth in a cell of its own, and a fork
-    raises a flag, then waits until every other thread's cell is at zero; a call that finds
-    the flag raised steps out and waits for the fork to end."""
+    counts itself, then waits until every other thread's cell is at zero; a call that finds
+    a fork under way steps out and waits for the forks to end."""
 
-    #: Seconds a fork waits for the calls under way (a checkpoint takes tens of ms; past
-    #: this, the fork goes ahead: a fork must never hang on Hindsight).
-    WAIT = 5.0
+    #: Seconds a fork waits for the calls under way (a checkpoint takes tens of ms). Past
+    #: this the fork goes ahead (a fork must never hang on Hindsight), and later forks do not
+    #: wait for the calls it gave up on while they last: a thread waiting out SQLite's busy
+    #: timeout on another process's lock (30 s) made each of a pool's four forks wait 5 s.
+    WAIT = 1.0
 
     def __init__(self) -> None:
         # One thread-local for the life of the process: a forked child keeps the forking
         # thread's, and the others' went with their threads.
         self._local = threading.local()
         self._cells: weakref.WeakSet[_Depth] = weakref.WeakSet()  # a thread's ends with it
-        self._forking = False
+        # New cells are added under it: a fork listing them meanwhile failed (the set changed
+        # size), and went ahead without waiting.
+        self._cells_lock = threading.Lock()
+        self._given_up: weakref.WeakSet[_Depth] = weakref.WeakSet()
+        self._new_forks()
+
+    def _new_forks(self) -> None:
+        # Forks under way: two threads may fork at once, and the first one done must not let
+        # calls in while the second is still on its way.
+        self._forks = 0
+        self._forks_lock = threading.Lock()
         self._fork_done = threading.Event()
         self._fork_done.set()
 
@@ -100,12 +126,13 @@ class StoreCalls:
         cell = getattr(self._local, "cell", None)
         if cell is None:
             cell = self._local.cell = _Depth()
-            self._cells.add(cell)
+            with self._cells_lock:
+                self._cells.add(cell)
         return cell
 
     def step_out(self, cell: _Depth) -> None:
-        """A call that found a fork's flag raised: out of the count until the fork is done."""
-        while self._forking and cell.depth == 1:
+        """A call that found a fork under way: out of the count until the forks are done."""
+        while self._forks and cell.depth == 1:
             cell.depth = 0
             self._fork_done.wait()
             cell.depth = 1
@@ -113,30 +140,45 @@ class StoreCalls:
     def __enter__(self) -> None:
         cell = self.cell()
         cell.depth += 1
-        if self._forking:  # counted first, then the flag read: a fork raising it sees this call
+        if self._forks:  # counted first, then the forks read: a fork begun sees this call
             self.step_out(cell)
 
     def __exit__(self, *exc: object) -> None:
         self._local.cell.depth -= 1
 
     def _before_fork(self) -> None:
-        self._fork_done.clear()
-        self._forking = True
+        with self._forks_lock:
+            self._forks += 1
+            self._fork_done.clear()
         mine = getattr(self._local, "cell", None)  # a fork from inside a call waits not for it
+        with self._cells_lock:
+            cells = [c for c in self._cells if c is not mine]
+        given_up = self._given_up  # under the forks' lock: two threads may fork at once
+        with self._forks_lock:
+            for cell in [c for c in given_up if not c.depth]:
+                given_up.discard(cell)  # out of the call a fork gave up on
         deadline = time.monotonic() + self.WAIT
-        while any(c.depth for c in list(self._cells) if c is not mine):
+        while inside := [c for c in cells if c.depth and c not in given_up]:
             if time.monotonic() > deadline:
+                with self._forks_lock:
+                    given_up.update(inside)
                 break
             time.sleep(0.0005)
 
     def _after_fork_in_parent(self) -> None:
-        self._forking = False
-        self._fork_done.set()
+        with self._forks_lock:
+            self._forks -= 1
+            if not self._forks:
+                self._fork_done.set()
 
     def _after_fork_in_child(self) -> None:
-        self._forking = False
-        self._fork_done = threading.Event()  # its lock may have been held by another thread
-        self._fork_done.set()
+        # The child's one thread; a cell another thread left inside a call the fork gave up
+        # on would be waited for at each of the child's forks.
+        mine = getattr(self._local, "cell", None)
+        self._cells = weakref.WeakSet([mine] if mine is not None else [])
+        self._cells_lock = threading.Lock()
+        self._given_up = weakref.WeakSet()
+        self._new_forks()  # their locks may have been held by another thread
 
 
 class _Depth:
@@ -180,7 +222,7 @@ def _gated(method: Callable[..., Any]) -> Callable[..., Any]:
         # ``with STORE_CALLS`` inlined: this costs ~0.3-0.4 µs a call (timeit, book_version).
         cell = getattr(local, "cell", None) or gate.cell()
         cell.depth += 1
-        if gate._forking:
+        if gate._forks:
             gate.step_out(cell)
         try:
             return method(*args, **kwargs)

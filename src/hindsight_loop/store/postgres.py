@@ -181,14 +181,13 @@ class PostgresStore(JobOwner, ThreadConnections):
                     f"cannot connect to {self.url!r}: {str(exc).strip()}; check --db / HINDSIGHT_DB"
                 ) from None
             self._local.db = db
-            with self._lock:
-                self._conns.append(db)
+            self._keep(db)
         return db
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            conns, self._conns = self._conns, []
+            conns, self._conns = list(self._conns), {}
         for db in conns:
             with contextlib.suppress(Exception):
                 db.close()

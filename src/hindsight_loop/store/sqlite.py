@@ -276,7 +276,7 @@ class SQLiteStore(JobOwner, ThreadConnections):
         if db is not None:
             self._local.db = None
             with self._lock:
-                self._conns.remove(db)
+                self._conns.pop(db, None)
             db.close()
 
     # -- connections -----------------------------------------------------------------------
@@ -292,8 +292,7 @@ class SQLiteStore(JobOwner, ThreadConnections):
                 )
                 db.execute("PRAGMA busy_timeout=30000")
                 self._local.db = db
-                with self._lock:
-                    self._conns.append(db)
+                self._keep(db)
                 return db
             db = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=30.0
@@ -308,14 +307,13 @@ class SQLiteStore(JobOwner, ThreadConnections):
             # when they do not fit. Memory is taken only as pages are read.
             db.execute(f"PRAGMA cache_size={CACHE_KIB}")
             self._local.db = db
-            with self._lock:
-                self._conns.append(db)
+            self._keep(db)
         return db
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            conns, self._conns = self._conns, []
+            conns, self._conns = list(self._conns), {}
         for db in conns:
             with contextlib.suppress(sqlite3.Error):
                 db.close()
