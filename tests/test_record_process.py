@@ -298,6 +298,43 @@ def test_the_stats_count_what_every_writer_wrote_though_no_flush_asked(tmp_path:
     assert hs.stats["lost"] == hs.stats["dead_lettered"] == 0
 
 
+def _kill_the_writer_while_it_queues_reviews(hs: Hindsight, db: Path) -> str:
+    """Record a task, then SIGKILL the writer process once it has committed the task's events
+    and is queueing its review (a job insert made to take seconds); the id of the task."""
+    con = sqlite3.connect(db, timeout=60)  # the writer after it may be queueing, slowly
+    con.executescript(
+        """CREATE TRIGGER slow_jobs BEFORE INSERT ON jobs BEGIN
+             SELECT count(*) FROM (WITH RECURSIVE c(x) AS
+               (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT x FROM c);
+           END;"""
+    )
+    rows = len(_rows(db))
+    with hs.task("api", tools=["fetch"], recall=False) as task:
+        for i in range(12):
+            task.record_action("fetch", {"i": i})
+    hs.flush(timeout=0.1)  # the writer commits now, then queues the review
+    deadline = time.monotonic() + 30
+    while len(_rows(db)) < rows + 14:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    time.sleep(0.2)  # past the commit, well inside the job insert (seconds)
+    pid = hs.recorder.pid
+    assert pid is not None
+    _kill(pid)
+    con.execute("DROP TRIGGER slow_jobs")
+    con.commit()
+    con.close()
+    return task.task_id
+
+
+def _jobs(db: Path) -> list[tuple[str, str, str]]:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT task_id, kind, trigger FROM jobs").fetchall()
+    finally:
+        con.close()
+
+
 def test_a_writer_killed_while_it_queues_reviews_has_counted_what_it_wrote_and_its_reviews_come(
     tmp_path: Path,
 ) -> None:
@@ -307,39 +344,35 @@ def test_a_writer_killed_while_it_queues_reviews_has_counted_what_it_wrote_and_i
     it skips the stored lines, so its triggers never saw the task end), and only once."""
     db = tmp_path / "k.db"
     hs = Hindsight(db, writer="process", background=False)
-    con = sqlite3.connect(db)
-    # A job insert that takes seconds: the writer is killed while it queues the task's review.
-    con.executescript(
-        """CREATE TRIGGER slow_jobs BEFORE INSERT ON jobs BEGIN
-             SELECT count(*) FROM (WITH RECURSIVE c(x) AS
-               (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT x FROM c);
-           END;"""
-    )
-    with hs.task("api", tools=["fetch"], recall=False) as task:
-        for i in range(12):
-            task.record_action("fetch", {"i": i})
-    hs.flush(timeout=0.1)  # the writer commits now, then queues the review
-    deadline = time.monotonic() + 30
-    while len(_rows(db)) < 14:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    time.sleep(0.2)  # past the commit, well inside the job insert (seconds)
-    first = hs.recorder.pid
-    assert first is not None
     with pytest.warns(HindsightWarning, match="writer process ended"):
-        _kill(first)
-        con.execute("DROP TRIGGER slow_jobs")
-        con.commit()
-        con.close()
+        task_id = _kill_the_writer_while_it_queues_reviews(hs, db)
         assert hs.flush(timeout=30) is True
     hs.close()
     assert hs.stats["written"] == len(_rows(db)) == 14
-    con = sqlite3.connect(db)
-    try:
-        jobs = con.execute("SELECT task_id, kind, trigger FROM jobs").fetchall()
-    finally:
-        con.close()
-    assert jobs == [(task.task_id, "full", "task_end")]
+    assert _jobs(db) == [(task_id, "full", "task_end")]
+
+
+def test_past_its_restarts_the_in_process_writer_queues_the_reviews_a_dead_one_did_not(
+    tmp_path: Path,
+) -> None:
+    """The same death past the writer's restarts: the agent writes in process from then on,
+    skipping the lines the dead writer stored, and queued none of their reviews."""
+    from hindsight_loop.writer import MAX_RESTARTS
+
+    db = tmp_path / "b.db"
+    hs = Hindsight(db, writer="process", background=False)
+    with pytest.warns(HindsightWarning, match="writer process ended"):
+        for k in range(MAX_RESTARTS):  # earlier deaths, with nothing of a task end in flight
+            hs.record({"task_id": f"w{k}", "type": "task_start", "task_type": "x"})
+            assert hs.flush(timeout=30) is True
+            pid = hs.recorder.pid
+            assert pid is not None
+            _kill(pid)
+        task_id = _kill_the_writer_while_it_queues_reviews(hs, db)
+        assert hs.flush(timeout=30) is True
+    assert hs.recorder.mode == "thread"
+    hs.close()
+    assert [job for job in _jobs(db) if job[0] == task_id] == [(task_id, "full", "task_end")]
 
 
 def test_a_restarted_writer_stores_an_event_whose_id_a_stored_one_had(tmp_path: Path) -> None:

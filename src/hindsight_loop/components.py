@@ -187,6 +187,7 @@ def make_recorder(
             writer_db(store, db),
             local=local,
             stored_keys=store.event_keys,
+            ended_stored=triggers.ends_stored_before,
             owner=lambda: store.owner,
             review_min_events=triggers.review_min_events,
             live_triggers=triggers.live,

@@ -211,6 +211,8 @@ class ProcessRecorder:
         local: The in-process recorder (its dead letter, limits and text length are used).
         stored_keys: A task's stored ``(event_id, seq)`` (skips what a dead writer stored, on
             fallback).
+        ended_stored: Queues the reviews of task ends a dead writer stored, where it died
+            before queueing them (``Triggers.ends_stored_before``), on fallback.
         owner: The agent's store's job owner, read when a writer starts: the reviews the writer
             queues are the agent's, so its ``drain()`` waits for them (``pending_jobs(mine=
             True)``); a forked child's store names the child.
@@ -225,6 +227,7 @@ class ProcessRecorder:
         *,
         local: Recorder,
         stored_keys: Callable[[str], set[tuple[str, int]]],
+        ended_stored: Callable[[list[str]], None] | None = None,
         owner: Callable[[], str] | None = None,
         review_min_events: int = 10,
         live_triggers: bool = True,
@@ -232,6 +235,7 @@ class ProcessRecorder:
     ) -> None:
         self._local = local
         self._stored_keys = stored_keys
+        self._ended_stored = ended_stored
         self._on_review = on_review
         self._config = {
             "db": db,
@@ -1080,14 +1084,24 @@ class ProcessRecorder:
             # Those a dead writer stored are a prefix (it wrote in order): skip them.
             known: dict[str, set[tuple[str, int]]] = {}
             skip = 0
-            for task_id, seq, _ts, _etype, _p, event_id in items:
+            ended: list[str] = []
+            for task_id, seq, _ts, etype, _p, event_id in items:
                 keys = known.get(task_id)
                 if keys is None:
                     keys = known[task_id] = self._stored_keys(task_id)
                 if (event_id, seq) not in keys:  # a caller may give two events one id
                     break
                 skip += 1
+                if etype == "task_end":
+                    ended.append(task_id)
             items = items[skip:]
+            if ended and self._ended_stored is not None:
+                try:  # the writer that died may have died before queueing their reviews
+                    self._ended_stored(ended)
+                except Exception:  # noqa: BLE001 - the events are stored; a review is not worth them
+                    log.exception(
+                        "hindsight: could not queue the reviews of tasks a dead writer ended"
+                    )
         self._local.emit_items(items)
         with self._cond:
             self._moved += len(frames)
