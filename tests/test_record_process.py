@@ -298,9 +298,12 @@ def test_the_stats_count_what_every_writer_wrote_though_no_flush_asked(tmp_path:
     assert hs.stats["lost"] == hs.stats["dead_lettered"] == 0
 
 
-def _kill_the_writer_while_it_queues_reviews(hs: Hindsight, db: Path) -> str:
-    """Record a task, then SIGKILL the writer process once it has committed the task's events
-    and is queueing its review (a job insert made to take seconds); the id of the task."""
+def _kill_the_writer_while_it_queues_reviews(
+    hs: Hindsight, db: Path, task_id: str | None = None
+) -> str:
+    """Record a task (of this id, else a new one), then SIGKILL the writer process once it has
+    committed the task's events and is queueing its review (a job insert made to take
+    seconds); the id of the task."""
     con = sqlite3.connect(db, timeout=60)  # the writer after it may be queueing, slowly
     con.executescript(
         """CREATE TRIGGER slow_jobs BEFORE INSERT ON jobs BEGIN
@@ -309,7 +312,7 @@ def _kill_the_writer_while_it_queues_reviews(hs: Hindsight, db: Path) -> str:
            END;"""
     )
     rows = len(_rows(db))
-    with hs.task("api", tools=["fetch"], recall=False) as task:
+    with hs.task("api", tools=["fetch"], recall=False, task_id=task_id) as task:
         for i in range(12):
             task.record_action("fetch", {"i": i})
     hs.flush(timeout=0.1)  # the writer commits now, then queues the review
@@ -350,6 +353,26 @@ def test_a_writer_killed_while_it_queues_reviews_has_counted_what_it_wrote_and_i
     hs.close()
     assert hs.stats["written"] == len(_rows(db)) == 14
     assert _jobs(db) == [(task_id, "full", "task_end")]
+
+
+def test_a_task_id_run_again_gets_its_own_review_from_a_writer_taking_over(
+    tmp_path: Path,
+) -> None:
+    """A caller may run a task id twice (``hs.task(task_id=...)``, a retried job). The review
+    queued for its first run is not the second's: a writer taking over from one killed while it
+    queued the second run's review took it for done, and the second run was never reviewed."""
+    db = tmp_path / "r.db"
+    hs = Hindsight(db, writer="process", background=False)
+    with hs.task("api", tools=["fetch"], recall=False, task_id="job-42") as task:
+        for i in range(12):
+            task.record_action("fetch", {"i": i})
+    assert hs.flush(timeout=30) is True
+    assert _jobs(db) == [("job-42", "full", "task_end")]
+    with pytest.warns(HindsightWarning, match="writer process ended"):
+        _kill_the_writer_while_it_queues_reviews(hs, db, task_id="job-42")
+        assert hs.flush(timeout=30) is True
+    hs.close()
+    assert _jobs(db) == [("job-42", "full", "task_end")] * 2
 
 
 def test_past_its_restarts_the_in_process_writer_queues_the_reviews_a_dead_one_did_not(

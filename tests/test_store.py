@@ -135,8 +135,32 @@ def test_jobs_queued_together_are_claimed_in_their_order(store_url: str) -> None
         assert store.queued_job_kinds("tsk_1", trigger="task_end") == {"full", "outcome"}
         assert store.queued_job_kinds("tsk_1", trigger="loop") == {"local"}
         assert store.queued_job_kinds("tsk_2", trigger="task_end") == set()
+        # Since a time: a task id run again asks only for the reviews of its latest run.
+        assert store.queued_job_kinds(
+            "tsk_1", trigger="task_end", since="2000-01-01T00:00:00.000Z"
+        ) == {"full", "outcome"}
+        assert (
+            store.queued_job_kinds("tsk_1", trigger="task_end", since="2999-01-01T00:00:00.000Z")
+            == set()
+        )
     finally:
         store.close()
+
+
+def test_the_reviews_of_one_task_are_found_through_an_index(tmp_path: Path) -> None:
+    """A writer taking over asks for each stored task end which reviews it has: a scan of every
+    job per task held a flush 24 s beside a million old jobs."""
+    SQLiteStore(tmp_path / "j.db").close()
+    con = sqlite3.connect(tmp_path / "j.db")
+    try:
+        plan = con.execute(
+            "EXPLAIN QUERY PLAN SELECT DISTINCT kind FROM jobs WHERE task_id=? AND trigger=? "
+            "AND created_at >= ?",
+            ("t", "task_end", "2026-01-01T00:00:00.000Z"),
+        ).fetchall()
+    finally:
+        con.close()
+    assert "USING INDEX jobs_by_task" in " ".join(str(row[-1]) for row in plan)
 
 
 def test_reflections_roundtrip(store_url: str) -> None:

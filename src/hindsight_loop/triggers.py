@@ -14,10 +14,10 @@ from typing import Any
 
 import orjson
 
-from hindsight_loop.models import FAILED_STATUSES, Event, is_failure
+from hindsight_loop.models import FAILED_STATUSES, Event, Task, is_failure
 from hindsight_loop.record import WATCHED_TYPES, Row, warn
 from hindsight_loop.reflect import needs_review
-from hindsight_loop.replay import AnomalyWatch, local_window, read_projection
+from hindsight_loop.replay import AnomalyWatch, local_window, read_projection, wire_timestamp
 from hindsight_loop.store import Store
 
 #: Most local reviews one task may ask for: a run that keeps failing needs one look, not fifty.
@@ -202,18 +202,34 @@ class Triggers:
         the dead writer's batch are not redone: their windows were in its memory."""
         jobs: list[dict[str, Any]] = []
         for task_id in dict.fromkeys(task_ids):
-            queued = self.store.queued_job_kinds(task_id, trigger="task_end")
+            task = self.store.get_task(task_id)
+            if task is None:
+                continue
+            # A task id a caller ran before (``hs.task(task_id=...)`` again): the reviews of its
+            # earlier runs were queued before this run started and are not this run's. A
+            # start time out of the wire format (a caller's own) cannot be compared as text:
+            # every review queued for the id counts then, as before runs were told apart.
+            since = task.started_at if wire_timestamp(task.started_at) else None
+            queued = self.store.queued_job_kinds(task_id, trigger="task_end", since=since)
             wanted: list[dict[str, Any]] = []
-            self._end_reviews(task_id, self._stored_run(task_id)[1], wanted)
+            self._end_reviews(task_id, self._stored_run(task_id)[1], wanted, task=task)
             jobs += [job for job in wanted if job["kind"] not in queued]
         if jobs:
             self.store.enqueue_jobs(jobs)
             self._wake()
 
-    def _end_reviews(self, task_id: str, had_failure: bool, jobs: list[dict[str, Any]]) -> None:
+    def _end_reviews(
+        self,
+        task_id: str,
+        had_failure: bool,
+        jobs: list[dict[str, Any]],
+        *,
+        task: Task | None = None,
+    ) -> None:
         """The reviews an ended task gets: its outcome for the lessons it was given, and a full
-        review when it needs one."""
-        task = self.store.get_task(task_id)
+        review when it needs one (``task``: the task as read already)."""
+        if task is None:
+            task = self.store.get_task(task_id)
         if task is None:
             return
         if task.injected_lesson_ids:

@@ -361,9 +361,11 @@ class Store(Protocol):
     def has_pending_job(self, task_id: str, *, kind: str) -> bool:
         """Whether a job of this kind for this task is waiting to run."""
 
-    def queued_job_kinds(self, task_id: str, *, trigger: str) -> set[str]:
+    def queued_job_kinds(self, task_id: str, *, trigger: str, since: str | None = None) -> set[str]:
         """The kinds of the jobs ever queued for this task with this trigger, whatever their
-        status (a writer that takes over from a dead one queues only what is missing)."""
+        status (a writer that takes over from a dead one queues only what is missing);
+        ``since``, a wire timestamp: only those queued at or after it (a task id run again:
+        the reviews of its earlier runs are not this run's)."""
 
     def pending_jobs(self, *, mine: bool = False) -> int:
         """Jobs waiting or running (``mine``: only those this store object runs)."""

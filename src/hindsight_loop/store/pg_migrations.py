@@ -245,6 +245,12 @@ def m009_replay_projection(db: Any) -> None:
     db.execute("ALTER TABLE events ADD COLUMN projection TEXT")
 
 
+@migration
+def m010_jobs_by_task(db: Any) -> None:
+    # The reviews queued for one task, read by a writer taking over (see SQLite's m010).
+    db.execute("CREATE INDEX jobs_by_task ON jobs(task_id, trigger)")
+
+
 # One registry of names: a migration added to SQLite's must be added here too.
 assert [n for n, _ in MIGRATIONS] == [n for n, _ in SQLITE_MIGRATIONS], "PG migrations drifted"
 

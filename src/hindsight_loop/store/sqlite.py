@@ -835,11 +835,13 @@ class SQLiteStore(JobOwner, ThreadConnections):
             is not None
         )
 
-    def queued_job_kinds(self, task_id: str, *, trigger: str) -> set[str]:
-        rows = self._db.execute(
-            "SELECT DISTINCT kind FROM jobs WHERE task_id=? AND trigger=?", (task_id, trigger)
-        )
-        return {row[0] for row in rows}
+    def queued_job_kinds(self, task_id: str, *, trigger: str, since: str | None = None) -> set[str]:
+        sql = "SELECT DISTINCT kind FROM jobs WHERE task_id=? AND trigger=?"
+        args: tuple[str, ...] = (task_id, trigger)
+        if since is not None:
+            sql += " AND created_at >= ?"
+            args += (since,)
+        return {row[0] for row in self._db.execute(sql, args)}
 
     def pending_jobs(self, *, mine: bool = False) -> int:
         """Jobs waiting or running; with ``mine``, only those this store object queued or is
