@@ -418,6 +418,34 @@ Written by hand on 2026-12-02 (ninth session) from the full run above (main 1b54
 Xeon, load ~1): a later run changes the rows above, not these figures. Each says which writer it
 is for.
 
+Twenty-fourth and twenty-fifth sessions (2026-12-07, main after 386729d; the same 2-vCPU VM).
+No speed change. `bench/ingest.py` (this session, writer process, redaction and live triggers
+on): 67.8k events/s in one task (71.5k with the store at 1M rows), 45.3k/s in tasks of 100
+(the writer thread 47.2k), against a naive `executemany` logger at 94.3k/s; the target of 50k/s
+is met for long tasks and missed for short ones. Where the short tasks' extra cost goes (the
+writer fed 100,000 events from a file, its calls timed): about 0.5 s of CPU per 100,000
+events, most of it the live rules, which read every event of a short task (296 ms against 65
+ms: one long task stops being watched once it has used its local reviews); the committer's
+inserts take 2.19 s of wall time for 0.85 s of CPU, waiting for the GIL. Reaching 50k/s for
+short tasks beside an agent on two cores needs a compiled writer core, not a tweak of this one.
+Trust (nothing accepted is lost), from two adversarial passes: a fork now waits for every
+thread's SQLite call under way (`store.STORE_CALLS`, about 0.1-0.4 µs a call), not only the
+writer thread's: children forked beside two threads using the store hung 4-5 times in 150,
+now 0; forks from several threads at once, 6 hung in 600, now 0; a multiprocessing pool
+started beside a call waiting on another process's lock waited 20.1 s, now 1.0 s (a fork
+waits 1 s at most); the recall cache, the curator and the review worker reset their locks in
+a child (a recall in a child hung 1 time in 40, now 0). The connections of threads that ended
+are closed (10,000 short-lived threads held 10,000 open files). A writer process that takes
+over from a dead one, or the in-process writer past the restarts, queues the reviews of the
+task ends the dead one stored but died before queueing (they were lost), once, and a task id
+run again gets a review for each run; it knows the stored lines by event id and sequence, so a
+second event a caller gave the same id is stored, not skipped. The jobs table is indexed by
+task: a takeover beside 1,000,000 old jobs, with 200 task ends to check, held `flush()` 9.0 s,
+now 0.2 s (`/tmp/adv24/takeover_stall.py 1000000 200 kill`). Curation and retrieval
+unchanged (`bench/curation/run.py`: rewordings merged 0-36% on the blind splits with the
+hashed embedder, 75-94% with the oracle judge; `bench/retrieval/run.py`, hybrid: wrong
+injections 0.057-0.163, recall@3 0.80-1.00).
+
 Twenty-third session (2026-12-07, main after dff5862; the same 2-vCPU VM). No speed change and
 no new speed rows: where the writer's time goes was measured again, and what the agent pays was
 not moved. The writer process fed 100,000 events in tasks of 100 from a file (`py-spy record
