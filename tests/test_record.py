@@ -253,6 +253,35 @@ def test_refused_events_are_kept_in_the_dead_letter_file(hs: Hindsight) -> None:
     assert orjson.loads(lines[0])["refused"] == {"type": "bogus", "task_id": "t1"}
 
 
+def test_an_event_type_that_is_not_text_is_refused_not_raised(
+    hs: Hindsight, tmp_path: Path
+) -> None:
+    """A list or a dict cannot be looked up among the event types, and an object's repr may
+    raise: the check raised into ``hs.record``, and an import stopped at the line."""
+
+    class BadRepr:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    with pytest.warns(HindsightWarning, match="unknown event type of type list"):
+        assert hs.record({"type": ["user_input"], "task_id": "t1"}) is False
+    with pytest.warns(HindsightWarning, match="unknown event type of type dict"):
+        assert hs.record({"type": {}, "task_id": "t1"}) is False
+    with pytest.warns(HindsightWarning, match="unknown event type of type BadRepr"):
+        assert hs.record({"type": BadRepr(), "task_id": "t1"}) is False
+    lines = tmp_path / "events.jsonl"
+    lines.write_text(
+        '{"type": "task_start", "task_id": "t2", "task_type": "x"}\n'
+        '{"type": ["user_input"], "task_id": "t2"}\n'
+        '{"type": "user_input", "task_id": "t2", "input": {"text": "after"}}\n'
+    )
+    report = hs.import_file(lines, format="wire")
+    assert report.accepted == 2
+    assert len(report.problems) == 1 and "line 2" in report.problems[0]
+    hs.flush()
+    assert [e.input["text"] for e in hs.store.events("t2") if e.type == "user_input"] == ["after"]
+
+
 def test_unknown_task_id_is_kept_and_reported(hs: Hindsight) -> None:
     with pytest.warns(HindsightWarning, match="unknown task"):
         assert hs.record({"type": "user_input", "task_id": "tsk_ghost", "input": {"text": "hi"}})

@@ -261,8 +261,11 @@ def wire_event_problem(event: Any) -> str | None:
     if not isinstance(event, dict):
         return f"an event must be a JSON object (a dict), got {type(event).__name__}"
     etype = event.get("type")
-    if etype not in EVENT_TYPES:
-        return f"unknown event type {etype!r}; expected one of {', '.join(sorted(EVENT_TYPES))}"
+    # Text first: a list or a dict cannot be looked up in a set (it raised into the caller),
+    # and an object's own repr may raise too.
+    if not isinstance(etype, str) or etype not in EVENT_TYPES:
+        shown = str.__repr__(etype) if isinstance(etype, str) else f"of type {type(etype).__name__}"
+        return f"unknown event type {shown}; expected one of {', '.join(sorted(EVENT_TYPES))}"
     task_id = event.get("task_id")
     if not isinstance(task_id, str) or not task_id:
         return "an event needs a non-empty string 'task_id'"
