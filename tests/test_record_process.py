@@ -1699,3 +1699,51 @@ def test_a_flush_after_an_event_recorded_after_close_says_true(tmp_path: Path) -
         hs.record({"task_id": "t", "type": "state_change"})
     assert hs.flush(timeout=10) is True
     assert (hs.stats["written"], hs.stats["dead_lettered"]) == (1, 1)
+
+
+def test_a_datetime_whose_time_zone_raises_is_kept_as_a_marker_and_the_agent_lives(
+    tmp_path: Path,
+) -> None:
+    """orjson, which serializes each event on the agent's thread, crashed the agent's process
+    (SIGSEGV) on a datetime whose tzinfo raises (a zone refusing an ambiguous local time).
+    Datetimes now go through the recorder's own conversion: the same text as orjson's for the
+    usual ones, a marker for that one, as the writer thread keeps. Run in a child process: on
+    the old code it took the test run down with it."""
+    db = tmp_path / "tz.db"
+    code = textwrap.dedent(
+        f"""
+        import datetime, warnings
+        from hindsight_loop import Hindsight
+
+        class Strict(datetime.tzinfo):
+            def utcoffset(self, dt):
+                raise ValueError("ambiguous local time")
+
+            def dst(self, dt):
+                return None
+
+        warnings.simplefilter("ignore")
+        hs = Hindsight({str(db)!r}, writer="process", background=False, triggers=False)
+        utc = datetime.timezone.utc
+        with hs.task("calendar", recall=False) as task:
+            task.record_action("schedule", {{"when": datetime.datetime(2024, 11, 3, 1, 30, tzinfo=Strict())}})
+            task.record_action("schedule", {{"when": datetime.datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=utc),
+                                             "day": datetime.date(2024, 1, 2), "at": datetime.time(9, 30)}})
+        assert hs.flush(timeout=30)
+        assert hs.recorder.mode == "process"
+        hs.close()
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    args = [
+        orjson.loads(body)["input"]["args"]
+        for _, etype, body in _rows(db)
+        if etype == "action_executed"
+    ]
+    assert args[0]["when"].startswith("datetime.datetime(2024, 11, 3, 1, 30, tzinfo=")
+    assert args[1] == {
+        "when": "2024-01-02T03:04:05.123456+00:00",
+        "day": "2024-01-02",
+        "at": "09:30:00",
+    }

@@ -42,6 +42,8 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
+from datetime import date, datetime
+from datetime import time as dt_time
 from itertools import count
 from pathlib import Path
 from typing import Any, cast
@@ -82,7 +84,21 @@ EXIT_WAIT = 60.0
 RING_POLL = 0.001
 IDLE_POLLS = 200
 DEEP_SLEEP = 1.0
-_OPT = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+# Datetimes go through ``_datetime_text``, not orjson's own code: orjson 3.13 crashed the
+# agent's process (SIGSEGV) on a datetime whose tzinfo raises. The same text either way, and
+# the same cost for an event without one (both measured).
+_OPT = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE | orjson.OPT_PASSTHROUGH_DATETIME
+
+
+def _datetime_text(value: Any) -> str:
+    """orjson's ``default``: a datetime, date or time as ISO 8601, as orjson writes it (a
+    tzinfo that raises makes the event take ``_portable``, which keeps a marker for it, as the
+    writer thread does); anything else is refused as orjson would."""
+    if isinstance(value, (datetime, date, dt_time)):
+        return value.isoformat()
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
 #: The writer process's first-generation collection threshold (Python's default is 700): above
 #: the objects a few batches in flight hold, so collections (which walked every payload in hand,
 #: ~0.5-0.9 µs per event at 10,000) all but never run; what the writer allocates dies with its
@@ -544,7 +560,11 @@ class ProcessRecorder:
         if timestamp and type(ts) is float and not math.isfinite(ts):
             ts = repr(ts)  # orjson would write null: the writer keeps the original text
         try:
-            frame = orjson.dumps((task_id, own, seq, ts, etype, event_id, payload), option=_OPT)
+            frame = orjson.dumps(
+                (task_id, own, seq, ts, etype, event_id, payload),
+                option=_OPT,
+                default=_datetime_text,
+            )
         except Exception:  # noqa: BLE001 - what orjson refuses is converted (rare, slower)
             frame = self._portable(task_id, own, seq, ts, etype, payload, event_id)
         n = len(frame)
@@ -782,7 +802,11 @@ class ProcessRecorder:
         try:
             clean = sanitizer.value(payload)
             try:
-                return orjson.dumps((task_id, own, seq, ts, etype, event_id, clean), option=_OPT)
+                return orjson.dumps(
+                    (task_id, own, seq, ts, etype, event_id, clean),
+                    option=_OPT,
+                    default=_datetime_text,
+                )
             except (TypeError, orjson.JSONEncodeError):
                 clean = sanitizer.strict(clean)
                 if type(ts) is int and not -(2**63) <= ts < 2**64:
@@ -794,7 +818,11 @@ class ProcessRecorder:
                 # kept every later flush() waiting.
                 task_id, etype = sanitizer.text(str(task_id)), sanitizer.text(str(etype))
                 event_id = None if event_id is None else sanitizer.text(str(event_id))
-                return orjson.dumps((task_id, own, seq, ts, etype, event_id, clean), option=_OPT)
+                return orjson.dumps(
+                    (task_id, own, seq, ts, etype, event_id, clean),
+                    option=_OPT,
+                    default=_datetime_text,
+                )
         except Exception as exc:  # noqa: BLE001 - never lose the event for its content
             sanitizer.problems.append(f"could not be stored as JSON ({exc!r}): kept as its error")
             return orjson.dumps(
