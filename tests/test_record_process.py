@@ -1536,6 +1536,43 @@ def test_lines_waiting_for_room_in_the_ring_are_bounded_in_bytes(tmp_path: Path)
     assert len(_rows(db)) + _dead_lettered(db, fallback) == 400
 
 
+def test_lines_waiting_for_room_in_the_ring_hold_the_memory_they_count(tmp_path: Path) -> None:
+    """The bound on waiting lines counts their length; orjson's bytes keep the buffer they were
+    written in (8 KB for a 1 KB line), so 50,000 lines held 390 MB where the bound said 54 MiB
+    (the adversarial run, the writer process stopped). Each waits as a copy of its size."""
+    import tracemalloc
+
+    hs = Hindsight(tmp_path / "o.db", writer="process", background=False, triggers=False)
+    blob = "y" * 1000
+    try:
+        hs.record({"task_id": "t", "type": "task_start", "task_type": "x"})
+        assert hs.flush(timeout=30)
+        pid = hs.recorder.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)  # a writer held up (a stalled disk): lines wait
+        try:
+            recorder: Any = hs.recorder
+            while recorder._waiting == 0:  # the ring full first (8 MiB)
+                hs.record({"task_id": "t", "type": "state_change", "context": {"blob": blob}})
+            tracemalloc.start()
+            try:
+                before, waiting = tracemalloc.get_traced_memory()[0], recorder._waiting_bytes
+                for _ in range(5_000):
+                    hs.record({"task_id": "t", "type": "state_change", "context": {"blob": blob}})
+                grown = tracemalloc.get_traced_memory()[0] - before
+                waited = recorder._waiting_bytes - waiting
+            finally:
+                tracemalloc.stop()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert waited >= 5_000 * 1_000
+        assert grown < 1.5 * waited, (grown, waited)  # 8x before
+        assert hs.flush(timeout=120)
+    finally:
+        hs.close()
+    assert hs.stats["lost"] == 0
+
+
 def test_spool_files_waiting_for_the_writer_are_bounded_in_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

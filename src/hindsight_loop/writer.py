@@ -625,7 +625,10 @@ class ProcessRecorder:
                 else:
                     if not self._overflow:
                         self._mover_wake.set()
-                    self._overflow.append(frame)
+                    # A copy of its own size: orjson's bytes keep the buffer they were written
+                    # in (8 KB for a 1 KB line), and 50,000 waiting lines held 390 MB where
+                    # their bound says 64 MiB.
+                    self._overflow.append(memoryview(frame).tobytes())
                     self._waiting += 1
                     self._waiting_bytes += n
                 return
