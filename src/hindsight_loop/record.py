@@ -1175,6 +1175,9 @@ class Recorder:
         self._flush_marks = 0  # seqs taken by flush() itself rather than by an event
         self._mark_lock = threading.Lock()
         self._done = 0  # items handled by the writer (written, dead-lettered or lost)
+        # One entry per event whose seq was taken by an emit() interrupted before it queued the
+        # event (``emit``): flush() counts them as handled. A list, as appending is one C call.
+        self._forgone: list[None] = []
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._stop = False
@@ -1275,20 +1278,30 @@ class Recorder:
 
         ``seq`` is the caller's own sequence number (imports); by default the recorder's.
         """
-        own = next(self._seq)
-        if self._stop:
-            if self._child_idle:  # a forked child's first event: its own threads start
-                self._child_starts()
+        # An event's seq is either queued with it, or counted as forgone (``_forgone``), or
+        # every later flush() (and close(), and the exit) would wait for it for good. A signal
+        # handler's exception (Ctrl-C, a SIGTERM handler's exit) can come after any call, a
+        # loop's jump back or a function's start, and nowhere else: the seq is taken by a
+        # loop's first step (no check after it, as there is after next()), and nothing
+        # between building the item and queueing it is a call.
+        own = 0
+        handled = False
+        try:
+            for own in self._seq:  # noqa: B007 - the loop takes it (see above)
+                break
             if self._stop:
-                self._after_close(task_id, own, timestamp, etype, payload, event_id)
-                with self._cond:
-                    self._done += 1  # handled: a flush after close() waits for it no more
-                return own
-        q = self._queue
-        if len(q) >= self._room:
-            self._make_room()
-        q.append(
-            (
+                if self._child_idle:  # a forked child's first event: its own threads start
+                    self._child_starts()
+                if self._stop:
+                    self._after_close(task_id, own, timestamp, etype, payload, event_id)
+                    with self._cond:
+                        handled = True
+                        self._done += 1  # handled: a flush after close() waits for it no more
+                    return own
+            q = self._queue
+            if len(q) >= self._room:
+                self._make_room()
+            item = (
                 task_id,
                 own if seq is None else seq,
                 timestamp or time.time_ns(),
@@ -1296,7 +1309,13 @@ class Recorder:
                 payload,
                 event_id,
             )
-        )
+        except BaseException:
+            # Interrupted before the event was queued (Ctrl-C while it waited for room): not
+            # accepted. One C call before any other, so a second signal cannot come between.
+            if own and not handled:
+                self._forgone.append(None)
+            raise
+        q.append(item)
         return own
 
     def emit_items(self, items: list[Item]) -> None:
@@ -1380,12 +1399,18 @@ class Recorder:
                 break
             take = int(max(left, 0.0) / self._spill_cost) if spilled else SPILL_FIRST
             take = max(SPILL_FIRST, min(BATCH_SIZE - spilled, take, len(self._queue)))
-            spill = []
-            for _ in range(take):
-                try:
-                    spill.append(self._queue.popleft())
-                except IndexError:
-                    break
+            spill: list[Item] = []
+            try:
+                for _ in range(take):
+                    try:
+                        spill.append(self._queue.popleft())
+                    except IndexError:
+                        break
+            except BaseException:
+                # Interrupted (Ctrl-C) between taking events and spilling them: back to the
+                # front of the queue, in their order, rather than neither written nor counted.
+                self._queue.extendleft(spill[::-1])  # one call: a second signal waits
+                raise
             if not spill:
                 break
             with self._cond:
@@ -1873,6 +1898,7 @@ class Recorder:
         self._queue = deque()
         self._seq = count(1)
         self._flush_marks = self._done = self._in_flight = self._spilling = 0
+        self._forgone = []
         self._preparing = False
         self._set_room()
         self._commits = queue.Queue(maxsize=1)
@@ -2001,7 +2027,7 @@ class Recorder:
         self.hurry()
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._done < target:
+            while self._done + len(self._forgone) < target:
                 if not (self._thread.is_alive() and self._committer.is_alive()):
                     return False
                 left = None if deadline is None else deadline - time.monotonic()

@@ -77,6 +77,10 @@ ACK_EVERY = BATCH_SIZE // 5
 MAX_RESTARTS = 3
 #: How long ``close()`` waits for the writer process to finish before killing it, in seconds.
 EXIT_WAIT = 60.0
+#: How long ``close()`` waits while a writer process makes nothing durable before it takes it
+#: for held up (stopped, on a hung disk), kills it and writes the rest in process, in seconds:
+#: twice the store's busy timeout, the longest a healthy writer waits without a word.
+CLOSE_STALL = 60.0
 #: How often the writer process looks at the ring when it has nothing to read, in seconds; after
 #: ``IDLE_POLLS`` such looks it sleeps (``DEEP_SLEEP`` at most, or what
 #: ``HINDSIGHT_WRITER_DEEP_SLEEP`` says: a test makes it long, so only a bell can wake it) until
@@ -304,6 +308,9 @@ class ProcessRecorder:
         self._spilled = 0
         self._moved = 0
         self._after = 0
+        # One entry per event whose seq was taken by an emit() interrupted before it handed the
+        # line over (``emit``): flush() counts them as handled. Appending is one C call.
+        self._forgone: list[None] = []
         self._lost_reported = self._local.stats["lost"]
         self._proc: subprocess.Popen[bytes] | None = None
         self._bell = -1  # the writer's stdin: a byte there wakes it (-1: no writer yet)
@@ -555,49 +562,68 @@ class ProcessRecorder:
             own = next(self._seq)
             self._after_close(task_id, own, seq, timestamp, etype, payload, event_id)
             return own
-        own = next(self._seq)
-        ts = timestamp or time.time_ns()
-        if timestamp and type(ts) is float and not math.isfinite(ts):
-            ts = repr(ts)  # orjson would write null: the writer keeps the original text
+        # An event's seq is either handed over with it or counted as forgone, as in
+        # ``Recorder.emit`` (which says where a signal handler's exception can come from): the
+        # seq is taken by a loop's first step, and the line is handed over once the head
+        # moves past it, with no call between that and ``placed``.
+        own = 0
+        placed = False
+        slow: list[bool] | None = None
         try:
-            frame = orjson.dumps(
-                (task_id, own, seq, ts, etype, event_id, payload),
-                option=_OPT,
-                default=_datetime_text,
-            )
-        except Exception:  # noqa: BLE001 - what orjson refuses is converted (rare, slower)
-            frame = self._portable(task_id, own, seq, ts, etype, payload, event_id)
-        n = len(frame)
-        # The common case in one short critical section, inlined (``Ring.put`` and a ``with``
-        # cost more than the copy itself); a long line, a full ring, waiting lines or a writer
-        # process that is no more take ``_put_slow``.
-        lock = self._lock
-        lock.acquire()
-        try:
-            head = self._head
-            if fast := n <= self._big and head + n <= self._room and not self._overflow:
-                at = head % self._size
-                if at + n <= self._size:
-                    self._data[at : at + n] = frame  # the same length: a copy, no resize
-                else:
-                    self._ring.put(head, frame)  # type: ignore[union-attr]  # it wraps
-                head += n
-                self._head = head
-                self._words[0] = head  # after the bytes: the writer may read them now
-                self._ring_lines += 1
-        finally:
-            lock.release()
-        if not fast:
-            self._put_slow(frame, own)
+            for own in self._seq:  # noqa: B007 - the loop takes it (see above)
+                break
+            ts = timestamp or time.time_ns()
+            if timestamp and type(ts) is float and not math.isfinite(ts):
+                ts = repr(ts)  # orjson would write null: the writer keeps the original text
+            try:
+                frame = orjson.dumps(
+                    (task_id, own, seq, ts, etype, event_id, payload),
+                    option=_OPT,
+                    default=_datetime_text,
+                )
+            except Exception:  # noqa: BLE001 - what orjson refuses is converted (rare, slower)
+                frame = self._portable(task_id, own, seq, ts, etype, payload, event_id)
+            n = len(frame)
+            # The common case in one short critical section, inlined (``Ring.put`` costs more
+            # than the copy itself); a long line, a full ring, waiting lines or a writer
+            # process that is no more take ``_put_slow``. A ``with``, not acquire() and a
+            # try: a signal handler's exception can come right after acquire() returns, before
+            # the try, and the lock stayed held for good (every later call hung); ``with``
+            # enters its block with no check for signals (~0.07 µs more).
+            with self._lock:
+                head = self._head
+                if fast := n <= self._big and head + n <= self._room and not self._overflow:
+                    at = head % self._size
+                    if at + n <= self._size:
+                        self._data[at : at + n] = frame  # the same length: a copy, no resize
+                    else:
+                        self._ring.put(head, frame)  # type: ignore[union-attr]  # it wraps
+                    head += n
+                    self._head = head
+                    self._words[0] = head  # after the bytes: the writer may read them now
+                    placed = True
+                    self._ring_lines += 1
+            if not fast:
+                slow = [False]
+                self._put_slow(frame, own, slow)
+        except BaseException:
+            # Interrupted before the line was handed over (Ctrl-C, a SIGTERM handler's exit):
+            # not accepted, and no flush waits for it. One C call before any other.
+            if own and not placed and not (slow is not None and slow[0]):
+                self._forgone.append(None)
+            raise
         if self._words[ASLEEP]:
             self._ring_bell(b"w")
         if not self._starting:
             self._start_writer()
         return own
 
-    def _put_slow(self, frame: bytes, own: int) -> None:
+    def _put_slow(self, frame: bytes, own: int, placed: list[bool]) -> None:
         """A line the ring cannot take at once: wait or spill under overload, spool a long
-        line to a file, wait in the overflow for room, or go to the in-process writer."""
+        line to a file, wait in the overflow for room, or go to the in-process writer.
+
+        ``placed[0]`` is set as the line is handed over, with no call between the two (see
+        ``emit``): interrupted before, the line is not accepted and its seq is forgone."""
         if self._over():
             try:
                 self._overload()
@@ -606,7 +632,7 @@ class ProcessRecorder:
         n = len(frame)
         if n > self._big and not self._fallen_back:
             if not self._room_to_spool(n):
-                self._spill_frames([frame])
+                self._spill_frames([frame], placed=placed)
                 return
             spooled = self._spooled(frame, own)
             if spooled is None:  # no file for it either: the in-process writer takes it
@@ -614,27 +640,30 @@ class ProcessRecorder:
                     self._spool_bytes -= n
                 with self._lock:
                     self._local.start()
-                    self._direct(frame)
+                    self._direct(frame, placed)
                 return
             frame = spooled
             n = len(frame)
         with self._lock:
             if (self._head + n > self._room or self._overflow) and not self._make_room(n):
                 if self._fallen_back:
-                    self._direct(frame)
+                    self._direct(frame, placed)
                 else:
                     if not self._overflow:
                         self._mover_wake.set()
                     # A copy of its own size: orjson's bytes keep the buffer they were written
                     # in (8 KB for a 1 KB line), and 50,000 waiting lines held 390 MB where
                     # their bound says 64 MiB.
-                    self._overflow.append(memoryview(frame).tobytes())
+                    line = memoryview(frame).tobytes()
+                    self._overflow.append(line)
+                    placed[0] = True
                     self._waiting += 1
                     self._waiting_bytes += n
                 return
             self._ring.put(self._head, frame)  # type: ignore[union-attr]
             self._head += n
             self._words[0] = self._head  # after the bytes: the writer may read them now
+            placed[0] = True
             self._ring_lines += 1
 
     def _make_room(self, n: int) -> bool:
@@ -646,15 +675,21 @@ class ProcessRecorder:
         self._room = ring.durable()[1] + ring.size
         overflow = self._overflow
         head = self._head
-        while overflow and head + len(overflow[0]) <= self._room:
-            line = overflow.popleft()
+        while overflow:
+            line = overflow[0]
+            size = len(line)
+            if head + size > self._room:
+                break
             ring.put(head, line)
-            head += len(line)
+            head += size
+            # No call from here to the pop (a signal handler's exception comes only after
+            # one): the line is waiting or in the ring, never neither.
+            self._head = head
+            self._words[0] = head
             self._ring_lines += 1
             self._waiting -= 1
-            self._waiting_bytes -= len(line)
-        self._head = head
-        self._words[0] = head
+            self._waiting_bytes -= size
+            overflow.popleft()
         return not overflow and head + n <= self._room
 
     def _move_overflow(self) -> None:
@@ -726,10 +761,13 @@ class ProcessRecorder:
                 self._ring_bell(b"w")
             time.sleep(0.001)
 
-    def _spill_frames(self, frames: list[bytes], *, timed: bool = False) -> None:
+    def _spill_frames(
+        self, frames: list[bytes], *, timed: bool = False, placed: list[bool] | None = None
+    ) -> None:
         """Lines to the dead letter on the agent's thread (``Recorder._spill``), each counted
         as handled. ``timed``: the time taken per event sizes the overload's next chunks
-        (``_overload``; not a single line too long for a spool file, which would skew it)."""
+        (``_overload``; not a single line too long for a spool file, which would skew it).
+        ``placed``: set as they are counted (``_put_slow``)."""
         local = self._local
         items = [frame_item(f, self.session) for f in self._unspool(frames) if f]
         with local._cond:
@@ -742,6 +780,8 @@ class ProcessRecorder:
                 local._spill_cost = max((time.perf_counter() - t0) / max(len(items), 1), 1e-7)
             with self._cond:
                 self._spilled += len(frames)
+                if placed is not None:
+                    placed[0] = True
                 self._cond.notify_all()
 
     def _spooled(self, frame: bytes, own: int) -> bytes | None:
@@ -763,14 +803,14 @@ class ProcessRecorder:
             self._spools.append((path, len(frame)))  # its bytes taken by _room_to_spool
         return _spool_line(path)
 
-    def _direct(self, frame: bytes) -> None:
+    def _direct(self, frame: bytes, placed: list[bool] | None = None) -> None:
         """With the lock, after falling back (or for a line no spool file took): the
         in-process writer takes it, within its ``queue_bound`` as ``Recorder.emit`` is (before,
         nothing bounded what waited for it after a fall back)."""
         local = self._local
         if len(local._queue) >= local._room:
             local._make_room()
-        self._move_to_local(self._unspool([frame]), check=False)
+        self._move_to_local(self._unspool([frame]), check=False, placed=placed)
 
     def _unspool(self, frames: list[bytes]) -> list[bytes]:
         """The lines themselves, for lines that name a spool file (the file is removed)."""
@@ -1100,9 +1140,11 @@ class ProcessRecorder:
             start += len(part)
         return b"".join(parts).splitlines(keepends=True)
 
-    def _move_to_local(self, frames: list[bytes], *, check: bool) -> None:
+    def _move_to_local(
+        self, frames: list[bytes], *, check: bool, placed: list[bool] | None = None
+    ) -> None:
         """Hand lines to the in-process writer; with ``check``, all but those a dead writer
-        stored (by event id and seq). Each counts as handled."""
+        stored (by event id and seq). Each counts as handled (``placed``: set then)."""
         items = []
         for frame in frames:
             if not frame:
@@ -1136,6 +1178,8 @@ class ProcessRecorder:
         self._local.emit_items(items)
         with self._cond:
             self._moved += len(frames)
+            if placed is not None:
+                placed[0] = True
             self._cond.notify_all()
 
     # -- control ----------------------------------------------------------------------------
@@ -1159,7 +1203,8 @@ class ProcessRecorder:
                     self._make_room(0)
             durable = self._durable_lines()
             with self._cond:
-                if durable + self._spilled + self._moved + self._after >= target:
+                handled = self._spilled + self._moved + self._after + len(self._forgone)
+                if durable + handled >= target:
                     break
             if not self._starting and not self._fallen_back:
                 self._start_writer()
@@ -1186,8 +1231,33 @@ class ProcessRecorder:
             self._lost_reported = lost
         return ok
 
+    def _handled(self) -> int:
+        """Accepted events handled so far: durable, spilled, moved, after close, forgone."""
+        durable = self._durable_lines()
+        with self._cond:
+            return durable + self._spilled + self._moved + self._after + len(self._forgone)
+
+    def _flush_while_it_moves(self) -> bool:
+        """``flush()`` for as long as events keep being handled; False once nothing was for
+        ``CLOSE_STALL`` seconds (a writer process stopped or on a hung disk: before, close()
+        and the exit waited for it for good)."""
+        last, since = self._handled(), time.monotonic()
+        while not self.flush(timeout=1.0):
+            now = self._handled()
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= CLOSE_STALL:
+                warn(
+                    f"the Hindsight writer process made nothing durable for {CLOSE_STALL:.0f} s "
+                    "(stopped, or its disk hung): close() stops it and writes the rest in the "
+                    "agent's process"
+                )
+                return False
+        return True
+
     def close(self) -> None:
-        """Flush, let the writer process read the ring to its end and exit, reap it."""
+        """Flush, let the writer process read the ring to its end and exit, reap it (a writer
+        held up for ``CLOSE_STALL`` seconds is killed, and the rest written in process)."""
         if self._closed:
             return
         self._closed = True
@@ -1195,13 +1265,18 @@ class ProcessRecorder:
             self._child_idle = False  # closed for good: what comes later is after close
             self._local.close()
             return
+        held_up = False
         try:
-            self.flush()
+            held_up = not self._flush_while_it_moves()
         finally:
             self._stop = True
             self._mover_wake.set()  # it ends (``_closed``)
             with self._cond:
                 self._gen += 1  # the writer's end of pipe is expected now, not a death
+            proc = self._proc
+            if held_up and proc is not None and proc.returncode is None:
+                with contextlib.suppress(OSError):
+                    proc.kill()  # what it had not made durable is written in process below
             self._reap()
             self._hand_over_the_rest()
             ring = self._ring

@@ -68,8 +68,16 @@ class ThreadConnections:
         """List this thread's new connection for ``close()``, and close those of threads that
         have ended: each outlived its thread, and 10,000 short-lived threads making a call
         each held 10,000 files open, until SQLite could open no more."""
+        # Not the main thread's: at the interpreter's exit it counts as ended (threading
+        # stops it before the atexit hooks run), while those hooks, close() among them, still
+        # call the store through its connection.
+        main = threading.main_thread()
         with self._lock:
-            ended = [conn for conn, thread in self._conns.items() if not thread.is_alive()]
+            ended = [
+                conn
+                for conn, thread in self._conns.items()
+                if not thread.is_alive() and thread is not main
+            ]
             for conn in ended:
                 del self._conns[conn]
             self._conns[db] = threading.current_thread()
