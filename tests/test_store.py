@@ -629,3 +629,32 @@ def test_the_curator_reads_the_lessons_recall_serves_beside_a_draft(store_url: s
     finally:
         store.close()
         other.close()
+
+
+def test_the_main_threads_connection_serves_the_exit_hooks(tmp_path: Path) -> None:
+    """At the interpreter's exit threading counts the main thread as ended before the atexit
+    hooks run; a connection opened by another thread then closed the main thread's, and
+    close() writing the last events at exit failed ("Cannot operate on a closed database")."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        f"""
+        import atexit, threading
+        from hindsight_loop.store.sqlite import SQLiteStore
+
+        store = SQLiteStore({str(tmp_path / "x.db")!r})
+
+        def at_exit():
+            store.event_count()  # the main thread's connection
+            other = threading.Thread(target=store.event_count)  # one of its own
+            other.start()
+            other.join()
+            print("count", store.event_count())
+
+        atexit.register(at_exit)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "count 0" in done.stdout, done.stderr[-2000:]
