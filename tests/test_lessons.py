@@ -402,6 +402,21 @@ def test_a_helpful_lesson_survives_a_few_failures():
     assert lesson.status == "active" and not keeps_hurting(lesson)
 
 
+def test_success_keeps_a_date_a_person_set():
+    """A person's edit of ``valid_until`` is theirs: a successful task moved it 30 days on."""
+    lesson = Book().add(draft(ENCODING_REWORDED[0])).lesson
+    until = iso(NOW + timedelta(days=2))
+    dated = edit(lesson, by="alice", now=NOW, valid_until=until)
+    helped = apply_outcome(dated, succeeded=True, now=NOW + timedelta(days=1))
+    assert helped.valid_until == until and helped.helpful == 1
+    # An edit of something else leaves the date the machine's to move.
+    renamed = edit(lesson, by="alice", now=NOW, advice=lesson.advice + " Always.")
+    later = NOW + timedelta(days=20)
+    assert apply_outcome(renamed, succeeded=True, now=later).valid_until == iso(
+        later + timedelta(days=30)
+    )
+
+
 def test_success_extends_validity_and_failure_does_not():
     lesson = Book().add(draft(ENCODING_REWORDED[0])).lesson
     later = NOW + timedelta(days=20)

@@ -2147,7 +2147,8 @@ def apply_outcome(
 ) -> Lesson:
     """Count the outcome of a task the lesson was injected into; flag it if it keeps hurting.
 
-    A success counts as helpful and extends ``valid_until`` (a lesson that works stays); a failure
+    A success counts as helpful and extends ``valid_until`` (a lesson that works stays; not a
+    date a person set with an edit); a failure
     counts as harmful. A live lesson that keeps hurting goes to ``needs_review``: recall drops it
     and ``hindsight lessons review`` shows it.
     """
@@ -2155,7 +2156,9 @@ def apply_outcome(
     out = copy.deepcopy(lesson)
     if succeeded:
         out.helpful += 1
-        if not out.pinned:
+        # A date a person chose with an edit stays theirs (as a merge keeps it): a successful
+        # task moved it 30 days on, and the lesson outlived the day the person had set.
+        if not out.pinned and _dated_by_machine(out):
             extended = now + validity
             if not out.valid_until or parse_ts(out.valid_until) < extended:
                 out.valid_until = iso(extended)
