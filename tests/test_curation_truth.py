@@ -1169,3 +1169,24 @@ def test_flag_and_shape_rewordings_still_merge() -> None:
     # "nested" alone describes the data, on both sides; "as it is likely" is a reason.
     assert "shape" not in poles("Validate the nested JSON before calling index_doc.")
     assert "shape" not in poles("Retry fetch_quote, as it is likely a transient error.")
+
+
+def test_a_restored_line_is_kept_as_checked_or_refused_with_its_reason() -> None:
+    """A line with a lesson id (an export read back) was checked but stored as it came: a
+    valid_until of 0 (1970) read as no date and never expired, a text where a list goes was
+    stored as its characters, and a history of the wrong shape broke every later review."""
+    base = {"lesson_id": "les_x", "task_type": "csv", "advice": "Read it with utf-8-sig."}
+    lesson = parse_import_line({**base, "valid_until": 0})
+    assert lesson.valid_until == "1970-01-01T00:00:00.000Z"
+    assert not lesson.is_live(NOW)
+    assert parse_import_line({**base, "valid_until": " 2030-01-02 "}).valid_until == (
+        "2030-01-02T00:00:00.000Z"
+    )
+    for bad, field in [
+        ({"features": {"tools": "read_csv"}}, "features.tools"),
+        ({"conflicts": "les_y"}, "conflicts"),
+        ({"history": "oops"}, "history"),
+        ({"history": ["oops"]}, "history"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            parse_import_line({**base, **bad})

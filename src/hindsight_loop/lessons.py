@@ -2607,13 +2607,29 @@ def _parse_full(obj: dict[str, Any]) -> Lesson:
             raise ValueError(f"missing {name!r}: every line needs 'task_type' and 'advice' as text")
     if obj.get("features") is not None and not isinstance(obj["features"], dict):
         raise ValueError("'features' must be an object")
+    # The shapes later reads rely on: a text where a list goes was stored as its characters
+    # (a tool named "read_csv" became r, e, a, d …), and a history that is not a list of
+    # objects broke every later review of the lesson.
+    lists = [(name, obj.get(name)) for name in ("conflicts", "source_task_ids")]
+    lists += [(f"features.{n}", (obj.get("features") or {}).get(n)) for n in ("tools", "keywords")]
+    for name, value in lists:
+        if value is not None and not (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        ):
+            raise ValueError(f"{name!r} must be a list of strings, got {value!r}"[:200])
+    history = obj.get("history")
+    if history is not None and not (
+        isinstance(history, list) and all(isinstance(e, dict) for e in history)
+    ):
+        raise ValueError("'history' must be a list of objects")
     try:
         lesson = Lesson.from_dict({**obj, "structured": _parse_structured(obj.get("structured"))})
     except TypeError as exc:
         raise ValueError(f"not a lesson: {exc}") from None
     checked = ("scope", "status", "kind", "valid_until", "pinned", "support", "helpful", "harmful")
     for name in checked:
-        _check_field(name, getattr(lesson, name))
+        # Kept as checked: a valid_until of 0 (1970) read as "no date" and never expired.
+        setattr(lesson, name, _check_field(name, getattr(lesson, name)))
     lesson.score = None
     return lesson
 
