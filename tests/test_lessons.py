@@ -321,6 +321,11 @@ def test_suspect_drafts_wait_in_review():
         ("Prefer read_csv with engine='python'.", "Avoid read_csv with engine='python'."),
         ("Always retry get_weather on timeout.", "Never retry get_weather on timeout."),
         ("读取CSV文件时使用utf-8-sig编码。", "读取CSV文件时不要使用utf-8-sig编码。"),
+        # "never" said in Chinese (从不 / 从来不 / 绝不): these merged into their opposite.
+        ("总是先备份数据库再执行迁移。", "从不先备份数据库再执行迁移。"),
+        ("执行迁移前总是备份数据库。", "执行迁移前从不备份数据库。"),
+        ("始终备份数据库再执行迁移。", "绝不备份数据库再执行迁移。"),
+        ("每次都重试 fetch_page。", "从来不重试 fetch_page。"),
     ],
 )  # fmt: skip
 def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):

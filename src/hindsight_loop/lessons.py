@@ -218,7 +218,7 @@ _EMPH_EN = re.compile(
 # No bare 不: it starts many ordinary words (不同, 不断); 别 only before a verb (not 特别, 类别).
 _NEG_ZH = re.compile(
     r"不要|不能|不应该|不应|不可以|不可|不得|不用|不必|无需|无须|不需要|不建议|不推荐|不主张|切勿|请勿|勿|"
-    r"禁止|避免|甭|别(?=[用再让把去忘使])"
+    r"从来不|从不|绝不|决不|永不|禁止|避免|甭|别(?=[用再让把去忘使])"
 )
 # 建议 / 需要 go after the negations are gone: "不建议 X" and "建议 X" leave one core.
 _EMPH_ZH = re.compile(r"总是|务必|一定要|应当|应该|优先|建议|推荐|主张|需要")
@@ -505,6 +505,8 @@ _FORBID_RE = re.compile(
     r"(?:can|could|may)\s+(?:safely\s+|just\s+)?leave\s+out)\b"
     # 甭 (不用 said as one syllable): "甭等", "甭管".
     r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略|甭|不建议|不推荐|不主张"
+    # "never" said in Chinese: 从不备份 / 绝不重试 ("总是先备份" merged into its opposite).
+    r"|从来不|从不|绝不|决不|永不"
     # 别 is "don't" except inside a word: 别的 / 别人 (other), 区别, 告别, 分别, 类别, 特别, 级别 ...
     r"|(?<![区告分类特级性识个差辨派道离鉴])别(?![的人处称名致扭])",
     re.IGNORECASE,
