@@ -455,7 +455,8 @@ process inside orjson (now converted by the recorder); lines waiting for room in
 8 KB each for 1 KB of text (390 MB where the bound said 64 MiB; now +56 MB); an event `type`
 that is not text raised into `hs.record` and stopped an import. On the lesson book: a
 successful task moved a `valid_until` a person had set; a restored line's `valid_until` of 0
-never expired. Curation and retrieval
+never expired; 从不 / 从来不 / 绝不 were not read as negations, and "总是先备份" merged into "从不先
+备份". Curation and retrieval
 unchanged (`bench/curation/run.py`: rewordings merged 0-36% on the blind splits with the
 hashed embedder, 75-94% with the oracle judge; `bench/retrieval/run.py`, hybrid: wrong
 injections 0.057-0.163, recall@3 0.80-1.00).
