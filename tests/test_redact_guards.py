@@ -381,7 +381,11 @@ def test_the_payload_bytes_in_the_agents_line_equal_a_second_serialization(
     found = kept = 0
     for i, payload in enumerate(_agent_payloads(rng)):
         task_id, own, seq, ts, etype, event_id = heads[i % len(heads)]
-        line = orjson.dumps((task_id, own, seq, ts, etype, event_id, payload), option=W._OPT)
+        line = orjson.dumps(
+            (task_id, own, seq, ts, etype, event_id, payload),
+            option=W._OPT,
+            default=W._datetime_text,  # as the agent serializes it (ProcessRecorder.emit)
+        )
         for frame in (line, line[:-1]):  # as queued, and as split off the pipe
             raws: list[bytes | None] = []
             item = W.frame_item(frame, "s", raws)
