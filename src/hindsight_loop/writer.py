@@ -1201,11 +1201,8 @@ class ProcessRecorder:
             if self._overflow:
                 with self._lock:
                     self._make_room(0)
-            durable = self._durable_lines()
-            with self._cond:
-                handled = self._spilled + self._moved + self._after + len(self._forgone)
-                if durable + handled >= target:
-                    break
+            if self._handled() >= target:
+                break
             if not self._starting and not self._fallen_back:
                 self._start_writer()
             if not self._fallen_back:
