@@ -52,6 +52,7 @@ def seeded(db_path: Path, tmp_path: Path) -> dict[str, str]:
         "merged": 1,
         "conflicts": 0,
         "restored": 0,
+        "kept": 0,
     }
     lessons = run_json("lessons", "list", "--db", str(db_path))
     return {x["advice"]: x["lesson_id"] for x in lessons}
@@ -333,8 +334,9 @@ def test_export_markdown_and_jsonl_and_import_them_back(
     assert sorted(before, key=lambda x: x["lesson_id"]) == sorted(
         after, key=lambda x: x["lesson_id"]
     )
-    # Importing the export again changes nothing: the lessons are restored in place.
-    run("lessons", "import", str(jsonl), "--db", other_db)
+    # Importing the export again changes nothing: the book's copies are kept.
+    out = run_json("lessons", "import", str(jsonl), "--db", other_db)
+    assert len(out["kept"]) == 3 and not out["restored"]
     assert len(run_json("lessons", "list", "--db", other_db)) == 3
 
     out = run("lessons", "export", "--db", db, "--format", "csv", code=1)
@@ -357,3 +359,112 @@ def test_empty_book(db_path: Path) -> None:
     assert "No lessons match." in run("lessons", "list", "--db", db, "--status", "active")
     assert "_No lessons._" in run("lessons", "export", "--db", db)
     assert run("lessons", "export", "--db", db, "--format", "jsonl") == ""
+
+
+CITY_ASK = "Ask the user which city before you call get_weather; do not assume a city."
+CITY_ASSUME = (
+    "When no city is given, call get_weather for Beijing right away without asking the user."
+)
+
+
+def _weather(advice: str) -> dict[str, object]:
+    return {"task_type": "weather_query", "advice": advice, "tools": ["get_weather"]}
+
+
+def test_an_old_export_never_writes_over_what_a_person_did_since(
+    db_path: Path, tmp_path: Path, seeded: dict[str, str]
+) -> None:
+    db = str(db_path)
+    jsonl = tmp_path / "book.jsonl"
+    run("lessons", "export", "--db", db, "--format", "jsonl", "--output", str(jsonl))
+    rejected, edited = seeded[SEED[0]["advice"]], seeded[SEED[3]["advice"]]
+    run("lessons", "reject", rejected, "--db", db, "--by", "ana")
+    run(
+        "lessons", "edit", edited, "--db", db, "--by", "ana", "--advice", "Retry get_weather twice."
+    )
+    before = {x["lesson_id"]: x for x in run_json("lessons", "list", "--db", db)}
+
+    out = run("lessons", "import", str(jsonl), "--db", db)
+    assert "3 line(s) name lessons the book holds" in out
+    after = {x["lesson_id"]: x for x in run_json("lessons", "list", "--db", db)}
+    # Before, the export came back over the book: the rejected lesson was served again, the
+    # edit and both history entries were gone.
+    assert after == before
+    assert after[rejected]["status"] == "rejected"
+    assert after[edited]["advice"] == "Retry get_weather twice."
+    assert [e["action"] for e in after[edited]["history"]][-1] == "edit"
+
+
+def test_a_restored_lesson_that_contradicts_the_book_is_flagged_not_served_beside_it(
+    db_path: Path, tmp_path: Path
+) -> None:
+    db, other_db = str(db_path), str(tmp_path / "other.db")
+    run(
+        "lessons",
+        "import",
+        str(write_lines(tmp_path / "a.jsonl", [_weather(CITY_ASK)])),
+        "--db",
+        db,
+    )
+    run(
+        "lessons", "import", str(write_lines(tmp_path / "b.jsonl", [_weather(CITY_ASSUME)])),
+        "--db", other_db,
+    )  # fmt: skip
+    jsonl = tmp_path / "other.jsonl"
+    run("lessons", "export", "--db", other_db, "--format", "jsonl", "--output", str(jsonl))
+
+    out = run_json("lessons", "import", str(jsonl), "--db", db)
+    [restored] = out["conflicts"]
+    book = {x["advice"]: x for x in run_json("lessons", "list", "--db", db)}
+    ask, assume = book[CITY_ASK], book[CITY_ASSUME]
+    # Kept as exported (its id, its status) and never merged; the pair recorded on both sides.
+    assert assume["lesson_id"] == restored and assume["status"] == "active"
+    assert ask["conflicts"] == [restored] and assume["conflicts"] == [ask["lesson_id"]]
+    [queued] = [x for x in run_json("lessons", "review", "--db", db) if x["lesson_id"] == restored]
+    assert queued["reasons"] == [f"conflicts with {ask['lesson_id']}"]
+    with Hindsight(db_path, background=False) as hs:
+        found = hs.recall(task_type="weather_query", tools=["get_weather"], query="weather today")
+    assert len(found) == 1  # before: both, one telling the agent to ask and one not to
+
+
+def test_a_revived_or_reworded_lesson_is_read_against_the_book(
+    db_path: Path, tmp_path: Path
+) -> None:
+    db = str(db_path)
+    out = run_json(
+        "lessons", "import", str(write_lines(tmp_path / "a.jsonl", [_weather(CITY_ASK)])),
+        "--db", db,
+    )  # fmt: skip
+    [ask] = out["added"]
+    run("lessons", "reject", ask, "--db", db)
+    # While it is rejected its opposite comes in: a dead lesson contradicts nothing.
+    out = run_json(
+        "lessons", "import", str(write_lines(tmp_path / "b.jsonl", [_weather(CITY_ASSUME)])),
+        "--db", db,
+    )  # fmt: skip
+    [assume] = out["added"]
+
+    out = run("lessons", "confirm", ask, "--db", db)
+    assert f"conflicts with {assume} (active)" in out
+    book = {x["lesson_id"]: x for x in run_json("lessons", "list", "--db", db)}
+    assert book[ask]["conflicts"] == [assume] and book[assume]["conflicts"] == [ask]
+    with Hindsight(db_path, background=False) as hs:
+        found = hs.recall(task_type="weather_query", tools=["get_weather"], query="weather today")
+    assert len(found) == 1
+
+    # A person rewording a lesson into the opposite of another: read again too.
+    out = run_json(
+        "lessons", "import",
+        str(write_lines(tmp_path / "c.jsonl", [_weather("Retry get_weather once on timeout.")])),
+        "--db", db,
+    )  # fmt: skip
+    [retry] = out["added"]
+    out = run_json(
+        "lessons", "import",
+        str(write_lines(tmp_path / "d.jsonl", [_weather("Show the forecast in Celsius.")])),
+        "--db", db,
+    )  # fmt: skip
+    [units] = out["added"]
+    run("lessons", "edit", units, "--db", db, "--advice", "Never retry get_weather on timeout.")
+    book = {x["lesson_id"]: x for x in run_json("lessons", "list", "--db", db)}
+    assert retry in book[units]["conflicts"] and units in book[retry]["conflicts"]

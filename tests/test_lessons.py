@@ -162,6 +162,22 @@ def test_scope_and_task_type_separate_lessons():
     assert sorted(x.scope for x in book.lessons.values() if x.support == 2) == ["user:alice"]
 
 
+def test_opposites_one_recall_serves_from_two_owners_scopes_are_kept_apart():
+    project = draft("Always reply to the customer in English.", scope="project:shop")
+    user = draft("Never reply to the customer in English.", scope="user:alice")
+    book = Book()
+    old = book.add(project).lesson
+    change = book.add(user)
+    # A recall for user alice in project shop reads both scopes: before, the pair was never
+    # compared and both were served. Each may be right for its owner: the new one stays live.
+    assert change.action == "add" and change.lesson.status == "active"
+    assert change.lesson.conflicts == [old.lesson_id]
+    assert book.lessons[old.lesson_id].conflicts == [change.lesson.lesson_id]
+    # Two users' lessons are never served together: neither compared nor recorded.
+    bob = book.add(draft("Always reply to the customer in English.", scope="user:bob"))
+    assert bob.action == "add" and bob.lesson.conflicts == [] and not bob.others
+
+
 def test_a_different_error_type_or_step_is_a_different_lesson():
     book = Book()
     parse = Features(step="parse", error_type="UnicodeDecodeError")

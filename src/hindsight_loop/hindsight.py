@@ -350,8 +350,15 @@ class Hindsight:
         return self.curator.add(draft)
 
     def save_lesson(self, lesson: Lesson) -> None:
-        """Store a lesson as it is, with its embedding (a restore, or a person's edit)."""
+        """Store a lesson as it is, with its embedding, over one of the same id: no curation,
+        no check against the book (``restore_lesson`` puts back an exported one safely)."""
         self.curator.save(lesson)
+
+    def restore_lesson(self, lesson: Lesson) -> Change | None:
+        """Put back an exported lesson as it was (its id, status, history), never merged, with
+        what it contradicts in the book recorded on both sides. None, and nothing written, when
+        the book holds a lesson of that id: that one may be newer and is kept."""
+        return self.curator.restore(lesson)
 
     def change_lesson(self, lesson_id: str, edit: Callable[[Lesson], Lesson]) -> Lesson | None:
         """Apply ``edit`` to a stored lesson in one transaction; None if there is no such one."""

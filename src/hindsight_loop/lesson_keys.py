@@ -44,11 +44,23 @@ def same_keys(a: Lesson | LessonDraft, b: Lesson | LessonDraft) -> bool:
 
 def served_together(a: Lesson | LessonDraft, b: Lesson | LessonDraft) -> bool:
     """Whether one recall may return both lessons: their task types match (or one is of any
-    task type) and their scopes match (or one is global, which every recall reads). The lessons
-    curation must compare for contradictions, since recall keeps apart only recorded ones."""
+    task type) and their scopes may be read by one recall (``scopes_apart`` aside: the same
+    scope, or one global, which every recall reads). The lessons curation must compare for
+    contradictions, since recall keeps apart only recorded ones."""
     ta, tb = task_key(a.task_type), task_key(b.task_type)
     sa, sb = scope_key(a.scope), scope_key(b.scope)
-    return (ta == tb or not ta or not tb) and (sa == sb or "global" in (sa, sb))
+    return (ta == tb or not ta or not tb) and (
+        sa == sb or "global" in (sa, sb) or scopes_apart(a, b)
+    )
+
+
+def scopes_apart(a: Lesson | LessonDraft, b: Lesson | LessonDraft) -> bool:
+    """Whether two lessons are of two owners' scopes that one recall may still read together:
+    scopes of two kinds, neither global. A recall names the caller's own scopes, one of each
+    kind ("project:web" with "user:alice"; ``attribute.scopes_for``: an agent role with its
+    team), so a user's lesson is served beside its project's, never beside another user's."""
+    sa, sb = scope_key(a.scope), scope_key(b.scope)
+    return "global" not in (sa, sb) and sa.partition(":")[0] != sb.partition(":")[0]
 
 
 # -- what advice says of its own condition ------------------------------------------------------

@@ -1392,8 +1392,8 @@ def curate(
 
     Only lessons one recall may serve beside the draft are compared (``lesson_keys``: task types
     and scopes as recall matches them, case aside; a lesson of any task type or of the global
-    scope is served with the others), and only those of its own task type and scope take it in
-    as a repeat. A draft repeats a lesson when
+    scope is served with the others, one of a project beside one of a user), and only those of
+    its own task type and scope take it in as a repeat. A draft repeats a lesson when
     their structured forms agree (same ``when``, same ``prefer``), when it is word for word one of
     the lesson's wordings, or when their advice is close (``text_similarity`` against every
     wording merged so far, above a threshold that is lower when both name the same step or error
@@ -1406,6 +1406,8 @@ def curate(
     settles it. Every contradicted lesson that is active or waiting in review is recorded
     (``Change.others``): recall keeps apart only the pairs recorded. A draft that repeats one
     lesson and contradicts another is merged, and the contradiction recorded between the two.
+    A new lesson that contradicts one waits for review, unless every lesson it contradicts is
+    of another owner's scope (``lesson_keys.scopes_apart``): then it is added, the pairs recorded.
 
     Args:
         draft: A reflector's draft, or a ``Lesson`` (imports) whose id, status and validity are
@@ -1468,7 +1470,7 @@ def curate(
         # lesson waiting in review goes live with no second look at the book.
         seen: set[str] = set()
         for other in conflicts:
-            if other.lesson_id not in seen and _may_go_live(other, now):
+            if other.lesson_id not in seen and may_go_live(other, now):
                 seen.add(other.lesson_id)
                 conflict_with.append(other)
 
@@ -1494,9 +1496,7 @@ def curate(
             if other.lesson_id not in unsure
             and not (other.lesson_id in merged.conflicts and merged.lesson_id in other.conflicts)
         ]
-        others = (
-            _record_conflicts(merged, read, set(), now=now) if _may_go_live(merged, now) else []
-        )
+        others = _record_conflicts(merged, read, set(), now=now) if may_go_live(merged, now) else []
         return Change(action="merge", lesson=merged, others=others)
 
     lesson = _new_lesson(draft, now=now, validity=validity)
@@ -1505,6 +1505,14 @@ def curate(
         lesson.status = "needs_review"
     if not conflict_with:
         return Change(action="add", lesson=lesson)
+    if all(lesson_keys.scopes_apart(other, draft) for other in conflict_with):
+        # Only lessons of another owner's scope ("user:alice" against "project:web"): each may
+        # be right for its owner, and recall keeps the two apart once the pair is recorded.
+        return Change(
+            action="add",
+            lesson=lesson,
+            others=_record_conflicts(lesson, conflict_with, unsure, now=now),
+        )
 
     lesson.status = "needs_review"
     return Change(
@@ -1538,6 +1546,34 @@ def _record_conflicts(
         )
         others.append(other)
     return others
+
+
+def contradictions(
+    lesson: Lesson, book: Sequence[Lesson], *, embedder: Any, now: datetime | None = None
+) -> list[Lesson]:
+    """Record what a lesson that goes live as it stands contradicts: one restored from an
+    export, or one a person revived (a rejected or expired lesson confirmed) or reworded. It was
+    never compared with the lessons that came while it was dead or elsewhere, and ``curate``
+    compares only drafts. Nothing merges: its words and status are a person's (or the export's).
+    Every live or waiting lesson recall may serve beside it that it contradicts is recorded on
+    both sides (``lesson`` in place), so recall keeps the two apart and review shows the pair;
+    a pair recorded already is left as it is. Returns copies of the others, to be saved."""
+    now = now or utcnow()
+    if not may_go_live(lesson, now):
+        return []
+    candidates = [
+        other
+        for other in book
+        if other.lesson_id != lesson.lesson_id
+        and lesson_keys.served_together(other, lesson)
+        and may_go_live(other, now)
+        and not (other.lesson_id in lesson.conflicts and lesson.lesson_id in other.conflicts)
+    ]
+    if not candidates:
+        return []
+    _, conflicts, unsure, _ = _relations(lesson, candidates, embedder=embedder, now=now)
+    unique = list({other.lesson_id: other for other in conflicts}.values())
+    return _record_conflicts(lesson, unique, unsure, now=now)
 
 
 def _relations(
@@ -1793,8 +1829,9 @@ def _judged(
     return same, conflicts, verdicts
 
 
-def _may_go_live(lesson: Lesson, now: datetime) -> bool:
+def may_go_live(lesson: Lesson, now: datetime | None = None) -> bool:
     """Live, or waiting for a person whose confirmation would make it live."""
+    now = now or utcnow()
     return lesson.is_live(now) or (lesson.status == "needs_review" and not _is_dead(lesson, now))
 
 

@@ -26,7 +26,14 @@ import orjson
 
 from hindsight_loop import lesson_keys
 from hindsight_loop.embed import lesson_text
-from hindsight_loop.lessons import Change, apply_outcome, curate, expire_due
+from hindsight_loop.lessons import (
+    Change,
+    apply_outcome,
+    contradictions,
+    curate,
+    expire_due,
+    may_go_live,
+)
 from hindsight_loop.models import (
     Chronicle,
     Lesson,
@@ -60,6 +67,20 @@ BATCH_RUNS = 200
 #: The curators and workers of this process, reset in a child forked from it (``_forked``).
 _FORKED: weakref.WeakSet[Curator | Worker] = weakref.WeakSet()
 reset_in_forked_child(_FORKED, "curator or worker")
+
+
+def _reading(lesson: Lesson) -> tuple[Any, ...]:
+    """What curation reads of a lesson to tell a repeat or a contradiction."""
+    feats = lesson.features
+    return (
+        lesson.advice,
+        lesson.structured,
+        lesson.task_type,
+        lesson.scope,
+        feats.tools,
+        feats.step,
+        feats.error_type,
+    )
 
 
 class Curator:
@@ -155,14 +176,38 @@ class Curator:
 
     def change(self, lesson_id: str, edit: Callable[[Lesson], Lesson]) -> Lesson | None:
         """Apply one change to a stored lesson (read and write in one transaction, so a worker
-        scoring the same lesson meanwhile is not overwritten). None if there is no such lesson."""
+        scoring the same lesson meanwhile is not overwritten). None if there is no such lesson.
+
+        A lesson that comes back to life (a rejected or expired one confirmed) or whose reading
+        changed (its advice, structured form, task type, scope or tools edited) is read against
+        the book again (``lessons.contradictions``): it was never compared with what came while
+        it was dead, nor in its new words, and recall keeps apart only the pairs recorded."""
         with self._lock, self.store.transaction():
             lesson = self.store.get_lesson(lesson_id)
             if lesson is None:
                 return None
             changed = edit(lesson)
-            self.save(changed)
+            others: list[Lesson] = []
+            if may_go_live(changed) and (
+                not may_go_live(lesson) or _reading(lesson) != _reading(changed)
+            ):
+                others = contradictions(changed, self._book(changed), embedder=self._embedder())
+            for each in (changed, *others):
+                self.save(each)
         return changed
+
+    def restore(self, lesson: Lesson) -> Change | None:
+        """Put back a lesson as it was exported (its id, status, history): never merged, and
+        read against the book for what it contradicts (``lessons.contradictions``). None, and
+        nothing written, when the book holds a lesson of that id: what the book holds may be
+        newer (a person's edit, a rejection since the export) and is never overwritten."""
+        with self._lock, self.store.transaction():
+            if self.store.get_lesson(lesson.lesson_id) is not None:
+                return None
+            others = contradictions(lesson, self._book(lesson), embedder=self._embedder())
+            for each in (lesson, *others):
+                self.save(each)
+        return Change(action="conflict" if others else "add", lesson=lesson, others=others)
 
     def change_pair(
         self, first_id: str, second_id: str, edit: Callable[[Lesson, Lesson], tuple[Lesson, Lesson]]

@@ -497,7 +497,8 @@ def import_(
     """Read lessons in: hand-written ones are curated, exported ones restored as they were.
 
     Curation merges repeats into the lessons they repeat and flags contradictions for review.
-    Nothing is imported if any line is wrong.
+    An exported lesson is never merged, and never written over the book's lesson of its id;
+    what it contradicts is flagged for review. Nothing is imported if any line is wrong.
     """
     try:
         raw = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
@@ -526,12 +527,22 @@ def import_(
             f"nothing imported from {file}: fix the {len(problems)} line(s) above and run again"
         )
 
-    outcome: dict[str, list[str]] = {"added": [], "merged": [], "conflicts": [], "restored": []}
+    outcome: dict[str, list[str]] = {
+        "added": [], "merged": [], "conflicts": [], "restored": [], "kept": []
+    }  # fmt: skip
     with open_hs(db, create=True) as hs:
         for lesson, exported in parsed:
             if exported:
-                hs.save_lesson(lesson)
-                outcome["restored"].append(lesson.lesson_id)
+                # Never over the book's own copy: it may hold a person's edit or rejection made
+                # since the export. A restored lesson that contradicts one in the book is kept
+                # as it was exported, the pair recorded for review.
+                restored = hs.restore_lesson(lesson)
+                if restored is None:
+                    outcome["kept"].append(lesson.lesson_id)
+                elif restored.others:
+                    outcome["conflicts"].append(lesson.lesson_id)
+                else:
+                    outcome["restored"].append(lesson.lesson_id)
                 continue
             change = hs.curate(lesson)
             key = {"add": "added", "merge": "merged", "conflict": "conflicts"}[change.action]
@@ -541,6 +552,11 @@ def import_(
         return
     counts = ", ".join(f"{len(ids)} {name}" for name, ids in outcome.items())
     say(f"imported {len(parsed)} lines from {file}: {counts}")
+    if outcome["kept"]:
+        say(
+            f"{len(outcome['kept'])} line(s) name lessons the book holds: the book's copies are "
+            "kept as they are (change them with 'hindsight lessons edit')"
+        )
     if outcome["conflicts"]:
         say("see the conflicts with 'hindsight lessons review'")
 
