@@ -121,6 +121,17 @@ def test_the_same_lesson_reworded_ten_times_is_one_lesson_with_support_10():
     assert lesson.valid_until == iso(NOW + timedelta(hours=9, days=30))
 
 
+def test_a_run_reviewed_again_adds_no_support():
+    book = Book()
+    book.add(draft(ENCODING_REWORDED[0], source_task_ids=["tsk_1"]))
+    # The same run's local review, then its full review, then a review asked for by name.
+    for text in ENCODING_REWORDED[1:3]:
+        assert book.add(draft(text, source_task_ids=["tsk_1"])).action == "merge"
+    assert book.only().support == 1  # before: 3, from one run
+    book.add(draft(ENCODING_REWORDED[3], source_task_ids=["tsk_1", "tsk_2"]))
+    assert book.only().support == 2 and book.only().source_task_ids == ["tsk_1", "tsk_2"]
+
+
 def test_the_same_lesson_reworded_in_chinese_merges_too():
     book = Book()
     for text in CITY_REWORDED_ZH:

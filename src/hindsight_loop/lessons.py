@@ -1969,13 +1969,17 @@ def _merge(
     added_sources = [t for t in draft.source_task_ids if t not in lesson.source_task_ids]
     lesson.source_task_ids += added_sources
     dropped_sources = _bound_sources(lesson)
-    lesson.support += draft.support if isinstance(draft, Lesson) else 1
+    # Support counts the runs that taught it: a run reviewed again (a local review, then the
+    # full one; a review asked for by name) teaches nothing new, though it may word it better.
+    recounted = bool(draft.source_task_ids) and not added_sources
+    support_added = 0 if recounted else draft.support if isinstance(draft, Lesson) else 1
+    lesson.support += support_added
     lesson.updated_at = iso(now)
     changes: dict[str, Any] = {"support": lesson.support, "merged_advice": new_advice}
     if judged:
         # What the merge added, so a person who says the model was wrong can take it back out.
         changes["judged"] = True
-        changes["support_added"] = draft.support if isinstance(draft, Lesson) else 1
+        changes["support_added"] = support_added
     if added_sources:
         changes["source_task_ids"] = added_sources
     if advice != old_advice:
