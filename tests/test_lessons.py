@@ -644,6 +644,20 @@ def test_import_lines_with_problems_say_what_is_wrong(obj, message):
         parse_import_line(obj)
 
 
+@pytest.mark.parametrize(
+    ("given", "stored"),
+    [
+        ("9999-12-31T23:00:00-05:00", "9999-12-31T23:59:59.999Z"),  # was refused as "not ISO"
+        ("0001-01-01T00:00:00+05:00", "0001-01-01T00:00:00.000Z"),
+        ("0999-03-04", "0999-03-04T00:00:00.000Z"),  # was stored as "999-03-04…", unreadable
+    ],
+)
+def test_dates_at_the_ends_of_time_are_kept_readable(given, stored):
+    lesson = parse_import_line({"task_type": "t", "advice": "x", "valid_until": given})
+    assert lesson.valid_until == stored
+    assert parse_import_line(lesson.to_dict()).valid_until == stored
+
+
 def test_export_jsonl_round_trips_through_import():
     book = Book()
     for text in DISTINCT_CSV[:3]:

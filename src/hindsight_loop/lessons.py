@@ -20,7 +20,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -2304,12 +2304,7 @@ def _check_field(name: str, value: Any) -> Any:
             raise ValueError(f"{name!r} must be a list of strings")
         return list(dict.fromkeys(value))
     if name in {"valid_until", "created_at", "updated_at"} and value is not None:
-        try:
-            return iso(parse_ts(value))
-        except (TypeError, ValueError, OverflowError):
-            raise ValueError(
-                f"{name!r} must be an ISO date like 2025-01-31 or 2025-01-31T12:00:00Z, got {value!r}"
-            ) from None
+        return _check_date(name, value)
     if name == "pinned" and not isinstance(value, bool):
         raise ValueError(f"'pinned' must be true or false, got {value!r}")
     if name in {"support", "hit_count", "helpful", "harmful"} and (
@@ -2317,6 +2312,22 @@ def _check_field(name: str, value: Any) -> Any:
     ):
         raise ValueError(f"{name!r} must be a whole number >= 0, got {value!r}")
     return value
+
+
+def _check_date(name: str, value: Any) -> str:
+    try:
+        when = parse_ts(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(
+            f"{name!r} must be an ISO date like 2025-01-31 or 2025-01-31T12:00:00Z, got {value!r}"
+        ) from None
+    try:
+        return iso(when)
+    except OverflowError:
+        # "9999-12-31T23:00:00-05:00" is a valid date past the last instant UTC holds: it means
+        # "for good" (as the year 1 with an offset east of UTC means "long ago").
+        edge = datetime.max if when.year == datetime.max.year else datetime.min
+        return iso(edge.replace(tzinfo=UTC))
 
 
 def pin(lesson: Lesson, *, by: str, now: datetime | None = None) -> Lesson:

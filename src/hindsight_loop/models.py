@@ -96,7 +96,12 @@ def iso(dt: datetime) -> str:
     """ISO-8601 in UTC with milliseconds and a ``Z``, the one timestamp form on the wire."""
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
-    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+    dt = dt.astimezone(UTC)
+    # Not strftime: its %Y writes the year 1 as "1", which no ISO reader takes back.
+    return (
+        f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:"
+        f"{dt.second:02d}.{dt.microsecond // 1000:03d}Z"
+    )
 
 
 def parse_ts(value: str | datetime | float | int | None) -> datetime:
