@@ -468,3 +468,67 @@ def test_a_revived_or_reworded_lesson_is_read_against_the_book(
     run("lessons", "edit", units, "--db", db, "--advice", "Never retry get_weather on timeout.")
     book = {x["lesson_id"]: x for x in run_json("lessons", "list", "--db", db)}
     assert retry in book[units]["conflicts"] and units in book[retry]["conflicts"]
+
+
+def _past_due(advice: str) -> dict[str, object]:
+    return {**_weather(advice), "valid_until": "2020-01-01"}
+
+
+def _served_together(db_path: Path, *ids: str) -> bool:
+    with Hindsight(db_path, background=False) as hs:
+        found = hs.recall(task_type="weather_query", tools=["get_weather"], query="weather today")
+    return set(ids) <= {x.lesson_id for x in found}
+
+
+def test_a_success_that_renews_a_past_due_lesson_reads_it_against_the_book(
+    db_path: Path, tmp_path: Path
+) -> None:
+    db = str(db_path)
+    [ask] = run_json(
+        "lessons", "import", str(write_lines(tmp_path / "a.jsonl", [_past_due(CITY_ASK)])), "--db", db
+    )["added"]  # fmt: skip
+    [assume] = run_json(
+        "lessons", "import", str(write_lines(tmp_path / "b.jsonl", [_weather(CITY_ASSUME)])), "--db", db
+    )["added"]  # fmt: skip
+    with Hindsight(db_path, background=False) as hs:
+        with hs.task("weather_query", goal="weather in Paris") as task:
+            task_id = task.task_id
+        # A client rates the lesson helpful: the success renews it for 30 days.
+        assert hs.report_outcome(task_id, "succeeded", rated={ask: True}) == [ask]
+        renewed = hs.lesson(ask)
+        assert renewed is not None and renewed.is_live()
+        assert renewed.conflicts == [assume]
+    assert not _served_together(db_path, ask, assume)  # before: both served, nothing recorded
+
+
+def test_a_repeat_or_a_person_merging_into_a_past_due_lesson_reads_it_against_the_book(
+    db_path: Path, tmp_path: Path
+) -> None:
+    db = str(db_path)
+
+    def add(name: str, line: dict[str, object]) -> str:
+        out = run_json("lessons", "import", str(write_lines(tmp_path / name, [line])), "--db", db)
+        [lesson_id] = out["added"] + out["merged"] + out["conflicts"]
+        return lesson_id
+
+    # A repeat of a past-due lesson renews it: the opposite that came meanwhile is recorded.
+    ask = add("a.jsonl", _past_due(CITY_ASK))
+    assume = add("b.jsonl", _weather(CITY_ASSUME))
+    assert (
+        add("c.jsonl", _weather("Before calling get_weather, ask which city the user means."))
+        == ask
+    )
+    book = {x["lesson_id"]: x for x in run_json("lessons", "list", "--db", db)}
+    assert book[ask]["status"] == "active" and book[ask]["conflicts"] == [assume]
+    assert not _served_together(db_path, ask, assume)  # before: both served, nothing recorded
+
+    # A person merging a lesson into a past-due one renews it too.
+    db = str(tmp_path / "second.db")
+    held = add("d.jsonl", {**_weather("Confirm the user's city, then call get_weather."),
+                           "status": "needs_review"})  # fmt: skip
+    ask = add("e.jsonl", _past_due(CITY_ASK))
+    assume = add("f.jsonl", _weather(CITY_ASSUME))
+    run("lessons", "merge", held, "--into", ask, "--db", db)
+    book = {x["lesson_id"]: x for x in run_json("lessons", "list", "--db", db)}
+    assert book[ask]["status"] == "active" and assume in book[ask]["conflicts"]
+    assert ask in book[assume]["conflicts"]

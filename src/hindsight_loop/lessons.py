@@ -1497,6 +1497,16 @@ def curate(
             and not (other.lesson_id in merged.conflicts and merged.lesson_id in other.conflicts)
         ]
         others = _record_conflicts(merged, read, set(), now=now) if may_go_live(merged, now) else []
+        if not best_same[1].is_live(now) and merged.is_live(now):
+            # The repeat brought a lesson past its date (or expired by the machine) back: it was
+            # never compared with the lessons that came while it was dead.
+            recorded = {other.lesson_id for other in others}
+            others += contradictions(
+                merged,
+                [x for x in candidates if x.lesson_id not in recorded],
+                embedder=embedder,
+                now=now,
+            )
         return Change(action="merge", lesson=merged, others=others)
 
     lesson = _new_lesson(draft, now=now, validity=validity)
@@ -1557,7 +1567,8 @@ def contradictions(
     compares only drafts. Nothing merges: its words and status are a person's (or the export's).
     Every live or waiting lesson recall may serve beside it that it contradicts is recorded on
     both sides (``lesson`` in place), so recall keeps the two apart and review shows the pair;
-    a pair recorded already is left as it is. Returns copies of the others, to be saved."""
+    a pair recorded already is left as it is, and near text the rules cannot read either way
+    only for a lesson waiting for review. Returns copies of the others, to be saved."""
     now = now or utcnow()
     if not may_go_live(lesson, now):
         return []
@@ -1572,6 +1583,10 @@ def contradictions(
     if not candidates:
         return []
     _, conflicts, unsure, _ = _relations(lesson, candidates, embedder=embedder, now=now)
+    if lesson.is_live(now):
+        # Near text the rules could not read either way must not keep two live lessons apart
+        # (as in a merge); one waiting for review is shown beside it.
+        conflicts = [other for other in conflicts if other.lesson_id not in unsure]
     unique = list({other.lesson_id: other for other in conflicts}.values())
     return _record_conflicts(lesson, unique, unsure, now=now)
 

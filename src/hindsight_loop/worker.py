@@ -14,6 +14,7 @@ agent's task.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -178,23 +179,69 @@ class Curator:
         """Apply one change to a stored lesson (read and write in one transaction, so a worker
         scoring the same lesson meanwhile is not overwritten). None if there is no such lesson.
 
-        A lesson that comes back to life (a rejected or expired one confirmed) or whose reading
-        changed (its advice, structured form, task type, scope or tools edited) is read against
-        the book again (``lessons.contradictions``): it was never compared with what came while
-        it was dead, nor in its new words, and recall keeps apart only the pairs recorded."""
+        A lesson that may go live again (a rejected or expired one confirmed, a past-due one
+        renewed by a task's success) or whose reading changed (its
+        advice, structured form, task type, scope or tools edited) is read against the book
+        again (``_read_again``)."""
         with self._lock, self.store.transaction():
             lesson = self.store.get_lesson(lesson_id)
             if lesson is None:
                 return None
             changed = edit(lesson)
-            others: list[Lesson] = []
-            if may_go_live(changed) and (
-                not may_go_live(lesson) or _reading(lesson) != _reading(changed)
-            ):
-                others = contradictions(changed, self._book(changed), embedder=self._embedder())
-            for each in (changed, *others):
-                self.save(each)
+            others = self._read_again(lesson, changed)
+            self.save(changed, embed=lesson_text(changed) != lesson_text(lesson))
+            for other in others:
+                self.save(other, embed=False)
         return changed
+
+    def _read_again(
+        self, before: Lesson | None, after: Lesson, skip: frozenset[str] = frozenset()
+    ) -> list[Lesson]:
+        """What ``after`` contradicts in the book, recorded on both sides (``lessons.
+        contradictions``), when it may go live and was dead as ``before`` (or is new, or had
+        another reading): it was never compared with what came while it was dead, or in its new words,
+        and recall keeps apart only the pairs recorded. ``skip``: the lessons changed with it,
+        read as they were. Returns the others, to be saved."""
+        now = utcnow()
+        if not may_go_live(after, now):
+            return []
+        # One that could go live all along (waiting for review, too) was compared when it came
+        # and by every lesson after it.
+        if before is not None and may_go_live(before, now) and _reading(before) == _reading(after):
+            return []
+        book = [x for x in self._book(after) if x.lesson_id not in skip]
+        return contradictions(after, book, embedder=self._embedder(), now=now)
+
+    def change_pair(
+        self, first_id: str, second_id: str, edit: Callable[[Lesson, Lesson], tuple[Lesson, Lesson]]
+    ) -> tuple[Lesson, Lesson] | None:
+        """``change`` for two lessons at once (a person merging one into another): both read and
+        written in one transaction, each read against the book as ``change`` reads one. None if
+        either is missing."""
+        with self._lock, self.store.transaction():
+            first, second = self.store.get_lesson(first_id), self.store.get_lesson(second_id)
+            if first is None or second is None:
+                return None
+            changed = edit(first, second)
+            # A person said the two are one: neither is read against the other as it was.
+            self._save_read_again(
+                zip((first, second), changed, strict=True), skip=frozenset((first_id, second_id))
+            )
+        return changed
+
+    def split(
+        self, lesson_id: str, edit: Callable[[Lesson], tuple[Lesson, list[Lesson]]]
+    ) -> tuple[Lesson, list[Lesson]] | None:
+        """``change`` that also adds the lessons ``edit`` makes (a person splitting a merge back
+        out), all in one transaction; each new one is read against the book (its words were
+        read only against the lesson they were merged into). None if there is no such lesson."""
+        with self._lock, self.store.transaction():
+            lesson = self.store.get_lesson(lesson_id)
+            if lesson is None:
+                return None
+            changed, added = edit(lesson)
+            self._save_read_again([(lesson, changed), *((None, part) for part in added)])
+        return changed, added
 
     def restore(self, lesson: Lesson) -> Change | None:
         """Put back a lesson as it was exported (its id, status, history): never merged, and
@@ -205,40 +252,28 @@ class Curator:
             if self.store.get_lesson(lesson.lesson_id) is not None:
                 return None
             others = contradictions(lesson, self._book(lesson), embedder=self._embedder())
-            for each in (lesson, *others):
-                self.save(each)
+            self.save(lesson)
+            for other in others:
+                self.save(other, embed=False)
         return Change(action="conflict" if others else "add", lesson=lesson, others=others)
 
-    def change_pair(
-        self, first_id: str, second_id: str, edit: Callable[[Lesson, Lesson], tuple[Lesson, Lesson]]
-    ) -> tuple[Lesson, Lesson] | None:
-        """``change`` for two lessons at once (a person merging one into another): both read and
-        written in one transaction. None if either is missing."""
-        with self._lock, self.store.transaction():
-            first, second = self.store.get_lesson(first_id), self.store.get_lesson(second_id)
-            if first is None or second is None:
-                return None
-            changed = edit(first, second)
-            for lesson in changed:
-                self.save(lesson)
-        return changed
+    def _save_read_again(
+        self, pairs: Iterable[tuple[Lesson | None, Lesson]], skip: frozenset[str] = frozenset()
+    ) -> None:
+        """Save each lesson as changed (``before`` None: a new one), with what it contradicts;
+        each is read against the book as saved so far (``skip`` left out)."""
+        for before, after in pairs:
+            others = self._read_again(before, after, skip=skip)
+            self.save(after)
+            for other in others:
+                self.save(other, embed=False)
 
-    def split(
-        self, lesson_id: str, edit: Callable[[Lesson], tuple[Lesson, list[Lesson]]]
-    ) -> tuple[Lesson, list[Lesson]] | None:
-        """``change`` that also adds the lessons ``edit`` makes (a person splitting a merge back
-        out), all in one transaction. None if there is no such lesson."""
-        with self._lock, self.store.transaction():
-            lesson = self.store.get_lesson(lesson_id)
-            if lesson is None:
-                return None
-            changed, added = edit(lesson)
-            for each in (changed, *added):
-                self.save(each)
-        return changed, added
-
-    def save(self, lesson: Lesson) -> None:
-        """Store a lesson with its embedding (re-embedded on every save: the text may change)."""
+    def save(self, lesson: Lesson, *, embed: bool = True) -> None:
+        """Store a lesson with its embedding (re-embedded unless ``embed`` is False: the caller
+        knows its text did not change, and the stored vector stays)."""
+        if not embed:
+            self.store.save_lesson(lesson)
+            return
         embedder = self._embedder()
         vec = embedder.embed([lesson_text(lesson)])[0].astype(np.float32)
         self.store.save_lesson(lesson, embedding=vec.tobytes(), embed_model=embedder.name)
@@ -485,11 +520,13 @@ class Worker:
         for lesson_id, helped in verdicts.items():
             # Read and write in one transaction: a CLI 'reject' or another worker's update of
             # the same lesson in between would otherwise be overwritten.
-            with self.store.transaction():
-                lesson = self.store.get_lesson(lesson_id)
-                if lesson is not None:
-                    self.store.save_lesson(apply_outcome(lesson, succeeded=helped, task_id=task_id))
-                    scored.append(lesson_id)
+            # A success may renew a lesson past its date: ``Curator.change`` reads it against
+            # the book again.
+            changed = self.curator.change(
+                lesson_id, functools.partial(apply_outcome, succeeded=helped, task_id=task_id)
+            )
+            if changed is not None:
+                scored.append(lesson_id)
         return scored
 
     # -- the queue ---------------------------------------------------------------------------
