@@ -353,6 +353,35 @@ def test_suspect_drafts_wait_in_review():
         ("执行迁移前总是备份数据库。", "执行迁移前从不备份数据库。"),
         ("始终备份数据库再执行迁移。", "绝不备份数据库再执行迁移。"),
         ("每次都重试 fetch_page。", "从来不重试 fetch_page。"),
+        # A verdict on the act (对 / 错, right / wrong): these merged into their opposite.
+        ("重试 fetch_page 是对的。", "重试 fetch_page 是错的。"),
+        ("遇到超时时重试 fetch_page 是正确的。", "遇到超时时重试 fetch_page 是错误的。"),
+        ("Retrying fetch_page on a timeout is the right call.",
+         "Retrying fetch_page on a timeout is the wrong call."),
+        ("Passing dtype=str to read_csv is correct.", "Passing dtype=str to read_csv is incorrect."),
+        ("It is correct to confirm the city before calling get_weather.",
+         "It is wrong to confirm the city before calling get_weather."),
+        ("Not retrying fetch_page on a timeout is wrong.",
+         "Retrying fetch_page on a timeout is wrong."),
+        ("立即重试 fetch_page？这样做是错的。", "立即重试 fetch_page。"),
+        # One thing chosen over another, swapped.
+        ("Prefer run_sql with a LIMIT over fetching the whole table.",
+         "Prefer fetching the whole table over run_sql with a LIMIT."),
+        ("Use upload_file rather than upload_chunked for files under 10 MB.",
+         "Use upload_chunked rather than upload_file for files under 10 MB."),
+        ("小于 10 MB 的文件用 upload_file，而不是 upload_chunked。",
+         "小于 10 MB 的文件用 upload_chunked，而不是 upload_file。"),
+        ("与其重试 fetch_page，不如直接报错。", "与其直接报错，不如重试 fetch_page。"),
+        # The act done where a condition holds by one, where it does not by the other.
+        ("Retry the upload unless the server returns 400.",
+         "Retry the upload only when the server returns 400."),
+        ("Always confirm the city except when the user already named it.",
+         "Always confirm the city, even when the user already named it."),
+        ("Retry upload_file unless the error is a 413.", "Retry upload_file if the error is a 413."),
+        ("重试 fetch_page，除非页面返回 404。", "只在页面返回 404 时重试 fetch_page。"),
+        # "never" / "no" on its own after the act, stressed or not.
+        ("失败的上传立即重试：永远不要。", "失败的上传立即重试。"),
+        ("Immediate retries of failed uploads? No.", "Retry failed uploads immediately."),
     ],
 )  # fmt: skip
 def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
@@ -366,6 +395,32 @@ def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
     assert other.status == "active" and other.conflicts == [new.lesson_id]
     assert other.history[-1]["action"] == "conflict"
     assert review_reasons(new, book.lessons) == [f"conflicts with {old.lesson_id}"]
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("重试 fetch_page 是对的。", "应该重试 fetch_page。"),
+        ("Retrying fetch_page on a timeout is the right call.", "Retry fetch_page on a timeout."),
+        ("It's wrong to retry upload_file on a 400.", "Never retry upload_file on a 400."),
+        ("重试 fetch_page 是错误的做法。", "不要重试 fetch_page。"),
+        ("Prefer read_csv over read_excel for exported sheets.",
+         "Use read_csv rather than read_excel for exported sheets."),
+        ("读取导出的表格时优先用 read_csv 而不是 read_excel。",
+         "读取导出的表格时用 read_csv，不要用 read_excel。"),
+        ("Retry the upload unless the server returns 400.",
+         "Retry the upload, except when the server returns 400."),
+        ("除非服务器返回 400，否则重试 upload_file。", "重试 upload_file，除非服务器返回 400。"),
+        # A verdict on a thing ("the city is wrong") is the situation, not a prohibition.
+        ("If the city is wrong, ask the user again before calling get_weather.",
+         "Ask the user again before calling get_weather when the city is wrong."),
+        ("Use upload_chunked for files over 10 MB.", "Use upload_chunked for any file over 10 MB."),
+    ],
+)  # fmt: skip
+def test_a_verdict_a_choice_or_a_condition_reworded_is_a_repeat(first, second):
+    book = Book()
+    book.add(draft(first))
+    assert book.add(draft(second)).action == "merge"
 
 
 def test_prefer_and_avoid_swapped_is_a_conflict():
@@ -754,3 +809,26 @@ def test_the_token_patterns_start_only_where_a_run_starts_and_find_what_they_fou
     old_identifier = re.compile(before["_IDENTIFIER_RE"])
     for text in texts:
         assert lessons._IDENTIFIER_RE.sub(lessons._unname, text) == old_identifier.sub(" ", text)
+
+
+def test_the_plain_reading_of_advice_reads_a_run_of_spaces_once() -> None:
+    """The "over" of "prefer X over Y" is tried only where a run of spaces starts (tried from
+    each space of a long run it read the run to its end each time), and finds what the pattern
+    without the lookbehind finds; ``_plain`` reads 30,000 spaces as it reads one."""
+    import random
+    import re
+
+    from hindsight_loop import lessons
+
+    old = re.compile(lessons._OVER_RE.pattern.replace("(?<!\\s)", ""), re.I)
+    assert old.pattern != lessons._OVER_RE.pattern
+    rng = random.Random(11)
+    texts = [
+        "".join(rng.choice("  over x1—,") for _ in range(rng.randrange(1, 40))) for _ in range(3000)
+    ]
+    for text in texts + ["prefer a   over b", "prefer a over  10 MB"]:
+        assert [m.span() for m in lessons._OVER_RE.finditer(text)] == [
+            m.span() for m in old.finditer(text)
+        ], text
+    spaces = lessons._plain("Prefer fetch_page" + " " * 30_000 + "over fetch_cached — never.")
+    assert " ".join(spaces.split()) == "Prefer fetch_page instead of fetch_cached — never ."

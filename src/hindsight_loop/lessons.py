@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import itertools
 import logging
 import math
 import re
@@ -231,7 +232,7 @@ _IDENTIFIER_RE = re.compile(r"(?<![A-Za-z0-9])[0-9]*([A-Za-z][A-Za-z0-9]*(?:_[A-
 
 def _polarity(text: str) -> tuple[bool, str]:
     """Whether advice is phrased as a prohibition, and the text with polarity words removed."""
-    text = _expand_not(text)
+    text = _plain(text)
     negative = bool(_NEG_EN.search(text) or _NEG_ZH.search(text))
     core = _EMPH_ZH.sub("", _NEG_ZH.sub("", _EMPH_EN.sub("", _NEG_EN.sub("", text))))
     return negative, " ".join(core.split())
@@ -547,7 +548,8 @@ _EXCLUDE_RE = re.compile(
     # 是不是 asks whether, excluding nothing.
     # "用 A 代替 B": A is done in place of B, as "A instead of B".
     r"\b(?:instead\s+of|rather\s+than|in\s+place\s+of|without|not)\b|而不是|而非|(?<!是)不是(?!不)"
-    r"|不用|不必|无需|无须|不需要|代替|取代|替代",
+    # "与其重试，不如报错": what 与其 leads is declined.
+    r"|不用|不必|无需|无须|不需要|代替|取代|替代|与其",
     re.IGNORECASE,
 )
 _GENERIC_ACTS = frozenset(
@@ -625,10 +627,123 @@ _LOOK_RE = re.compile(
 _QUOTED_RE = re.compile(r"'[^']*'|\"[^\"]*\"|‘[^’]*’|“[^”]*”")
 
 
+# Advice said as a verdict on an act ("retrying fetch_page is the wrong call", "重试 fetch_page
+# 是错的", "it is correct to ask first") or as a choice of one thing over another ("prefer
+# read_csv over read_excel"): the clause rules read neither, and the opposites merged ("是对的" /
+# "是错的" differ in one word they do not know). ``_plain`` says them as the rules read advice:
+# "never retrying fetch_page", "不要重试 fetch_page", "ask first", "read_csv instead of
+# read_excel". A verdict on a thing ("the city is wrong", "返回的城市不对") is left as it is.
+_VERDICT_EN = re.compile(
+    r"\s(?:is|are|was|were|'s|’s)\s+(?P<not>not\s+)?(?:(?:the|a|an)\s+)?"
+    r"(?:(?P<bad>wrong|incorrect|mistaken|mistake|error|bad\s+(?:call|move|choice|practice))"
+    r"|right|correct|good\s+(?:call|move|choice|practice)|best\s+practice|(?:the\s+)?way\s+to\s+go)"
+    r"(?:\s+(?:call|move|choice|approach|way|thing\s+to\s+do))?\s*$",
+    re.I,
+)
+# "It is wrong to retry", "it's a good idea to ask first": the act follows.
+_IT_VERDICT_EN = re.compile(
+    r"^\s*it(?:'s|’s|\s+is|\s+was)\s+(?P<not>not\s+)?(?:(?P<bad>wrong|incorrect|a\s+mistake|"
+    r"an\s+error|a\s+bad\s+idea|unwise)|right|correct|a\s+good\s+idea|wise|better|best)\s+to\s+",
+    re.I,
+)
+# No bare 对 (核对, 比对): a verdict ends the clause, after 是 unless it is 不对 / 不正确 / 才对.
+_VERDICT_ZH = re.compile(
+    r"(?:(?:是|才是|就是|都是)(?:一个|个|一种|种)?(?:(?P<bad>错|错误|不对|不正确|不可取)|对|正确)"
+    r"的?(?:做法|选择|方式)?|(?P<not>(?<!对)不对|不正确|不可取)的?(?:做法|选择)?|才对|没错)\s*$"
+)
+# The act of a verdict turned down: "not retrying it is wrong", "不重试是错的" ask for it (not
+# 不同 / 不断 / 不少 ..., words of their own).
+_NOT_FIRST_RE = re.compile(
+    r"^\s*(?:not|never)\s+|^\s*(?:不要|不去|没有|没|不(?![同断久少仅但管论过]))", re.I
+)
+# A verdict on what was said before: "Retry at once? That is wrong.", "这样做是错的。"
+_THAT_RE = re.compile(
+    r"^\s*(?:that|this|it|doing\s+(?:that|this|so)|这样做|这么做|那样做|这样|那样|这)\s*$", re.I
+)
+_IF_START_RE = re.compile(
+    r"^\s*(?:if|when|whenever|unless|in\s+case)\b|^\s*(?:如果|若|假如|要是|当|一旦)", re.I
+)
+_PREFER_EN = re.compile(
+    r"\b(?:prefer(?:s|red|ring)?|favou?r(?:s|ed|ing)?|choos(?:e|es|ing)|chose|pick(?:s|ed|ing)?|"
+    r"select(?:s|ed|ing)?|opt(?:s|ed|ing)?\s+for|go\s+with)\b",
+    re.I,
+)
+# Not "over 10 MB": an amount, not the thing declined. A run of spaces is tried once, from its
+# start (``(?<!\s)``): tried from each space, ``\s+`` would read the run to its end each time.
+_OVER_RE = re.compile(r"(?<!\s)\s+over\s+(?![\d$€£¥])", re.I)
+# The clause ends of ``_ORDER_SPLIT_RE``, kept (group 1) to put the text together again; a dash
+# without the spaces around it, which stay in the clauses (``\s*—+`` is tried from every space).
+_PLAIN_SPLIT_RE = re.compile(r"([；。!?！？，：\n]+|[;,:](?=\s|$)|\.(?=\s|$)|—+)")
+
+
+@functools.lru_cache(maxsize=8192)
+def _plain(text: str) -> str:
+    """Advice with its verdicts on acts and its choices said plainly (``_VERDICT_EN``), and
+    "isn't" as "is not" (``_expand_not``)."""
+    parts = _PLAIN_SPLIT_RE.split(_expand_not(text))
+    for i in range(0, len(parts), 2):  # the clauses; the odd parts are what ends them
+        parts[i] = _plain_clause(parts[i])
+    return "".join(parts)
+
+
+# An English subject read as an act: a gerund ("retrying it on a 400", "not asking first").
+_GERUND_FIRST_RE = re.compile(r"^\s*(?:(?:not|never)\s+)?([a-z]{3,}ing)\b", re.I)
+_IF_WORD_EN = re.compile(r"\b(?:when|whenever|if|unless|once|while|where|whose|that)\b", re.I)
+# A clause that is only a "no": "Retry at once? No.", "立即重试？不行。"
+_NO_RE = re.compile(
+    r"^\s*(?:(?:absolutely|definitely|certainly)\s+)?(?:no|nope|not|never)(?:\s*,?\s*ever)?\s*$"
+    r"|^\s*(?:绝对|千万|当然)?(?:不行|不可以|不能|不)\s*$",
+    re.I,
+)
+
+
+def _verdict_on_act(subject: str, *, plural: bool) -> bool:
+    """Whether the subject of an English verdict is an act: a gerund ("retrying it on a 400 is
+    wrong"), or an act named as a thing before "are" with no clause of its own ("immediate
+    retries of failed uploads are wrong"). Not an order with a clause in it ("ask again when the
+    city is wrong", "tell them the date is wrong": the verdict is on the city, the date)."""
+    if m := _GERUND_FIRST_RE.match(subject):
+        word = m[1].lower()
+        return word not in _ING_NOUNS and not word.endswith("thing")
+    folded = _fold_concepts(subject)
+    return plural and not _IF_WORD_EN.search(subject) and _act_before(folded, len(folded))
+
+
+def _plain_clause(clause: str) -> str:
+    if _NO_RE.match(clause):
+        return " never " if clause.isascii() else "不要"
+    if (prefer := _PREFER_EN.search(clause)) and (over := _OVER_RE.search(clause, prefer.end())):
+        clause = clause[: over.start()] + " instead of " + clause[over.end() :]
+    if _IF_START_RE.match(clause):
+        return clause  # "if the city is wrong": the situation, not a verdict
+    chinese = False
+    if m := _IT_VERDICT_EN.match(clause):
+        act = clause[m.end() :]
+    elif m := _VERDICT_EN.search(clause):
+        act = clause[: m.start()]
+        plural = m[0].split()[0].lower() in ("are", "were")
+        if not _THAT_RE.match(act) and not _verdict_on_act(act, plural=plural):
+            return clause  # "the response is wrong": a thing, not an act
+    elif m := _VERDICT_ZH.search(clause):
+        act, chinese = clause[: m.start()], True
+    else:
+        return clause
+    bad = bool(m["bad"]) != bool(m["not"])
+    if _THAT_RE.match(act):
+        # Alone in its clause, a prohibition turns the clause before it round (``stance``).
+        return ("不要" if chinese else " never ") if bad else " "
+    if negated := _NOT_FIRST_RE.match(act):
+        act, bad = act[negated.end() :], not bad
+    if not bad:
+        return act
+    return "不要" + act if chinese else " never " + act
+
+
 @functools.lru_cache(maxsize=8192)
 def _fold_acts(text: str) -> str:
     """``_fold_concepts`` with a look (check, look up, 查一下, 看看) outside quotes read as
-    asking."""
+    asking, and verdicts and choices said plainly (``_plain``)."""
+    text = _plain(text)
     parts, at = [], 0
     for m in _QUOTED_RE.finditer(text):
         parts += [_LOOK_RE.sub(" xask ", text[at : m.start()]), m[0]]
@@ -733,7 +848,7 @@ def stance(text: str) -> dict[str, float]:
             stop = _WITHOUT_END_RE.search(clause, without.end())
             _signed_terms(clause[without.end() : stop.start() if stop else None], 1.0, out)
             continue
-        if said and not _terms(clause[cut.end() :]) and not _terms(clause[: cut.start()]):
+        if said and _hollow(clause[cut.end() :]) and _hollow(clause[: cut.start()]):
             # "Refresh the index first? Never.", "先刷新缓存？不要。": a prohibition on its own
             # speaks of the clause before it, which was read as asked for: turn it round.
             _signed_terms(said, -2.0, out)
@@ -744,6 +859,19 @@ def stance(text: str) -> dict[str, float]:
         if a in signs and b not in signs:
             signs[b] = -signs[a]
     return signs
+
+
+# Words that only stress a prohibition: "Retry at once? Absolutely never.", "立即重试？永远不要。"
+_STRESS_RE = re.compile(
+    r"\b(?:absolutely|definitely|certainly|really|ever|at\s+all|please)\b"
+    r"|永远|千万|万万|绝对|坚决|根本|一定|请",
+    re.I,
+)
+
+
+def _hollow(text: str) -> bool:
+    """Whether text names nothing once the words stressing a prohibition are gone."""
+    return not _terms(_STRESS_RE.sub(" ", text))
 
 
 def _skip_space(text: str, at: int) -> int:
@@ -1008,12 +1136,131 @@ def order_opposition(a: str, b: str) -> float:
     return sum(0.25 if _SNAKE_RE.match(t) else _term_weight(t) ** 2 for t in swapped)
 
 
+# Conditions: "A unless C" does A where C does not hold; "A if C", "A only when C", "A even
+# when C" where it does. ``stance`` reads the act and drops the situation, so "retry unless the
+# server returns 400" and "retry only when it returns 400" read alike and merged. A condition
+# word and the condition it opens; group ``neg``: A is done where it does not hold.
+_IF_EN = re.compile(
+    r"\b(?:(?P<neg>unless|except\s+(?:when|if|where)|but\s+not\s+(?:when|if))"
+    r"|(?:(?:only|just|solely|even)\s+)?(?:when(?:ever)?|if)|in\s+case(?:\s+of)?)\b",
+    re.I,
+)
+# Not 若干 (some).
+_IF_ZH = re.compile(
+    r"(?P<neg>除非)|只有在?|只在|仅在|仅当|即使|即便|哪怕|就算|如果|若(?!干)|假如|要是|一旦"
+)
+# Where a condition ends: a comma, "then", 时 / 的话 / 才 / 就 / 也 / 否则 (not 小时, 超时, 就算).
+_IF_END_RE = re.compile(
+    r"[，]|,(?=\s)|\bthen\b|(?<![小按准及同临实定计超暂])(?:的时候|时候|时)(?![区间候刻长效段差])"
+    r"|的话|才|就(?!算)|也|否则|不然",
+    re.I,
+)
+# The words that join a condition to its act, once the condition is gone.
+_IF_JOIN_RE = re.compile(
+    r"(?:的时候|时候|时|的话)?[\s,，]*(?:then\b|otherwise\b|否则|不然|要不然|才|就|也)?", re.I
+)
+# 时 / 的话 closing a condition no word opened ("页面返回 404 时重试"; not 小时, 超时, 同时).
+_WHEN_ZH = re.compile(r"(?<![小按准及同临实定计超暂])(?:的时候|时候|时)(?![区间候刻长效段差])|的话")
+# A negated condition ("unless no city was given", "如果用户没说城市") holds where its words do not.
+_IF_NOT_RE = re.compile(
+    r"\b(?:not|no|never|without)\b|没有|没|未(?!来)|不(?![同断久少仅但管论过])|无(?!论)", re.I
+)
+_SENTENCE_RE = re.compile(r"[;!?。；！？\n]+|\.(?=\s|$)")
+#: Conditions read per sentence, and in all: enough for advice, bounded for a 30,000-character
+#: import (``condition_opposition`` compares each of one text's with each of the other's).
+MAX_CONDITIONS = 4
+MAX_CONDITIONS_PER_TEXT = 8
+
+
+@functools.lru_cache(maxsize=8192)
+def _conditions(text: str) -> tuple[tuple[frozenset[str], float, str], ...]:
+    """(the condition's terms, +1 where the act is done when it holds / -1 when it does not,
+    the act) for each condition advice sets: "retry the upload unless the server returns 400"
+    is ({server, return, 400}, -1, "retry the upload"); "除非 C，否则 A" and "A，除非 C" read
+    as "A unless C", "只有 C 时才 A", "即使 C 也 A" and "如果 C，A" as "A if C"."""
+    out: list[tuple[frozenset[str], float, str]] = []
+    for sentence in _SENTENCE_RE.split(_plain(text)):
+        # (where the condition starts, where its words start, whether A is done where it does
+        # not hold); islice: a sentence's first few are read (``MAX_CONDITIONS``).
+        heads = [
+            (m.start(), m.end(), bool(m["neg"]))
+            for p in (_IF_EN, _IF_ZH)
+            for m in itertools.islice(p.finditer(sentence), MAX_CONDITIONS)
+        ]
+        for m in itertools.islice(_WHEN_ZH.finditer(sentence), MAX_CONDITIONS):
+            # "页面返回 404 时重试": a condition with no word before it runs from its piece's start.
+            piece = max(sentence.rfind("，", 0, m.start()), sentence.rfind(",", 0, m.start())) + 1
+            if not any(piece <= at < m.start() for at, _, _ in heads):
+                heads.append((piece, piece, False))
+        heads = sorted(heads)[:MAX_CONDITIONS]
+        conditions: list[tuple[frozenset[str], float]] = []
+        act, at = [], 0
+        for i, (start, words_at, neg) in enumerate(heads):
+            limit = heads[i + 1][0] if i + 1 < len(heads) else len(sentence)
+            end = _IF_END_RE.search(sentence, words_at, limit)
+            stop = end.start() if end else limit
+            words = sentence[words_at:stop]
+            sign = -1.0 if neg else 1.0
+            if len(_IF_NOT_RE.findall(words)) % 2:
+                sign = -sign
+            if terms := _terms(_fold_concepts(_IF_NOT_RE.sub(" ", words))):
+                conditions.append((terms, sign))
+            act.append(sentence[at:start])
+            joined = _IF_JOIN_RE.match(sentence, stop)  # matches the empty string at least
+            at = max(at, joined.end() if joined else stop)
+        act.append(sentence[at:])
+        said = " ".join(act)
+        out.extend((terms, sign, said) for terms, sign in conditions)
+        if len(out) >= MAX_CONDITIONS_PER_TEXT:
+            break
+    return tuple(out[:MAX_CONDITIONS_PER_TEXT])
+
+
+def _same_condition(a: frozenset[str], b: frozenset[str]) -> bool:
+    """Two conditions of the same words, mostly, and of the same values (400 is not 404)."""
+    if (
+        not a
+        or not b
+        or {t for t in a if _WEIGHTED_TERM_RE.search(t)}
+        != {t for t in b if _WEIGHTED_TERM_RE.search(t)}
+    ):
+        return False
+    shared = sum(_term_weight(t) ** 2 for t in a & b)
+    norm = math.sqrt(sum(_term_weight(t) ** 2 for t in a) * sum(_term_weight(t) ** 2 for t in b))
+    return shared / norm >= 0.5
+
+
+def condition_opposition(a: str, b: str) -> float:
+    """The weight of the acts two pieces of advice take opposite ways under one condition: done
+    "unless C" by one and "only when C" (or "even when C", "if C") by the other, or done by one
+    where C holds and declined there by the other."""
+    best = 0.0
+    read: dict[str, dict[str, float]] = {}  # one sentence's conditions share its act
+    for cond_a, sign_a, act_a in _conditions(a):
+        for cond_b, sign_b, act_b in _conditions(b):
+            if not _same_condition(cond_a, cond_b):
+                continue
+            for act in (act_a, act_b):
+                if act not in read:
+                    read[act] = stance(act)
+            sa, sb = read[act_a], read[act_b]
+            best = max(
+                best,
+                sum(
+                    _term_weight(t) ** 2
+                    for t in sa.keys() & sb.keys()
+                    if sa[t] * sign_a != sb[t] * sign_b
+                ),
+            )
+    return best
+
+
 def stance_relation(a: str, b: str) -> tuple[float, float]:
     """(opposition, agreement) of two pieces of advice: the weight of the terms one prefers and
     the other avoids, and of those both take the same way (``stance``), plus the acts they take
     in opposite order (``order_opposition``)."""
     sa, sb = stance(a), stance(b)
-    opposed = order_opposition(a, b)
+    opposed = order_opposition(a, b) + condition_opposition(a, b)
     agreed = 0.0
     # "withdraw it with weed_collection" / "don't weed it": a tool's word said by itself on one
     # side is the tool's act; a tool both name (weighed below) brings no words of its own.
@@ -1030,7 +1277,26 @@ def stance_relation(a: str, b: str) -> tuple[float, float]:
             agreed += weight
         else:
             opposed += weight
+    # A choice turned round ("use upload_file rather than upload_chunked" / the two swapped):
+    # one tool each way is no stance read off the wording of a situation, it is the advice.
+    swapped = _tools_swapped(sa, sb)
+    if all(swapped):
+        opposed += 0.75 * sum(map(len, swapped))
     return opposed, agreed
+
+
+def _tools_swapped(sa: Mapping[str, float], sb: Mapping[str, float]) -> list[set[str]]:
+    """The snake_case tools the first stance takes and the second declines, and those the first
+    declines and the second takes."""
+    shared = [t for t in sa.keys() & sb.keys() if _SNAKE_RE.match(t) and sa[t] != sb[t]]
+    return [{t for t in shared if sa[t] == sign} for sign in (1.0, -1.0)]
+
+
+def _tools_chosen(sa: Mapping[str, float], sb: Mapping[str, float]) -> bool:
+    """Both stances take one snake_case tool and decline another, the same ones ("use read_csv,
+    not read_excel" / "prefer read_csv over read_excel")."""
+    shared = [sa[t] for t in sa.keys() & sb.keys() if _SNAKE_RE.match(t) and sa[t] == sb[t]]
+    return 1.0 in shared and -1.0 in shared
 
 
 def _tool_words(signs: Mapping[str, float]) -> dict[str, str]:
@@ -1101,7 +1367,8 @@ def agreement_shown(a: str, b: str) -> bool:
         for t in sa.keys() & sb.keys()
         if sa[t] == sb[t] and (_readable(t) or t in named)
     )
-    if shared >= MIN_AGREEMENT:
+    if shared >= MIN_AGREEMENT or _tools_chosen(sa, sb):
+        # The same choice of tools (one taken, one declined) is as concrete as a value.
         return True
     a_first, a_later = _order(a)
     b_first, b_later = _order(b)
@@ -1243,7 +1510,7 @@ def poles(text: str) -> dict[str, frozenset[int]]:
     timeout" raises it, "keep it instead of deleting it" keeps it)."""
     found: dict[str, set[int]] = {}
     last_end = 0
-    for clause in _CLAUSE_SPLIT_RE.split(_expand_not(text)):
+    for clause in _CLAUSE_SPLIT_RE.split(_plain(text)):
         clause = clause.strip()
         if not clause or _CONDITION_EN.match(clause) or _CONDITION_ZH.search(clause):
             continue  # "when more than 100 rows are queued", "并发数调高时": the situation
