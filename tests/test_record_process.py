@@ -1900,9 +1900,9 @@ def test_close_stops_a_writer_process_that_is_held_up(
     """A writer process stopped (SIGSTOP, a hung disk) is alive but makes nothing durable:
     close(), and the exit that calls it, waited for it for good. Past ``CLOSE_STALL`` seconds
     with nothing made durable, close() kills it and writes the rest in process."""
-    from hindsight_loop import writer
+    from hindsight_loop import record
 
-    monkeypatch.setattr(writer, "CLOSE_STALL", 2.0)
+    monkeypatch.setattr(record, "CLOSE_STALL", 2.0)
     db = tmp_path / "s.db"
     hs = Hindsight(db, writer="process", background=False, triggers=False)
     hs.record({"task_id": "t", "type": "task_start", "task_type": "x"})

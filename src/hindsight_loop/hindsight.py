@@ -586,7 +586,7 @@ def _close_parts(
     try:
         recorder.close()
     finally:
-        worker.shutdown(CLOSE_WAIT, interrupt=models.close)
+        worker.shutdown(CLOSE_WAIT, interrupt=models.close, close_store=not recorder.held_up)
         atexit.unregister(at_exit)
 
 
