@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from datetime import UTC, datetime
 from pathlib import Path
@@ -794,3 +795,55 @@ def test_wire_events_keep_their_own_seq_time_and_id_or_get_the_recorders(hs: Hin
     assert yours.timestamp.startswith(str(datetime.now(UTC).year))
     raw = orjson.dumps([e.to_dict() for e in _events(hs, task.task_id)]).decode()
     assert "object at 0x" not in raw  # the recorder's own keys never reach the body
+
+
+def test_close_stops_waiting_for_a_writer_thread_held_up_and_dead_letters_the_rest(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holds the database (``BEGIN EXCLUSIVE``): the writer thread's store call
+    waits. close(), and the exit that calls it, waited as long as that call did (for good, on
+    a lock never let go or a hung disk). Past ``CLOSE_STALL`` seconds with nothing made
+    durable, close() stops waiting: what is not durable goes to the dead letter, and a warning
+    says how many and where."""
+    from hindsight_loop import record
+
+    monkeypatch.setattr(record, "CLOSE_STALL", 1.0)
+    hs = Hindsight(db_path, writer="thread", background=False, triggers=False)
+    hs.record({"task_id": "t", "type": "task_start", "task_type": "x"})
+    assert hs.flush(timeout=30)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys\n"
+            f"con = sqlite3.connect({str(db_path)!r}, isolation_level=None)\n"
+            "con.execute('BEGIN EXCLUSIVE')\n"
+            "print('held', flush=True)\n"
+            "sys.stdin.read()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        for i in range(100):
+            hs.record({"task_id": "t", "type": "state_change", "context": {"i": i}})
+        assert hs.flush(timeout=0.5) is False
+        started = time.monotonic()
+        with pytest.warns(HindsightWarning) as caught:
+            hs.close()
+        took = time.monotonic() - started
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        if holder.stdout is not None:
+            holder.stdout.close()
+    assert took < 15  # the store's busy timeout alone is 30 s
+    said = [str(w.message) for w in caught if "stopped waiting" in str(w.message)]
+    assert len(said) == 1 and "the 100 events" in said[0], [str(w.message) for w in caught]
+    assert str(hs.recorder.dead_letter) in said[0]
+    kept = [orjson.loads(x) for x in hs.recorder.dead_letter.read_bytes().splitlines()]
+    assert sorted(e["context"]["i"] for e in kept) == list(range(100))
+    assert all("made nothing durable" in e["_dead_letter_reason"] for e in kept)

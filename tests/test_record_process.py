@@ -1900,9 +1900,9 @@ def test_close_stops_a_writer_process_that_is_held_up(
     """A writer process stopped (SIGSTOP, a hung disk) is alive but makes nothing durable:
     close(), and the exit that calls it, waited for it for good. Past ``CLOSE_STALL`` seconds
     with nothing made durable, close() kills it and writes the rest in process."""
-    from hindsight_loop import writer
+    from hindsight_loop import record
 
-    monkeypatch.setattr(writer, "CLOSE_STALL", 2.0)
+    monkeypatch.setattr(record, "CLOSE_STALL", 2.0)
     db = tmp_path / "s.db"
     hs = Hindsight(db, writer="process", background=False, triggers=False)
     hs.record({"task_id": "t", "type": "task_start", "task_type": "x"})
@@ -1923,3 +1923,74 @@ def test_close_stops_a_writer_process_that_is_held_up(
             os.kill(pid, signal.SIGCONT)
     assert not _alive(pid)
     assert len(_rows(db)) == 101
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_a_hindsight_dropped_without_close_lets_go_of_its_writer_and_loses_nothing(
+    tmp_path: Path, writer: str
+) -> None:
+    """Each Hindsight dropped without close() (a server making one per request) kept its writer
+    process, its threads and its files until the exit: its review worker's thread held it
+    through closures over ``self``, and the writer's threads held the recorder. Dropped, it is
+    closed in the background now, and what it recorded before is stored."""
+    import gc
+    import weakref
+
+    parts: list[weakref.ref[Any]] = []
+    pids: list[int] = []
+    for i in range(5):
+        hs = Hindsight(tmp_path / f"h{i}.db", writer=writer)  # type: ignore[arg-type]
+        with hs.task("t", recall=False, task_id=f"tsk_{i}") as task:
+            task.record_action("read_csv", {"i": 0}, output="ok")
+            if writer == "process":
+                deadline = time.monotonic() + 30
+                while hs.recorder.pid is None:  # started on the first event, no flush asked
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                pids.append(hs.recorder.pid)
+            for j in range(1, 50):
+                task.record_action("read_csv", {"i": j}, output="ok")
+        parts += [weakref.ref(hs.recorder), weakref.ref(hs.worker), weakref.ref(hs.store)]
+        del hs, task  # no close(), no flush()
+    gc.collect()
+    deadline = time.monotonic() + 60
+    while any(ref() is not None for ref in parts):
+        assert time.monotonic() < deadline, "a dropped Hindsight's parts are still alive"
+        time.sleep(0.05)
+        gc.collect()
+    for pid in pids:
+        _wait_gone(pid, timeout=5)
+    for i in range(5):
+        con = sqlite3.connect(tmp_path / f"h{i}.db")
+        try:
+            [(n,)] = con.execute("SELECT count(*) FROM events").fetchall()
+        finally:
+            con.close()
+        assert n == 52  # the start, 50 calls and the end
+
+
+def test_a_hindsight_dropped_just_before_the_exit_has_what_it_recorded_stored(
+    tmp_path: Path,
+) -> None:
+    """The exit waits for the close of an object dropped just before it (its closer is a
+    daemon thread, whose flush would otherwise die with the interpreter)."""
+    script = textwrap.dedent(
+        """
+        import gc, sys
+        from hindsight_loop import Hindsight
+        for i, writer in enumerate(["process", "thread"]):
+            hs = Hindsight(f"{sys.argv[1]}/h{i}.db", writer=writer, background=False)
+            with hs.task("t", recall=False) as task:
+                for j in range(2000):
+                    task.user_input(str(j))
+            del hs, task
+            gc.collect()
+        """
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, timeout=120)
+    for i in range(2):
+        con = sqlite3.connect(tmp_path / f"h{i}.db")
+        try:
+            assert con.execute("SELECT count(*) FROM events").fetchone() == (2002,)
+        finally:
+            con.close()

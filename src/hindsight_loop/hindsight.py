@@ -11,7 +11,11 @@ agent's task for a recording or reflection problem.
 from __future__ import annotations
 
 import atexit
+import logging
+import os
+import queue
 import re
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -53,6 +57,8 @@ if TYPE_CHECKING:
 DRAIN_TIMEOUT = 120.0
 #: How long ``close`` waits for the review in flight before leaving the store open for it.
 CLOSE_WAIT = 600.0
+
+log = logging.getLogger("hindsight_loop")
 
 
 class Hindsight:
@@ -115,16 +121,19 @@ class Hindsight:
         if readonly:
             background = triggers = False  # a reader queues and runs no reviews
         self.skip_tools = frozenset(skip_tools)
-        self.models = Models(reflector, embedder)
+        # The parts reach the models through ``models``, never through ``self``: the worker's
+        # thread holds them, and a closure over ``self`` kept a dropped Hindsight (its writer
+        # process, threads and files) alive until the exit.
+        self.models = models = Models(reflector, embedder)
         self.curator: Curator = Curator(
-            self.store, lambda: self.embedder, judge=lambda: self.pair_judge
+            self.store, lambda: models.embedder, judge=lambda: models.pair_judge
         )
         self._recall_cache: RecallCache | None = None
         self.worker: Worker = Worker(
             self.store,
             curator=self.curator,
-            reflector=lambda: self.reflector,
-            offline_reflector=lambda: self.offline_reflector,
+            reflector=lambda: models.reflector,
+            offline_reflector=lambda: models.offline_reflector,
             background=background,
         )
         self.triggers: Triggers = Triggers(
@@ -152,6 +161,15 @@ class Hindsight:
                 h.close()
 
         self._atexit = at_exit
+        # Dropped without close() (a server making one per request): its parts are closed
+        # then, off the collector's thread (``_drop``), so its writer process, threads and
+        # files go and what it recorded is made durable. The finalizer holds the parts, never
+        # ``self``; at the exit ``at_exit`` closes a live one.
+        _start_closer()
+        self._finalizer = weakref.finalize(
+            self, _drop, (self.recorder, self.worker, self.models, at_exit)
+        )
+        self._finalizer.atexit = False
         atexit.register(at_exit)
 
     # -- configuration (resolved on first use: components.Models) ---------------------------
@@ -180,7 +198,8 @@ class Hindsight:
         if self._recall_cache is None:
             from hindsight_loop.recall import RecallCache
 
-            self._recall_cache = RecallCache(self.store, lambda: self.embedder)
+            models = self.models  # not ``self``: see ``__init__``
+            self._recall_cache = RecallCache(self.store, lambda: models.embedder)
         return self._recall_cache
 
     # -- recording ---------------------------------------------------------------------------
@@ -513,14 +532,11 @@ class Hindsight:
         """Flush what was recorded, finish the review in flight, close the store."""
         if self._closed:
             return
-        try:
-            self.recorder.close()
-        finally:
-            self._closed = True
-            if self._recall_cache is not None:
-                self._recall_cache.closed = True
-            self.worker.shutdown(CLOSE_WAIT, interrupt=self.models.close)
-            atexit.unregister(self._atexit)
+        self._closed = True
+        self._finalizer.detach()  # closed here: nothing left for the collector to close
+        if self._recall_cache is not None:
+            self._recall_cache.closed = True
+        _close_parts(self.recorder, self.worker, self.models, self._atexit)
 
     def __enter__(self) -> Hindsight:
         return self
@@ -561,6 +577,107 @@ class Hindsight:
         if save:
             self.store.save_reflection(found.to_reflection(task_id, getattr(llm, "model", None)))
         return found
+
+
+# -- Hindsight objects dropped without close() ----------------------------------------------------
+
+_Parts = tuple[Recorder, Worker, Models, Callable[[], None]]
+
+
+def _close_parts(
+    recorder: Recorder, worker: Worker, models: Models, at_exit: Callable[[], None]
+) -> None:
+    """What ``close()`` does to the running parts: flush and stop the recorder (its writer
+    process, its threads), finish the review in flight, close the store. Given the parts, not
+    the ``Hindsight``, so it also closes one that was dropped."""
+    try:
+        recorder.close()
+    finally:
+        worker.shutdown(CLOSE_WAIT, interrupt=models.close, close_store=not recorder.held_up)
+        atexit.unregister(at_exit)
+
+
+#: The parts of dropped Hindsight objects, for the closer thread. ``SimpleQueue.put`` is safe in
+#: a weakref callback, which runs on whatever thread the collector runs on, at any point of it:
+#: closing there (a flush, a reap, a review's end) could wait on that very thread, or on a lock
+#: it holds.
+_dropped: queue.SimpleQueue[_Parts | None] = queue.SimpleQueue()
+_closer: threading.Thread | None = None
+#: Threads closing one dropped object each (a writer process takes a while to end: closed one
+#: after another, a server dropping one per request would fall behind).
+_closing: set[threading.Thread] = set()
+_closer_lock = threading.Lock()
+
+
+def _drop(parts: _Parts) -> None:
+    """A ``Hindsight`` was collected without ``close()``: its parts go to the closer thread."""
+    _dropped.put(parts)
+
+
+def _start_closer() -> None:
+    """Start the closer thread once per process (when the first ``Hindsight`` is made, never
+    from the collector's callback)."""
+    global _closer  # noqa: PLW0603 - one per process
+    with _closer_lock:
+        if _closer is None:
+            _closer = threading.Thread(target=_close_dropped, name="hindsight-closer", daemon=True)
+            _closer.start()
+
+
+def _close_dropped() -> None:
+    while (parts := _dropped.get()) is not None:
+        closing = threading.Thread(
+            target=_close_one, args=(parts,), name="hindsight-close", daemon=True
+        )
+        with _closer_lock:
+            _closing.add(closing)
+        closing.start()
+        del parts, closing  # held here, they would outlive their closing
+
+
+def _close_one(parts: _Parts) -> None:
+    try:
+        _close_parts(*parts)
+    except Exception:  # noqa: BLE001 - one object's close must not stop the others'
+        log.exception("hindsight: closing a Hindsight dropped without close() failed")
+    finally:
+        with _closer_lock:
+            _closing.discard(threading.current_thread())
+
+
+def _close_dropped_at_exit() -> None:
+    """At the exit, the closes under way end before the interpreter does (their threads are
+    daemons: what they flush would die with them), and what the closer has not taken yet is
+    closed here (all of it in a forked child, where the parent's closer thread is not)."""
+    closer = _closer
+    if closer is not None and closer.is_alive():
+        _dropped.put(None)
+        closer.join()
+    with _closer_lock:
+        closing = list(_closing)
+    for thread in closing:
+        thread.join()
+    while True:
+        try:
+            parts = _dropped.get_nowait()
+        except queue.Empty:
+            return
+        if parts is not None:
+            _close_one(parts)
+
+
+def _closer_forked() -> None:
+    """In a forked child the closer thread, and the closes under way, stayed in the parent."""
+    global _dropped, _closer, _closing, _closer_lock  # noqa: PLW0603
+    _dropped = queue.SimpleQueue()
+    _closer = None
+    _closing = set()
+    _closer_lock = threading.Lock()
+
+
+atexit.register(_close_dropped_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_closer_forked)
 
 
 __all__ = ["ActionCall", "Hindsight", "TaskRun", "current_task"]

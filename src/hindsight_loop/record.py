@@ -66,6 +66,11 @@ SCAN_CHUNK = 100
 SPILL_FIRST = 16
 #: A first guess of a spill's cost per event (seconds), before one was measured.
 SPILL_COST_GUESS = 50e-6
+#: How long ``close()`` waits while the writer (a thread, or a writer process) makes nothing
+#: durable before it takes it for held up (a store call blocked on another process's lock or a
+#: hung disk, a process stopped), stops waiting and keeps the rest in the dead letter, in
+#: seconds: twice the store's busy timeout, the longest a healthy writer waits without a word.
+CLOSE_STALL = 60.0
 
 
 class HindsightWarning(UserWarning):
@@ -1102,6 +1107,27 @@ class Checkpoints(Protocol):
     def stop_checkpoint(self) -> None: ...
 
 
+def flush_while_it_moves(flush: Callable[[float], bool], handled: Callable[[], int]) -> bool:
+    """``flush(1.0)`` until it returns True, for as long as ``handled()`` (the events handled
+    so far) keeps growing; False once it has not for ``CLOSE_STALL`` seconds. What ``close()``
+    waits with: a writer held up for good made it, and the exit that calls it, wait for good."""
+    last, since = handled(), time.monotonic()
+    while not flush(1.0):
+        now = handled()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= CLOSE_STALL:
+            return False
+    return True
+
+
+#: Why ``close()`` kept events in the dead letter rather than wait on (``Recorder._give_up``).
+HELD_UP = (
+    "close(): the writer made nothing durable for {:.0f} s (a store call held up: another "
+    "process's lock, a hung disk); an event whose store call returns later may be stored too "
+    "('hindsight import' skips what is stored)"
+)
+
 #: The recorders of this process, reset in a child forked from it (``Recorder._forked``).
 _RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
 reset_in_forked_child(_RECORDERS, "recorder")
@@ -1194,6 +1220,11 @@ class Recorder:
         # Seconds a spill takes per event, measured at each spill (chunks are sized by it).
         self._spill_cost = SPILL_COST_GUESS
         self._spilling = 0
+        # The batch the committer is writing (its count, rows and raw items), and whether
+        # close() gave up on the writer (``_give_up``): then it holds this batch, and every
+        # batch after it goes to the dead letter rather than to the store.
+        self._writing: tuple[int, list[Row], list[Item]] | None = None
+        self._given_up = False
         self._new_threads()
         #: A forked child's recorder whose threads stayed in the parent: its first event
         #: starts threads of its own (``_child_starts``).
@@ -1728,7 +1759,18 @@ class Recorder:
                 self._cond.notify_all()  # agents waiting in _yield_to_writer
         if raw and keep is not None:
             cleans = []  # out of step with the rows: the hook reads the rows alone
-        self._commits.put((len(items), rows, raw, "could not prepare", cleans))
+        batch = (len(items), rows, raw, "could not prepare", cleans)
+        with self._cond:  # with ``_give_up``: no batch is left in ``_commits`` after it
+            if not self._given_up:
+                # Empty here: the writer thread waits for that before it takes items from the
+                # queue (``_run``); a caller that did not waits outside the lock.
+                with contextlib.suppress(queue.Full):
+                    self._commits.put_nowait(batch)
+                    return
+        if not self._given_up:
+            self._commits.put(batch)
+            return
+        self._keep_held_up(len(items), rows, raw)
 
     def commit_prepared(self, n: int, rows: list[Row], raw: list[Item], cleans: list[Any]) -> None:
         """Hand the committer ``n`` items the caller prepared itself (``_prepare``, in pieces:
@@ -1770,20 +1812,31 @@ class Recorder:
             self._commits.task_done()  # taken: the writer may prepare the next batch
             n, rows, raw, problem, cleans = batch
             del batch
+            with self._cond:
+                self._writing = writing = (n, rows, raw)
+                given_up = self._given_up
             try:
-                if raw:
-                    self._dead_letter_raw(raw, problem)
-                if rows:
-                    self._write_batch(rows, cleans)
+                if given_up:  # close() gave up on this thread once, it may be held up again
+                    self._dead_letter(rows, HELD_UP.format(CLOSE_STALL))
+                    self._dead_letter_raw(raw, HELD_UP.format(CLOSE_STALL))
+                else:
+                    if raw:
+                        self._dead_letter_raw(raw, problem)
+                    if rows:
+                        self._write_batch(rows, cleans)
             except Exception:  # noqa: BLE001 - this thread must outlive any one batch
                 log.exception("hindsight: committing a batch failed")
             del rows, raw, cleans
             with self._cond:
+                if self._writing is not writing:
+                    continue  # close() gave up waiting for it and kept it (``_give_up``)
+                self._writing = None
                 self._in_flight -= n
                 self._set_room()
                 self._done += n
                 done = self._done
                 self._cond.notify_all()
+            del writing
             if self._on_done is not None:
                 try:
                     self._on_done(done)
@@ -1807,10 +1860,14 @@ class Recorder:
         try:
             unknown = self._write(rows)
         except sqlite3.OperationalError as exc:
+            if self._writing is None and self._given_up:
+                return  # close() gave up waiting for this call and kept the batch already
             # Locked, full or unreadable: the whole batch waits in the dead letter.
             self._dead_letter(rows, f"store refused the batch: {_root_error(exc)!r}")
             return
         except Exception as exc:  # noqa: BLE001
+            if self._writing is None and self._given_up:
+                return
             if len(rows) == 1:
                 self._dead_letter(rows, f"store refused the event: {_root_error(exc)!r}")
                 return
@@ -1900,6 +1957,8 @@ class Recorder:
         self._flush_marks = self._done = self._in_flight = self._spilling = 0
         self._forgone = []
         self._preparing = False
+        self._writing = None
+        self._given_up = False
         self._set_room()
         self._commits = queue.Queue(maxsize=1)
         self._new_threads()
@@ -2058,16 +2117,99 @@ class Recorder:
         """Events accepted and not yet durable: the queue, the batches being written, spills."""
         return len(self._queue) + self._in_flight + self._spilling
 
+    @property
+    def held_up(self) -> bool:
+        """close() gave up on a writer held up in a call (``_give_up``) that has not returned:
+        the store must stay open under it (closing a connection in use waits for its call)."""
+        return self._given_up and self._committer.is_alive()
+
+    def _handled(self) -> int:
+        """Accepted events handled so far (written, dead-lettered, spilled, after close, forgone):
+        what ``close()`` watches for progress."""
+        with self._cond:
+            return self._done + len(self._forgone)
+
+    def _flush_or_gone(self, timeout: float) -> bool:
+        """``flush``, True too when the writer threads are gone (as close() always took it)."""
+        return self.flush(timeout) or not (self._thread.is_alive() and self._committer.is_alive())
+
     def close(self) -> None:
+        """Flush, then stop the writer threads. A writer held up for ``CLOSE_STALL`` seconds
+        (a store call blocked for good) is waited for no more: what it had not made durable is
+        kept in the dead letter, with a warning that says how many and where."""
         self._child_idle = False
         if not self.started:
             self._stop = True
             return
-        self.flush()
+        held_up = not flush_while_it_moves(self._flush_or_gone, self._handled)
         self._stop = True
         self._wake.set()
+        if held_up:
+            self._give_up()
         self._thread.join(timeout=5)
-        self._committer.join(timeout=5)
+        if not held_up:  # else it is inside the call close() gave up on
+            self._committer.join(timeout=5)
+
+    def _give_up(self) -> None:
+        """close() waited ``CLOSE_STALL`` seconds and nothing became durable: keep the batch
+        the committer is writing, the one waiting for it and what is still queued in the dead
+        letter (from now on every batch goes there), wait for that while it moves, and say
+        what became of it. A batch whose store call returns later may be stored too; the
+        dead letter's event ids let ``hindsight import`` skip it."""
+        pending = self.pending
+        with self._cond:
+            self._given_up = True
+            held = [self._writing] if self._writing is not None else []
+            self._writing = None
+            try:
+                waiting = self._commits.get_nowait()
+            except queue.Empty:
+                waiting = None
+            else:
+                self._commits.task_done()  # the writer thread goes on (to the dead letter)
+                if waiting is None:  # the writer thread's end: for the committer, if it returns
+                    self._commits.put_nowait(None)
+        if waiting is not None:
+            held.append(waiting[:3])
+        for n, rows, raw in held:
+            self._keep_held_up(n, rows, raw)
+        # What is still queued, in case the writer thread is the one held up (a logging
+        # handler it warns through may block): each item is taken by it or by this loop.
+        while True:
+            items = []
+            with contextlib.suppress(IndexError):
+                for _ in range(BATCH_SIZE):
+                    items.append(self._queue.popleft())
+            if not items:
+                break
+            with self._cond:
+                self._in_flight += len(items)
+            rows, raw = self._prepare(items, project=False)
+            self._keep_held_up(len(items), rows, raw)
+        self._wake.set()
+        flush_while_it_moves(self._flush_or_gone, self._handled)
+        left = self.pending
+        message = (
+            f"the Hindsight writer made nothing durable for {CLOSE_STALL:.0f} s (a store call "
+            f"held up: another process's lock, a hung disk): close() stopped waiting for it; "
+            f"the {max(pending - left, 0)} events it had not made durable are kept in the dead "
+            f"letter {self.dead_letter} ('hindsight import' takes them back)"
+        )
+        if left:
+            message += f"; {left} more are held by the writer thread and are not durable"
+        warn(message)
+
+    def _keep_held_up(self, n: int, rows: list[Row], raw: list[Item]) -> None:
+        """Dead-letter a batch close() gave up on (``_give_up``), then count it handled."""
+        try:
+            self._dead_letter(rows, HELD_UP.format(CLOSE_STALL))
+            self._dead_letter_raw(raw, HELD_UP.format(CLOSE_STALL))
+        finally:
+            with self._cond:
+                self._in_flight -= n
+                self._set_room()
+                self._done += n
+                self._cond.notify_all()
 
 
 def _chunks(lines: Iterable[bytes], size: int) -> Iterable[list[bytes]]:

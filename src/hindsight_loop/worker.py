@@ -635,17 +635,26 @@ class Worker:
             return not self._thread.is_alive()
         return True
 
-    def shutdown(self, timeout: float, *, interrupt: Callable[[], None]) -> None:
+    def shutdown(
+        self, timeout: float, *, interrupt: Callable[[], None], close_store: bool = True
+    ) -> None:
         """Stop after the job in flight and close the store once no thread of ours can use it.
 
         ``interrupt`` cuts a model's retry backoff short; the model call in flight still ends
         at its own timeout. A job still running after ``timeout`` keeps the store open (the
-        job is taken back after its lease if the process exits).
+        job is taken back after its lease if the process exits). ``close_store=False``:
+        another thread's call is held up in it (the recorder's), and closing its connection
+        would wait for that call.
         """
         self.stop()
         interrupt()
         if self.join(timeout):
-            self.store.close()
+            if close_store:
+                self.store.close()
+            else:
+                log.warning(
+                    "hindsight: the store is left open under the writer's call that is held up"
+                )
         else:
             log.error(
                 "hindsight: a review is still running after %.0f s; the store is left open "

@@ -55,6 +55,7 @@ try:
 except ImportError:  # not on Windows: no session lock, and no sweep of what dead ones left
     fcntl = None  # type: ignore[assignment]
 
+from hindsight_loop import record
 from hindsight_loop.models import new_id, reset_in_forked_child
 from hindsight_loop.record import (
     BATCH_SIZE,
@@ -64,6 +65,7 @@ from hindsight_loop.record import (
     Recorder,
     Row,
     _Sanitizer,
+    flush_while_it_moves,
     warn,
 )
 from hindsight_loop.ring import ASLEEP, HEAD, Ring
@@ -77,10 +79,6 @@ ACK_EVERY = BATCH_SIZE // 5
 MAX_RESTARTS = 3
 #: How long ``close()`` waits for the writer process to finish before killing it, in seconds.
 EXIT_WAIT = 60.0
-#: How long ``close()`` waits while a writer process makes nothing durable before it takes it
-#: for held up (stopped, on a hung disk), kills it and writes the rest in process, in seconds:
-#: twice the store's busy timeout, the longest a healthy writer waits without a word.
-CLOSE_STALL = 60.0
 #: How often the writer process looks at the ring when it has nothing to read, in seconds; after
 #: ``IDLE_POLLS`` such looks it sleeps (``DEEP_SLEEP`` at most, or what
 #: ``HINDSIGHT_WRITER_DEEP_SLEEP`` says: a test makes it long, so only a bell can wake it) until
@@ -476,6 +474,11 @@ class ProcessRecorder:
     @property
     def max_text(self) -> int:
         return self._local.max_text
+
+    @property
+    def held_up(self) -> bool:
+        """The in-process writer close() wrote the rest with was held up (``Recorder.held_up``)."""
+        return self._local.held_up
 
     @property
     def mode(self) -> str:
@@ -1236,25 +1239,21 @@ class ProcessRecorder:
 
     def _flush_while_it_moves(self) -> bool:
         """``flush()`` for as long as events keep being handled; False once nothing was for
-        ``CLOSE_STALL`` seconds (a writer process stopped or on a hung disk: before, close()
-        and the exit waited for it for good)."""
-        last, since = self._handled(), time.monotonic()
-        while not self.flush(timeout=1.0):
-            now = self._handled()
-            if now != last:
-                last, since = now, time.monotonic()
-            elif time.monotonic() - since >= CLOSE_STALL:
-                warn(
-                    f"the Hindsight writer process made nothing durable for {CLOSE_STALL:.0f} s "
-                    "(stopped, or its disk hung): close() stops it and writes the rest in the "
-                    "agent's process"
-                )
-                return False
-        return True
+        ``record.CLOSE_STALL`` seconds (a writer process stopped or on a hung disk: before,
+        close() and the exit waited for it for good)."""
+        if flush_while_it_moves(self.flush, self._handled):
+            return True
+        warn(
+            f"the Hindsight writer process made nothing durable for {record.CLOSE_STALL:.0f} s "
+            "(stopped, or its disk hung): close() stops it and writes the rest in the "
+            "agent's process"
+        )
+        return False
 
     def close(self) -> None:
         """Flush, let the writer process read the ring to its end and exit, reap it (a writer
-        held up for ``CLOSE_STALL`` seconds is killed, and the rest written in process)."""
+        held up for ``record.CLOSE_STALL`` seconds is killed, and the rest written in
+        process)."""
         if self._closed:
             return
         self._closed = True
