@@ -532,3 +532,28 @@ def test_a_repeat_or_a_person_merging_into_a_past_due_lesson_reads_it_against_th
     book = {x["lesson_id"]: x for x in run_json("lessons", "list", "--db", db)}
     assert book[ask]["status"] == "active" and assume in book[ask]["conflicts"]
     assert ask in book[assume]["conflicts"]
+
+
+def test_a_teammates_export_of_advice_a_person_rejected_is_not_served_again(
+    db_path: Path, tmp_path: Path
+) -> None:
+    db, mate = str(db_path), str(tmp_path / "mate.db")
+    retry = {"task_type": "scrape", "advice": "Retry fetch_page immediately when it returns 503.",
+             "tools": ["fetch_page"]}  # fmt: skip
+    [mine] = run_json(
+        "lessons", "import", str(write_lines(tmp_path / "a.jsonl", [retry])), "--db", db
+    )["added"]
+    run("lessons", "reject", mine, "--db", db, "--by", "ann", "--reason", "hammers the site")
+    run("lessons", "import", str(write_lines(tmp_path / "b.jsonl", [retry])), "--db", mate)
+    exported = tmp_path / "mate.jsonl"
+    run("lessons", "export", "--db", mate, "--format", "jsonl", "--output", str(exported))
+
+    out = run_json("lessons", "import", str(exported), "--db", db)
+    # Before: restored as a live lesson of its own id, the rejected advice served again.
+    assert out["merged"] == [mine] and not out["restored"]
+    book = run_json("lessons", "list", "--db", db)
+    assert [(x["lesson_id"], x["status"]) for x in book] == [(mine, "rejected")]
+    with Hindsight(db_path, background=False) as hs:
+        assert (
+            hs.recall(task_type="scrape", tools=["fetch_page"], query="503 from fetch_page") == []
+        )

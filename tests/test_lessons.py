@@ -434,6 +434,26 @@ def test_prefer_and_avoid_swapped_is_a_conflict():
     assert change.action == "conflict"
 
 
+def test_one_structured_form_with_words_that_say_the_opposite_is_a_conflict():
+    rule = Structured(
+        when={"tool": "read_csv", "error_type": "UnicodeDecodeError"},
+        prefer={"tool": "read_csv", "args": {"encoding": "gbk"}},
+        avoid={"tool": "read_csv", "args": {"encoding": "utf-8"}},
+    )
+    book = Book()
+    kept = book.add(draft(
+        "When read_csv fails with UnicodeDecodeError, retry it with encoding='gbk' instead of "
+        "encoding='utf-8'.", structured=rule,
+    )).lesson  # fmt: skip
+    change = book.add(draft(
+        "Never retry read_csv with encoding='gbk' after a UnicodeDecodeError: gbk silently "
+        "garbles these files; ask the user for the encoding.", structured=rule,
+    ))  # fmt: skip
+    # Before: merged on the form alone, and the kept advice became "Never retry … gbk".
+    assert change.action == "conflict"
+    assert book.lessons[kept.lesson_id].advice == kept.advice
+
+
 def test_a_negated_rewording_is_a_repeat_not_a_conflict():
     book = Book()
     book.add(draft("Read CSV files with encoding='utf-8-sig'."))
@@ -692,6 +712,20 @@ def test_a_hand_written_line_with_every_optional_field():
         ({"task_type": "t", "advice": "x", "tools": [1]}, "'tools' must be a list of strings"),
         ({"task_type": "t", "advice": "x", "intent": "chat"}, "intent must be one of"),
         ({"lesson_id": "les_1", "task_type": "t", "advice": "x", "status": "??"}, "status must be"),
+        # Restored lines whose inner shapes broke every later recall or review, or broke the
+        # import half-way with a traceback once earlier lines were written.
+        ({"lesson_id": "les_1", "task_type": "t", "advice": "x", "value_score": "high"}, "'value_score' must be a number"),
+        ({"lesson_id": "les_1", "task_type": "t", "advice": "x", "hit_count": "many"}, "'hit_count' must be a whole number"),
+        ({"lesson_id": "les_1", "task_type": "t", "advice": "x", "language": 5}, "'language' must be text"),
+        ({"lesson_id": "les_1", "task_type": "t", "advice": "x", "updated_at": "yesterday"}, "'updated_at' must be an ISO date"),
+        ({"lesson_id": "les_1", "task_type": "t", "advice": "x", "features": {"step": {"x": 1}}}, "'step' must be text or null"),
+        ({"lesson_id": "les_1", "task_type": "t", "advice": "x", "features": {"intent": "destroy"}}, "intent must be one of"),
+        ({"lesson_id": "les_1", "task_type": "t", "advice": "x", "history": [{"changes": "oops"}]}, "history entry 0: 'changes'"),
+        ({"lesson_id": "les_1", "task_type": "t", "advice": "x", "history": [{"changes": {"merges": "lots"}}]}, "history entry 0: counts"),
+        ({"lesson_id": "les_1", "task_type": "t", "advice": "x", "history": [{"counts": {"helpful": "x"}}]}, "history entry 0: counts"),
+        ({"lesson_id": "les_1", "task_type": "t", "advice": "x", "structured": {"when": {}, "prefer": "x"}}, "'prefer' and 'avoid' must be objects"),
+        ({"task_type": "t", "advice": "x" * 5000}, "'advice' is 5,000 characters; at most 4,000"),
+        ({"task_type": "t", "advice": "x", "root_cause": 7}, "'root_cause' must be text"),
     ],
 )  # fmt: skip
 def test_import_lines_with_problems_say_what_is_wrong(obj, message):

@@ -1908,6 +1908,13 @@ def _relations(
             conflicts.append(lesson)
             continue
         if relation == "same":
+            opposed, agreed = stance_relation(draft.advice, lesson.advice)
+            if opposed >= MIN_OPPOSITION and opposed > agreed:
+                # One form, words that say the opposite ("retry with gbk" / "never retry with
+                # gbk", a hand-written line): on one side the form and the text disagree, and a
+                # merge would let that text replace the other's. A person decides.
+                conflicts.append(lesson)
+                continue
             same.append((1.0, lesson))
             settled = True
             continue
@@ -2566,11 +2573,30 @@ def edit(
     return out
 
 
+#: The longest text a lesson's field may hold: advice is a few sentences, and a megabyte of it
+#: slowed every later curation of its task type to seconds and every recall that served it.
+MAX_LESSON_TEXT = 4000
+_TEXT_FIELDS = frozenset({"root_cause", "general_rule", "language", "quality"})
+_OPTIONAL_TEXT_FIELDS = frozenset({"step", "error_type"})
+
+
 def _check_field(name: str, value: Any) -> Any:
     if name in {"advice", "task_type"} and (not isinstance(value, str) or not value.strip()):
         raise ValueError(f"{name!r} must be non-empty text")
+    if name in _TEXT_FIELDS and not isinstance(value, str):
+        raise ValueError(f"{name!r} must be text, got {type(value).__name__}")
+    if name in _OPTIONAL_TEXT_FIELDS and value is not None and not isinstance(value, str):
+        raise ValueError(f"{name!r} must be text or null, got {type(value).__name__}")
+    if isinstance(value, str) and len(value) > MAX_LESSON_TEXT:
+        raise ValueError(f"{name!r} is {len(value):,} characters; at most {MAX_LESSON_TEXT:,}")
     if name == "advice":
         return value.strip()
+    if name == "quality" and value not in {"ok", "suspect"}:
+        raise ValueError(f"quality must be 'ok' or 'suspect', got {value!r}")
+    if name == "value_score" and not (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ):
+        raise ValueError(f"'value_score' must be a number, got {value!r}")
     if name == "scope":
         return check_scope(value)
     if name == "status" and value not in STATUSES:
@@ -2585,6 +2611,8 @@ def _check_field(name: str, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{name!r} must be a list of strings")
         return list(dict.fromkeys(value))
+    if name in {"created_at", "updated_at"} and value == "":
+        return value  # not known: a restore dates it now
     if name in {"valid_until", "created_at", "updated_at"} and value is not None:
         return _check_date(name, value)
     if name == "pinned" and not isinstance(value, bool):
@@ -2932,6 +2960,10 @@ def _parse_structured(value: Any) -> Structured | None:
         raise ValueError(
             f"'structured' allows only 'when', 'prefer', 'avoid'; got {sorted(unknown)}"
         )
+    if any(
+        value.get(k) is not None and not isinstance(value[k], dict) for k in ("prefer", "avoid")
+    ):
+        raise ValueError("'structured': 'prefer' and 'avoid' must be objects like {\"tool\": ...}")
     return Structured(
         when=value.get("when") or {}, prefer=value.get("prefer"), avoid=value.get("avoid")
     )
@@ -2955,21 +2987,48 @@ def _parse_full(obj: dict[str, Any]) -> Lesson:
             isinstance(value, list) and all(isinstance(v, str) for v in value)
         ):
             raise ValueError(f"{name!r} must be a list of strings, got {value!r}"[:200])
-    history = obj.get("history")
-    if history is not None and not (
-        isinstance(history, list) and all(isinstance(e, dict) for e in history)
-    ):
-        raise ValueError("'history' must be a list of objects")
+    _check_history(obj.get("history"))
     try:
         lesson = Lesson.from_dict({**obj, "structured": _parse_structured(obj.get("structured"))})
     except TypeError as exc:
         raise ValueError(f"not a lesson: {exc}") from None
-    checked = ("scope", "status", "kind", "valid_until", "pinned", "support", "helpful", "harmful")
-    for name in checked:
-        # Kept as checked: a valid_until of 0 (1970) read as "no date" and never expired.
+    # Every field as an edit checks it, and kept as checked: a valid_until of 0 (1970) read as
+    # "no date" and never expired; a value_score of "high" broke every recall that reached it.
+    for name in sorted(
+        _LESSON_FIELDS - {"lesson_id", "features", "structured", "history", "score"}
+    ):
         setattr(lesson, name, _check_field(name, getattr(lesson, name)))
+    for name in FEATURE_FIELDS:
+        setattr(lesson.features, name, _check_field(name, getattr(lesson.features, name)))
     lesson.score = None
     return lesson
+
+
+#: Counts and lists the history's readers take from an entry's ``changes``.
+_HISTORY_NUMBERS = ("merges", "support", "support_added", "sources_not_sampled", "source_count")
+_HISTORY_LISTS = ("conflicts", "lessons", "source_task_ids")
+
+
+def _check_history(history: Any) -> None:
+    """Refuse a restored history whose shape its readers (review, split, source counts) would
+    trip on: one bad entry broke every later review of the whole book."""
+    if history is None:
+        return
+    if not isinstance(history, list) or not all(isinstance(e, dict) for e in history):
+        raise ValueError("'history' must be a list of objects")
+    for i, entry in enumerate(history):
+        changes, counts = entry.get("changes", {}), entry.get("counts", {})
+        if not isinstance(changes, dict) or not isinstance(counts, dict):
+            raise ValueError(f"history entry {i}: 'changes' and 'counts' must be objects")
+        numbers = [changes.get(n) for n in _HISTORY_NUMBERS] + list(counts.values())
+        if any(v is not None and (not isinstance(v, int) or isinstance(v, bool)) for v in numbers):
+            raise ValueError(f"history entry {i}: counts must be whole numbers")
+        for name in _HISTORY_LISTS:
+            value = changes.get(name)
+            if value is not None and not (
+                isinstance(value, list) and all(isinstance(v, str) for v in value)
+            ):
+                raise ValueError(f"history entry {i}: {name!r} must be a list of strings")
 
 
 def export_jsonl(lessons: Sequence[Lesson]) -> str:

@@ -244,18 +244,28 @@ class Curator:
         return changed, added
 
     def restore(self, lesson: Lesson) -> Change | None:
-        """Put back a lesson as it was exported (its id, status, history): never merged, and
-        read against the book for what it contradicts (``lessons.contradictions``). None, and
-        nothing written, when the book holds a lesson of that id: what the book holds may be
-        newer (a person's edit, a rejection since the export) and is never overwritten."""
+        """Put back a lesson as it was exported (its id, status, history), read against the
+        book for what it contradicts (``lessons.contradictions``). One that repeats a lesson of
+        the book (a teammate's export of the same advice) merges into it as a curated lesson
+        does: a lesson a person rejected absorbs it rather than seeing it served again. None,
+        and nothing written, when the book holds a lesson of that id: what the book holds may
+        be newer (a person's edit, a rejection since the export) and is never overwritten."""
         with self._lock, self.store.transaction():
             if self.store.get_lesson(lesson.lesson_id) is not None:
                 return None
-            others = contradictions(lesson, self._book(lesson), embedder=self._embedder())
-            self.save(lesson)
-            for other in others:
-                self.save(other, embed=False)
-        return Change(action="conflict" if others else "add", lesson=lesson, others=others)
+            book = self._book(lesson)
+            change = curate(lesson, book, embedder=self._embedder())
+            if change.action != "merge":
+                # New to the book: as it was exported, its status too (a conflict is recorded,
+                # not sent to review: the export's word on it stands, and recall keeps the two
+                # apart).
+                others = contradictions(lesson, book, embedder=self._embedder())
+                change = Change(
+                    action="conflict" if others else "add", lesson=lesson, others=others
+                )
+            for each in change.saves:
+                self.save(each)
+        return change
 
     def _save_read_again(
         self, pairs: Iterable[tuple[Lesson | None, Lesson]], skip: frozenset[str] = frozenset()

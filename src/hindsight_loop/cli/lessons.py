@@ -497,8 +497,9 @@ def import_(
     """Read lessons in: hand-written ones are curated, exported ones restored as they were.
 
     Curation merges repeats into the lessons they repeat and flags contradictions for review.
-    An exported lesson is never merged, and never written over the book's lesson of its id;
-    what it contradicts is flagged for review. Nothing is imported if any line is wrong.
+    An exported lesson is never written over the book's lesson of its id; one that repeats a
+    lesson of the book merges into it, one new to the book comes back as it was, with what it
+    contradicts flagged for review. Nothing is imported if any line is wrong.
     """
     try:
         raw = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
@@ -534,11 +535,13 @@ def import_(
         for lesson, exported in parsed:
             if exported:
                 # Never over the book's own copy: it may hold a person's edit or rejection made
-                # since the export. A restored lesson that contradicts one in the book is kept
-                # as it was exported, the pair recorded for review.
+                # since the export. A restored lesson that repeats one in the book merges into
+                # it; one that contradicts one is kept as exported, the pair recorded for review.
                 restored = hs.restore_lesson(lesson)
                 if restored is None:
                     outcome["kept"].append(lesson.lesson_id)
+                elif restored.action == "merge":
+                    outcome["merged"].append(restored.lesson.lesson_id)
                 elif restored.others:
                     outcome["conflicts"].append(lesson.lesson_id)
                 else:
