@@ -112,6 +112,30 @@ def test_tool_decorator_sync_and_async(hs: Hindsight) -> None:
     assert actions[2].result["error_type"] == "ConnectionError"
 
 
+def test_tools_run_in_threads_are_the_tasks_when_the_context_goes_with_them(hs: Hindsight) -> None:
+    """What the README says of threads: ``asyncio.to_thread`` carries the task's context, an
+    executor does with ``contextvars.copy_context().run``, and without it the call is not the
+    task's (it runs as it is)."""
+    import contextvars
+
+    @hs.tool
+    def lookup(key: str) -> str:
+        return key.upper()
+
+    async def agent() -> list[str]:
+        loop = asyncio.get_running_loop()
+        return [
+            await asyncio.to_thread(lookup, "a"),
+            await loop.run_in_executor(None, contextvars.copy_context().run, lookup, "b"),
+            await loop.run_in_executor(None, lookup, "c"),  # no context: not recorded
+        ]
+
+    with hs.task("t", recall=False) as task:
+        assert asyncio.run(agent()) == ["A", "B", "C"]
+    actions = [e for e in _events(hs, task.task_id) if e.type == "action_executed"]
+    assert [a.input["args"] for a in actions] == [{"key": "a"}, {"key": "b"}]
+
+
 def test_caller_timestamps_order_the_replay(hs: Hindsight) -> None:
     tid = "tsk_clock"
     hs.record(
