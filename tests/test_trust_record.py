@@ -11,6 +11,7 @@ import decimal
 import enum
 import json
 import math
+import shutil
 import subprocess
 import threading
 import time
@@ -99,6 +100,39 @@ def test_disk_full_keeps_every_event_in_the_fallback_and_stores_the_real_error(
     reasons = {x["_dead_letter_reason"] for x in lines}
     assert any("database or disk is full" in r for r in reasons), reasons
     assert not any("cannot rollback" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_store_deleted_under_the_agent_keeps_what_comes_after_in_the_dead_letter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writer: str
+) -> None:
+    state = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    where = tmp_path / "store"
+    hs = Hindsight(where / "hindsight.db", writer=writer, background=False, triggers=False)
+    try:
+        with hs.task("t", recall=False, task_id="tsk_before") as task:
+            task.record_action("x", {"i": 0})
+        assert hs.flush(timeout=60)
+        shutil.rmtree(where)  # a cleanup script, a wrong rm -r
+        with hs.task("t", recall=False, task_id="tsk_after") as task:
+            for i in range(5):
+                task.record_action("x", {"i": i})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HindsightWarning)
+            assert hs.flush(timeout=60) is True  # durable: in the dead letter
+            stats = dict(hs.stats)
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HindsightWarning)
+            hs.close()
+    # Before: written into the deleted file (flush True, 'written' counted), gone at close.
+    assert stats["dead_lettered"] == 7 and stats["lost"] == 0
+    lines = _dead_letter_lines(*(state / "hindsight").glob("*.jsonl"))
+    assert sorted(x["input"]["args"]["i"] for x in lines if x.get("type") == "action_executed") == [
+        0, 1, 2, 3, 4
+    ]  # fmt: skip
+    assert all("deleted or replaced while in use" in x["_dead_letter_reason"] for x in lines)
 
 
 def test_disk_full_with_no_fallback_makes_flush_false_and_counts_the_loss(

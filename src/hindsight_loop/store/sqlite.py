@@ -186,6 +186,17 @@ def _task_from_start(task_id: str, ts: str, body: dict[str, Any]) -> tuple:
     )
 
 
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``; None for an in-memory store or no file."""
+    if path == ":memory:":
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 @through_store_calls("__init__", "_events_by_key")  # a fork waits for the calls under way
 class SQLiteStore(JobOwner, ThreadConnections):
     """A ``Store`` on one SQLite file."""
@@ -215,6 +226,7 @@ class SQLiteStore(JobOwner, ThreadConnections):
         self._wal_pages = 0
         self._checkpoint_lock = threading.Lock()
         self._stoppable: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None
         if readonly:
             self._open_readonly()
             return
@@ -229,6 +241,16 @@ class SQLiteStore(JobOwner, ThreadConnections):
                 finally:
                     probe.close()
         migrate(self._db)
+        self._identity = _file_identity(self.path)  # the file written: see ``_check_file``
+
+    def _check_file(self) -> None:
+        """Refuse to write into a file no longer at the store's path (deleted, or replaced by
+        a move): SQLite writes on into the open file, every write succeeds, and all of it is
+        gone once the last connection closes. A stat a batch, about a microsecond."""
+        if self._identity is not None and _file_identity(self.path) != self._identity:
+            raise sqlite3.OperationalError(
+                f"the store file {self.path} was deleted or replaced while in use"
+            )
 
     def _forked(self) -> None:
         if self.path == ":memory:":
@@ -359,6 +381,7 @@ class SQLiteStore(JobOwner, ThreadConnections):
         bodies = b"".join(parts)
         listed = orjson.dumps(index)
         db = self._db
+        self._check_file()
         db.execute("BEGIN IMMEDIATE")
         try:
             if _NUL not in listed:
