@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from hindsight_loop import Hindsight, lesson_keys, recall
 from hindsight_loop.cli import app
 from hindsight_loop.embed import HashEmbedder, lesson_text
-from hindsight_loop.models import Features, Lesson, iso
+from hindsight_loop.models import Features, Lesson, LessonDraft, iso
 from hindsight_loop.recall import (
     LessonIndex,
     LessonSet,
@@ -28,6 +28,7 @@ from hindsight_loop.recall import (
     inject,
 )
 from hindsight_loop.testing.embed import ConceptEmbedder
+from hindsight_loop.text import detect_language
 
 NOW = datetime(2025, 1, 15, tzinfo=UTC)
 runner = CliRunner()
@@ -312,6 +313,139 @@ def test_two_conflicting_lessons_are_never_returned_together() -> None:
     # Without the conflict both would be returned.
     bom.conflicts = []
     assert {"bom", "latin"} <= set(search([bom, latin, other], q, ranking=ALL))
+
+
+# -- lessons curation never compared: read at recall time ------------------------------------------
+
+#: Opposite advice (first, second) and a request both fit, in English and Chinese.
+OPPOSITE = {
+    "en": (
+        "You should ask the user for the city before calling get_weather.",
+        "You should not ask the user for the city before calling get_weather.",
+        "ask the city before get_weather",
+    ),
+    "zh": (
+        "调用 get_weather 之前，你应该先问用户是哪个城市。",
+        "调用 get_weather 之前，你不要问用户是哪个城市。",
+        "问用户哪个城市 get_weather",
+    ),
+}
+#: How a recall gathers lessons curation never compared: the lessons' task types and scopes,
+#: and the recall's.
+UNCOMPARED: dict[str, tuple[dict[str, str], dict[str, str], dict[str, Any]]] = {
+    "no task type": (
+        {"task_type": "weather_query"},
+        {"task_type": "trip_planning"},
+        {"task_type": None},
+    ),
+    "any task type": (
+        {"task_type": "weather_query"},
+        {"task_type": "trip_planning"},
+        {"task_type": "*"},
+    ),
+    "two users": (
+        {"task_type": "weather_query", "scope": "user:alice"},
+        {"task_type": "weather_query", "scope": "user:bob"},
+        {"task_type": "weather_query", "scope": ["user:alice", "user:bob"]},
+    ),
+    "two projects": (
+        {"task_type": "weather_query", "scope": "project:web"},
+        {"task_type": "weather_query", "scope": "project:api"},
+        {"task_type": None, "scope": ["project:web", "project:api"]},
+    ),
+}
+
+
+def _draft(advice: str, language: str, **keys: str) -> LessonDraft:
+    return LessonDraft(
+        advice=advice, features=Features(tools=["get_weather"]), language=language, **keys
+    )
+
+
+@pytest.mark.parametrize("language", OPPOSITE)
+@pytest.mark.parametrize("how", UNCOMPARED)
+def test_opposite_lessons_curation_never_compared_are_not_returned_together(
+    db_path: Path, language: str, how: str
+) -> None:
+    first, second, request = OPPOSITE[language]
+    keys_a, keys_b, query = UNCOMPARED[how]
+    with Hindsight(db_path, background=False) as hs:
+        a = hs.curate(_draft(first, language, **keys_a))
+        b = hs.curate(_draft(second, language, **keys_b))
+        # Never served together by a recall of one task type and one scope per kind, so
+        # curation did not compare them: both live, no conflict recorded.
+        assert (a.action, b.action) == ("add", "add") and not b.lesson.conflicts
+        found = hs.recall(**query, tools=["get_weather"], query=request)
+        assert len(found) == 1 and found.ids[0] in (a.lesson.lesson_id, b.lesson.lesson_id)
+        prompt = found.as_prompt()
+        assert (first in prompt) != (second in prompt)
+        # Each is still recalled by the recall it was written for.
+        for change, keys in ((a, keys_a), (b, keys_b)):
+            alone = hs.recall(**keys, tools=["get_weather"], query=request)
+            assert alone.ids == [change.lesson.lesson_id]
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("Always retry get_weather on timeout.", "Never retry get_weather on timeout."),
+        ("读取CSV文件时使用utf-8-sig编码。", "读取CSV文件时不要使用utf-8-sig编码。"),
+        ("总是先备份数据库再执行迁移。", "从不先备份数据库再执行迁移。"),
+        ("Passing dtype=str to read_csv is correct.", "Passing dtype=str to read_csv is incorrect."),
+        ("小于 10 MB 的文件用 upload_file，而不是 upload_chunked。",
+         "小于 10 MB 的文件用 upload_chunked，而不是 upload_file。"),
+        ("Retry the upload unless the server returns 400.",
+         "Retry the upload only when the server returns 400."),
+        ("重试 fetch_page，除非页面返回 404。", "只在页面返回 404 时重试 fetch_page。"),
+    ],
+)  # fmt: skip
+def test_the_opposites_curation_flags_are_kept_apart_across_task_types(
+    first: str, second: str
+) -> None:
+    """Pairs curation flags as conflicts within one task type (``test_lessons``), written for
+    two task types: recall reads them by the same rules."""
+    book = [
+        lesson(
+            f"l{i}",
+            advice,
+            task_type=task_type,
+            tools=(),
+            created_at=iso(NOW - timedelta(days=2 - i)),
+            language=detect_language(advice),
+        )
+        for i, (task_type, advice) in enumerate((("t1", first), ("t2", second)))
+    ]
+    assert search(book, RecallQuery(query=first)) == ["l0"]
+    assert search(book, RecallQuery(query=second, task_type="t2")) == ["l1"]
+
+
+def test_lessons_of_two_task_types_that_agree_are_both_returned(db_path: Path) -> None:
+    first, second, request = OPPOSITE["en"]
+    with Hindsight(db_path, background=False) as hs:
+        ask = hs.curate(_draft(first, "en", task_type="weather_query")).lesson
+        hs.curate(_draft(second, "en", task_type="trip_planning"))
+        units = hs.curate(
+            _draft(
+                "Before calling get_weather, ask the user for the units: celsius or fahrenheit.",
+                "en",
+                task_type="packing_list",
+            )
+        ).lesson
+        # The contradicting one leaves its slot to the next lesson, which agrees.
+        got = hs.recall(tools=["get_weather"], query=request + " and the units")
+        assert got.ids == [ask.lesson_id, units.lesson_id]
+
+
+def test_a_recall_of_one_task_type_and_one_scope_per_kind_reads_no_pair() -> None:
+    """The usual recall gathers only lessons curation compared: it pays for no reading."""
+    index = LessonIndex([CITY, AIRPORT], embedder=HashEmbedder())
+    read: list[tuple[str, str]] = []
+    index._pairs.clash = lambda a, b: read.append((a.lesson_id, b.lesson_id)) or False  # type: ignore[method-assign]
+    index.search(dataclasses.replace(WEATHER_Q, scope=["user:alice", "project:web"]), now=NOW)
+    assert read == []
+    assert not lesson_keys.gathers_uncompared("weather_query", ["global", "user:a", "team:x"])
+    assert lesson_keys.gathers_uncompared("", ["user:a"])
+    assert lesson_keys.gathers_uncompared("csv", ["user:a", "user:b", "global"])
 
 
 def test_chinese_queries_find_chinese_lessons() -> None:

@@ -577,3 +577,26 @@ def test_settling_a_conflict_leaves_the_models_merges_for_a_person(server: Any) 
     agent.post(f"/api/lessons/{kept.lesson_id}/confirm", json={"by": "ana"})
     queue = {i["lesson"]["lesson_id"] for i in agent.get("/api/review").json()["queue"]}
     assert kept.lesson_id not in queue
+
+
+def test_recall_of_no_task_type_keeps_apart_opposites_of_two_task_types(server: Any) -> None:
+    """Opposite lessons of two task types, never compared by curation: a recall naming no task
+    type returns one of them, not both."""
+    from hindsight_loop.models import Features, LessonDraft
+
+    ask = "You should ask the user for the city before calling get_weather."
+    dont = "You should not ask the user for the city before calling get_weather."
+    with Hindsight(server["db"], background=False) as other:
+        for task_type, advice in (("weather_query", ask), ("trip_planning", dont)):
+            change = other.curate(
+                LessonDraft(
+                    task_type=task_type, advice=advice, features=Features(tools=["get_weather"])
+                )
+            )
+            assert change.action == "add"
+    params = {"tools": "get_weather", "query": "ask the city before get_weather"}
+    for extra in ({}, {"task_type": "*"}):
+        got = server["anon"].get("/api/recall", params={**params, **extra}).json()
+        said = [x["advice"] for x in got["lessons"]]
+        assert (ask in said) != (dont in said), said
+        assert (ask in got["advice"]) != (dont in got["advice"])

@@ -618,3 +618,85 @@ def test_recall_through_the_hnsw_stage_returns_what_sqlite_returns(
     assert "les_fresh" not in caches["postgres"].search(q, limit=3).ids
     for store in stores.values():
         store.close()
+
+
+#: Opposite lessons no recall of one task type and one scope per kind serves together, so
+#: curation never compared them: (id, task type, scope, tool, advice).
+UNCOMPARED_PAIRS = [
+    ("ask_en", "weather_query", "global", "get_weather",
+     "You should ask the user for the city before calling get_weather."),
+    ("noask_en", "trip_planning", "global", "get_weather",
+     "You should not ask the user for the city before calling get_weather."),
+    ("ask_zh", "weather_query", "global", "get_weather",
+     "调用 get_weather 之前，你应该先问用户是哪个城市。"),
+    ("noask_zh", "trip_planning", "global", "get_weather",
+     "调用 get_weather 之前，你不要问用户是哪个城市。"),
+    ("gbk_alice", "csv", "user:alice", "read_csv",
+     "Always pass encoding='gbk' to read_csv for erp_cn exports."),
+    ("gbk_bob", "csv", "user:bob", "read_csv",
+     "Never pass encoding='gbk' to read_csv for erp_cn exports."),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("hnsw_min_rows", [0, 10**9], ids=["hnsw", "rule-index"])
+def test_the_store_stage_keeps_apart_lessons_curation_never_compared(
+    pg_url: str, tmp_path: Path, hnsw_min_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recall of no task type, or of two users, through PostgreSQL's candidate stage reads
+    the pairs it gathers that curation never compared, as SQLite's index does."""
+    from datetime import timedelta
+
+    from hindsight_loop import recall
+    from hindsight_loop.embed import HashEmbedder
+    from hindsight_loop.recall import STORE_STAGE_MIN, RecallCache, RecallQuery
+
+    monkeypatch.setattr(recall, "HNSW_MIN_ROWS", hnsw_min_rows)
+    embedder = HashEmbedder()
+    now = utcnow()
+    book = _hnsw_book(STORE_STAGE_MIN + 100)
+    book += [
+        Lesson(
+            lesson_id=lesson_id,
+            task_type=task_type,
+            scope=scope,
+            advice=advice,
+            language="zh" if "调用" in advice else "en",
+            features=Features(tools=[tool]),
+            created_at=iso(now - timedelta(minutes=10 - i)),
+            valid_until=iso(now + timedelta(days=30)),
+        )
+        for i, (lesson_id, task_type, scope, tool, advice) in enumerate(UNCOMPARED_PAIRS)
+    ]
+    vectors = embedder.embed([x.advice for x in book])
+    stores = {"sqlite": open_store(str(tmp_path / "book.db")), "postgres": open_store(pg_url)}
+    for store in stores.values():
+        with store.transaction():
+            for lesson, vec in zip(book, vectors, strict=True):
+                store.save_lesson(lesson, embedding=vec.tobytes(), embed_model=embedder.name)
+    caches = {k: RecallCache(s, lambda: embedder) for k, s in stores.items()}
+    caches["postgres"].keep_index = False  # the store's stage alone
+    cases = [
+        (RecallQuery(tools=["get_weather"], query="ask the city before get_weather"), "_en"),
+        (
+            RecallQuery(task_type="*", tools=["get_weather"], query="问用户哪个城市 get_weather"),
+            "_zh",
+        ),
+        (
+            RecallQuery(
+                task_type="csv",
+                tools=["read_csv"],
+                query="gbk erp_cn exports",
+                scope=["user:alice", "user:bob"],
+            ),
+            "gbk_",
+        ),
+    ]
+    for q, pair in cases:
+        got = {k: c.search(q, limit=3) for k, c in caches.items()}
+        assert got["postgres"].ids == got["sqlite"].ids, q
+        assert [x.score for x in got["postgres"]] == [x.score for x in got["sqlite"]], q
+        assert len([x for x in got["postgres"].ids if pair in x]) == 1, (q, got["postgres"].ids)
+    pg_cache = caches["postgres"]
+    assert pg_cache._stage is not None and pg_cache._index is None  # the store's stage served
+    for store in stores.values():
+        store.close()

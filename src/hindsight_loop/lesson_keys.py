@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hindsight_loop.embed import lesson_text
@@ -61,6 +62,17 @@ def scopes_apart(a: Lesson | LessonDraft, b: Lesson | LessonDraft) -> bool:
     team), so a user's lesson is served beside its project's, never beside another user's."""
     sa, sb = scope_key(a.scope), scope_key(b.scope)
     return "global" not in (sa, sb) and sa.partition(":")[0] != sb.partition(":")[0]
+
+
+def gathers_uncompared(task_key: str | None, scope_keys: Sequence[str]) -> bool:
+    """Whether one recall may gather two lessons ``served_together`` says are never served
+    together, which curation therefore never compared: it names no task type (``task_key``
+    ``None`` or ``""``: every task type passes), or two scopes of one kind ("user:alice" with
+    "user:bob", "project:web" with "project:api")."""
+    if not task_key:
+        return True
+    kinds = [key.partition(":")[0] for key in set(scope_keys) - {"global"}]
+    return len(kinds) > len(set(kinds))
 
 
 # -- what advice says of its own condition ------------------------------------------------------

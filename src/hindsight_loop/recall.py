@@ -18,7 +18,9 @@ So recall is rules first, ranking second (DESIGN.md):
    cannot judge (the lessons of the very call are all in the other language than the request,
    which the hashed embedder and BM25 compare only through identifiers and a small lexicon),
    the best of them by the rules alone is offered.
-3. At most one of two conflicting lessons is returned.
+3. At most one of two conflicting lessons is returned: a pair curation recorded, or, when a
+   recall gathers lessons curation never compared (no task type named, or two scopes of one
+   kind), a pair read as contradicting there and then (``PairReadings``).
 
 ``LessonIndex`` is built once per version of the lesson book and queried many times: it keeps
 the lessons sorted by task type so a query only touches its own task type's slice (plus the
@@ -506,6 +508,8 @@ class LessonIndex:
                 self._conflicts.setdefault(les.lesson_id, set()).add(other)
                 self._conflicts.setdefault(other, set()).add(les.lesson_id)
 
+        self._pairs = PairReadings(embedder)
+
         texts = [lesson_text(les) for les in self.lessons]
         self._vectors = self._build_vectors(texts, vectors)
         self._build_bm25(texts)
@@ -698,7 +702,8 @@ class LessonIndex:
         rk = self.ranking
         at = parse_ts(now).timestamp()  # None is now; a naive datetime is taken as UTC
         scopes = [q.scope] if isinstance(q.scope, str) else list(q.scope or [])
-        scope_ids = [self._scopes[k] for k in map(self._scope_key, scopes) if k in self._scopes]
+        scope_keys = [self._scope_key(x) for x in scopes]
+        scope_ids = [self._scopes[k] for k in scope_keys if k in self._scopes]
         intent_id = self._intents.get(_norm(q.intent), -1) if q.intent else None
         query_tools = {_norm(t) for t in q.tools} - {""}
         tool_ids = [self._tool_ids[t] for t in query_tools if t in self._tool_ids]
@@ -838,6 +843,9 @@ class LessonIndex:
             matched=matched,
             held=held,
             tied=tied,
+            clash=(
+                self._pairs.clash if lesson_keys.gathers_uncompared(task_type, scope_keys) else None
+            ),
         )
         if chosen or full is None or cosine is None or not rk.unjudged:
             return chosen
@@ -1250,6 +1258,7 @@ def _choose(
     matched: Callable[[int], frozenset[Any]] | None = None,
     held: np.ndarray | None = None,
     tied: np.ndarray | None = None,
+    clash: Callable[[Lesson, Lesson], bool] | None = None,
 ) -> LessonSet:
     """Cut off, order, and keep conflicting lessons apart: the best ``limit`` of ``score``.
 
@@ -1259,7 +1268,9 @@ def _choose(
     needs a term no lesson chosen before it holds. ``held`` marks the lessons whose condition
     the request reports (``Ranking.condition``): the floor of a strong match, and no relative
     cut. ``tied`` marks the lessons ``Ranking.tied`` keeps: the score of a whole scenario
-    match without text, and no relative cut."""
+    match without text, and no relative cut. ``clash`` tells whether a lesson contradicts
+    one chosen before it though no conflict is recorded (``PairReadings.clash``; ``None``:
+    the recall gathers only lessons curation compared, and reads no pair)."""
     floor, strong_floor = _floors(rk, min_score)
     bar = floor if strong is None else np.where(strong, strong_floor, floor)
     if held is not None:
@@ -1296,9 +1307,11 @@ def _choose(
             if matched(j) <= covered:
                 continue  # a neighbour of a better lesson, adding nothing the request asks
         lesson = lesson_at(j)
-        clash = conflicts_of(lesson)
-        if clash and not clash.isdisjoint(chosen_ids):
+        conflicts = conflicts_of(lesson)
+        if conflicts and not conflicts.isdisjoint(chosen_ids):
             continue  # two contradicting lessons are never injected together
+        if clash is not None and any(clash(other, lesson) for other in chosen):
+            continue  # nor two that curation never compared and that contradict
         chosen.append(_with_score(lesson, round(float(score[j]), 4)))
         chosen_ids.add(lesson.lesson_id)
         chosen_at.append(j)
@@ -1308,6 +1321,64 @@ def _choose(
         if len(chosen) == limit:
             break
     return chosen
+
+
+#: Pair verdicts ``PairReadings`` keeps (per book version); past this many it starts afresh.
+PAIR_VERDICTS_MAX = 4096
+
+
+class PairReadings:
+    """Contradictions between lessons curation never compared, read when one recall would
+    return both; one reading per pair and book version.
+
+    Curation compares a new lesson only with the lessons one recall may serve beside it
+    (``lesson_keys.served_together``) and records the contradictions on both sides, which
+    recall keeps apart. A recall that names no task type, or two scopes of one kind
+    (``lesson_keys.gathers_uncompared``), may still gather two lessons never compared: "ask
+    the user for the city before get_weather" (weather_query) and "do not ask for the city"
+    (trip_planning). Such a pair is read here by curation's own rules (``lessons._relations``,
+    as ``lessons.contradictions`` reads a lesson going live: the later lesson against the
+    earlier, and near text the rules cannot read either way does not keep two live lessons
+    apart). No judge is asked: a recall waits on no model.
+
+    Args:
+        embedder: Recall's embedder (curation's rules weigh the cosine of the two texts).
+    """
+
+    def __init__(self, embedder: Embedder) -> None:
+        self.embedder = embedder
+        self._verdicts: dict[tuple[str, str], bool] = {}
+
+    def clear(self) -> None:
+        """Forget every verdict (the book changed)."""
+        self._verdicts = {}
+
+    def clash(self, a: Lesson, b: Lesson) -> bool:
+        """Whether ``a`` and ``b``, which curation never compared, contradict; ``False`` for
+        a pair it did compare (a conflict it found is recorded on the lessons)."""
+        if lesson_keys.served_together(a, b):
+            return False
+        earlier, later = sorted((a, b), key=lambda x: (x.created_at, x.lesson_id))
+        key = (earlier.lesson_id, later.lesson_id)
+        verdicts = self._verdicts
+        verdict = verdicts.get(key)
+        if verdict is None:
+            # Imported here: curation's rules load (a fraction of a second of regexes) only
+            # when a recall first meets such a pair, not with recall.
+            from hindsight_loop.lessons import _relations
+
+            try:
+                _, found, unsure, _ = _relations(later, [earlier], embedder=self.embedder)
+            except Exception:  # noqa: BLE001 - a reading that fails must not fail the recall
+                logging.getLogger("hindsight_loop").exception(
+                    "hindsight: reading lessons %s and %s for a contradiction failed", *key
+                )
+                found, unsure = [], set()
+            verdict = bool(found) and earlier.lesson_id not in unsure
+            if len(verdicts) >= PAIR_VERDICTS_MAX:
+                verdicts = self._verdicts = {}
+            verdicts[key] = verdict
+        return verdict
 
 
 def unknown_weight(terms: Iterable[str]) -> float:
@@ -1404,6 +1475,7 @@ class StoreStage:
         #: ``advice_flags`` by lesson id for this book version (the rows carry no advice), and
         #: whether the lesson is in Chinese.
         self._flags: dict[str, tuple[tuple[bool, bool, int], bool]] = {}
+        self._pairs = PairReadings(embedder)
 
     def refresh(self, version: int) -> int:
         """Read the book's BM25 statistics for ``version``; return the number of lessons."""
@@ -1411,6 +1483,7 @@ class StoreStage:
             self._stats = self.store.recall_stats()
             self._counts = self.store.recall_counts()
             self._flags = {}
+            self._pairs.clear()
             self.version = version
         return self._stats[0]
 
@@ -1478,6 +1551,11 @@ class StoreStage:
         # whatever the best one scores (``Ranking.condition``).
         kinds = condition_kinds(q) if rk.condition else 0
         boost = rk.condition_boost * (rk.value_floor + rk.value_span) if kinds else 0.0
+        clash = (
+            self._pairs.clash
+            if lesson_keys.gathers_uncompared(rules.task_key, rules.scope_keys)
+            else None
+        )
 
         def scored(
             rows: list[tuple[Any, ...]],
@@ -1517,7 +1595,14 @@ class StoreStage:
         def bar_of(rows: list[tuple[Any, ...]]) -> float:
             """What a lesson must score to change the result of ranking ``rows`` alone."""
             found = self._choose(
-                rows, *score(rows), limit=limit, min_score=min_score, cover=cover, kinds=kinds, q=q
+                rows,
+                *score(rows),
+                limit=limit,
+                min_score=min_score,
+                cover=cover,
+                kinds=kinds,
+                q=q,
+                clash=clash,
             )
             if not found:
                 return floor
@@ -1553,7 +1638,14 @@ class StoreStage:
         if rows:
             rows.sort(key=self._tie_order(task))
             found = self._choose(
-                rows, *score(rows), limit=limit, min_score=min_score, cover=cover, kinds=kinds, q=q
+                rows,
+                *score(rows),
+                limit=limit,
+                min_score=min_score,
+                cover=cover,
+                kinds=kinds,
+                q=q,
+                clash=clash,
             )
             if found:
                 return found
@@ -1764,6 +1856,7 @@ class StoreStage:
         cover: frozenset[str] | None,
         kinds: int = 0,
         q: RecallQuery | None = None,
+        clash: Callable[[Lesson, Lesson], bool] | None = None,
     ) -> LessonSet:
         # Lessons are read from the store only as the choice reaches them (a few), with the
         # conflicts each records; a conflict recorded on either side keeps the two apart.
@@ -1798,6 +1891,7 @@ class StoreStage:
             matched=None if cover is None else lambda j: cover.intersection(rows[j][7]),
             held=held,
             tied=tied,
+            clash=clash,
         )
 
 
