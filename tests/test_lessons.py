@@ -339,6 +339,38 @@ def test_suspect_drafts_wait_in_review():
 
 # -- curation: conflicts ------------------------------------------------------------------------
 
+_ASK = "ask the user for the city before calling get_weather"
+_WEN = "调用 get_weather 前{}问用户在哪个城市。"
+# Prohibitions said after the act, in the passive, with an idiom or in other Chinese words: each
+# merged into the advice it forbids, in either order.
+PROHIBITIONS_SAID_OTHERWISE = [
+    ("Ask the user for the city before calling get_weather.",
+     "Asking the user for the city before calling get_weather should be avoided."),
+    ("Ask the user for the city before calling get_weather.",
+     "Asking the user for the city before calling get_weather is not recommended."),
+    ("Retry fetch_page on a 503.", "Retrying fetch_page on a 503 is discouraged."),
+    ("Retry fetch_page on a 503.", "Retrying fetch_page should be avoided on a 503."),
+    ("Cache fetch_page results for the same URL.",
+     "Caching fetch_page results for the same URL is forbidden."),
+    ("Cache fetch_page results for the same URL.",
+     "Steer clear of caching fetch_page results for the same URL."),
+    ("Ask the user for the city before calling get_weather.", f"It is discouraged to {_ASK}."),
+    ("Ask the user for the city before calling get_weather.", f"Under no circumstances {_ASK}."),
+    ("Ask the user for the city before calling get_weather.", f"Dont {_ASK}."),
+    ("Ask the user for the city before calling get_weather.", f"You cannot {_ASK}."),
+    ("Ask the user for the city before calling get_weather.", f"Never, ever {_ASK}."),
+    ("调用 get_weather 前先问清用户在哪个城市。", _WEN.format("切忌")),
+    ("调用 get_weather 前先问清用户在哪个城市。", _WEN.format("忌")),
+    ("调用 get_weather 前先问清用户在哪个城市。", _WEN.format("严禁")),
+    ("调用 get_weather 前先问清用户在哪个城市。", _WEN.format("莫")),
+    ("调用 get_weather 前先问清用户在哪个城市。", _WEN.format("少")),
+    ("调用 get_weather 前先问清用户在哪个城市。", _WEN.format("不该")),
+    ("调用 get_weather 前先问清用户在哪个城市。", _WEN.format("不宜")),
+    ("调用 get_weather 前先问清用户在哪个城市。", _WEN.format("不准")),
+    ("调用 get_weather 前先问清用户在哪个城市。", "调用 get_weather 前问用户在哪个城市是大忌。"),
+    ("fetch_page 超时后要重试。", "fetch_page 超时后少重试。"),
+]  # fmt: skip
+
 
 @pytest.mark.parametrize(
     ("first", "second"),
@@ -382,6 +414,8 @@ def test_suspect_drafts_wait_in_review():
         # "never" / "no" on its own after the act, stressed or not.
         ("失败的上传立即重试：永远不要。", "失败的上传立即重试。"),
         ("Immediate retries of failed uploads? No.", "Retry failed uploads immediately."),
+        *PROHIBITIONS_SAID_OTHERWISE,
+        *[(second, first) for first, second in PROHIBITIONS_SAID_OTHERWISE],
     ],
 )  # fmt: skip
 def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
@@ -415,6 +449,23 @@ def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
         ("If the city is wrong, ask the user again before calling get_weather.",
          "Ask the user again before calling get_weather when the city is wrong."),
         ("Use upload_chunked for files over 10 MB.", "Use upload_chunked for any file over 10 MB."),
+        # A prohibition said after the act or in other words is the same prohibition.
+        (f"Avoid {_ASK.replace('ask', 'asking', 1)}.",
+         "Asking the user for the city before calling get_weather should be avoided."),
+        ("Never retry fetch_page on a 503.", "Retrying fetch_page on a 503 should be avoided."),
+        ("Retrying fetch_page on a 503 is discouraged.", "Don't retry fetch_page on a 503."),
+        (f"Do not {_ASK}.", "Asking the user for the city before calling get_weather is not recommended."),
+        (f"Don't {_ASK}.", f"Dont {_ASK}."),
+        (f"Don't {_ASK}.", f"Under no circumstances {_ASK}."),
+        (_WEN.format("不要"), _WEN.format("切忌")),
+        (_WEN.format("别"), _WEN.format("严禁")),
+        (_WEN.format("禁止"), _WEN.format("不准")),
+        ("fetch_page 超时后不要重试。", "fetch_page 超时后莫重试。"),
+        # 至少 / 不准确 / 允不允许 / 该不该 are no prohibitions.
+        ("调用 get_weather 前至少问一次用户在哪个城市。", "调用 get_weather 前先问清用户在哪个城市。"),
+        ("调用 get_weather 前问清用户在哪个城市，不然结果不准确。", "调用 get_weather 前先问清用户在哪个城市。"),
+        ("用 fetch_page 抓取前先看 robots.txt 是否允许抓取。", "用 fetch_page 抓取前先看 robots.txt 允不允许抓取。"),
+        ("fetch_page 超时后先问用户是否重试。", "fetch_page 超时后先问用户该不该重试。"),
     ],
 )  # fmt: skip
 def test_a_verdict_a_choice_or_a_condition_reworded_is_a_repeat(first, second):
@@ -866,3 +917,44 @@ def test_the_plain_reading_of_advice_reads_a_run_of_spaces_once() -> None:
         ], text
     spaces = lessons._plain("Prefer fetch_page" + " " * 30_000 + "over fetch_cached — never.")
     assert " ".join(spaces.split()) == "Prefer fetch_page instead of fetch_cached — never ."
+
+
+def test_advice_is_split_into_clauses_reading_a_run_of_spaces_once() -> None:
+    """A clause split starts at a dash or at "but" / "then" / "so you" after a space (``\\s*—+``
+    and ``\\s+but`` were tried from each space of a run and read it to its end each time:
+    minutes for 30,000 spaces); the clauses, stripped, are those the old patterns cut wherever
+    a connective follows a word. (After a clause end, "— but retry", the old split had taken the
+    space the connective needed and left it in the clause; now it goes as it does elsewhere.)"""
+    import random
+    import re
+
+    from hindsight_loop import lessons
+
+    old_order = re.compile(r"[；。!?！？，：\n]+|[;,:](?=\s|$)|\.(?=\s|$)|\s*—+\s*")
+    old_clause = re.compile(
+        r"[；。!?！？，：\n]+|[;,:](?=\s|$)|\.(?=\s|$)|\s*—+\s*|\s+(?:but|then|and then)\s+"
+        r"|\s+(?=so\s+(?:that\b|(?:you|we|it|they|he|she|this|these|those|there|nothing)\b))",
+        re.I,
+    )
+
+    def clauses(pattern: re.Pattern[str], text: str) -> list[str]:
+        return [c.strip() for c in pattern.split(text) if c.strip()]
+
+    rng = random.Random(7)
+    words, ends = ["ask", "x", "retry", "that", "you"], ["—", "——", ",", ".", "\n"]
+    connectives = ["but", "BUT", "then", "and then", "so"]
+    texts = []
+    for _ in range(5000):
+        tokens = [rng.choice(words)]
+        for _ in range(rng.randrange(0, 25)):
+            pool = words + ends + (connectives if tokens[-1] in words else [])
+            tokens.append(rng.choice(words) if tokens[-1] in connectives else rng.choice(pool))
+        texts.append("".join(t + rng.choice(["", " ", "  ", "   "]) for t in tokens))
+    for text in texts:
+        assert clauses(lessons._CLAUSE_SPLIT_RE, text) == clauses(old_clause, text), text
+        assert clauses(lessons._ORDER_SPLIT_RE, text) == clauses(old_order, text), text
+    spaced = "Retry fetch_page" + " " * 30_000 + "x"
+    assert lessons.stance(spaced) == lessons.stance("Retry fetch_page x")
+    assert lessons.stance("Ask first" + " " * 30_000 + "but never retry") == lessons.stance(
+        "Ask first but never retry"
+    )

@@ -209,6 +209,7 @@ def draft_to_lesson(
 _NEG_EN = re.compile(
     r"\b(?:do\s+not|does\s+not|don't|don’t|doesn't|never|not|no|avoid(?:s|ing)?|without|"
     r"refrain\s+from|stop|quit|forgo(?:ing)?|forego(?:ing)?|eschew(?:s|ing)?|"
+    r"steer(?:s|ing)?\s+clear\s+of|stay(?:s|ing)?\s+away\s+from|"
     r"(?:can|could|may)\s+(?:safely\s+|just\s+)?leave\s+out)\b",
     re.IGNORECASE,
 )
@@ -216,10 +217,21 @@ _EMPH_EN = re.compile(
     r"\b(?:always|prefer(?:s|ably)?|must|should|make\s+sure\s+(?:to|that)|be\s+sure\s+to|do)\b",
     re.IGNORECASE,
 )
+# Prohibitions said in Chinese besides 不要 / 别 (these merged into their opposite): 切忌 and 忌
+# (not 禁忌, 顾忌, 忌讳, 忌口), 不准 (not 不准确, 不准时, 说不准), 莫 (not 莫名, 莫非, 莫过于, 约莫),
+# and 少 before an act ("少问", "少用缓存": ask less, use it less; not 至少, 多少, 不少, 减少, 少数,
+# 少于: an amount, not advice). Not a question of yes or no: "允不允许抓取", "该不该重试".
+_FORBID_ZH = (
+    r"严禁|切忌|(?<![禁顾猜妒避])忌(?![讳口惮妒日])|(?<!该)不该|不应当|(?<!宜)不宜"
+    r"|(?<![说拿对瞄准])不准(?![确时])|(?<!许)不许|(?<!允)不允许|(?<!倡)不提倡"
+    r"|(?<![约])莫(?![名非过大斯测如须衷属若扎奈高])"
+    r"|(?<![至多不减缺很较稍最太极过更年老青可稀])少"
+    r"(?=\s*(?:x[a-z]|[用问调发改写做开加传打碰管说查试跑等建删存读拉提设放填猜]))"
+)
 # No bare 不: it starts many ordinary words (不同, 不断); 别 only before a verb (not 特别, 类别).
 _NEG_ZH = re.compile(
     r"不要|不能|不应该|不应|不可以|不可|不得|不用|不必|无需|无须|不需要|不建议|不推荐|不主张|切勿|请勿|勿|"
-    r"从来不|从不|绝不|决不|永不|禁止|避免|甭|别(?=[用再让把去忘使])"
+    r"从来不|从不|绝不|决不|永不|禁止|避免|甭|别(?=[用再让把去忘使])|" + _FORBID_ZH
 )
 # 建议 / 需要 go after the negations are gone: "不建议 X" and "建议 X" leave one core.
 _EMPH_ZH = re.compile(r"总是|务必|一定要|应当|应该|优先|建议|推荐|主张|需要")
@@ -429,10 +441,12 @@ _CONCEPTS_EN = (
     (re.compile(r"\b(?:also|as well(?: as)?|in addition(?: to)?|besides|along with)\b|"
                 r"\btoo\b(?=\s*(?:[,.;:!?)]|$))", re.I), " xboth "),
 )  # fmt: skip
-# "isn't", "don't", "can’t": the verb and "not", so every negated form reads as its "not" form.
+# "isn't", "don't", "can’t", "cannot": the verb and "not", so every negated form reads as its
+# "not" form. The apostrophe may be left out ("dont", "shouldnt": "Dont ask" merged into "Ask");
+# "cant" and "wont" are words of their own, rarely met in advice.
 _NOT_CONTRACTED_RE = re.compile(
-    r"\b(is|are|was|were|do|does|did|has|have|had|should|must|need|could|would)n[’']t\b"
-    r"|\b(ca|wo)n[’']t\b",
+    r"\b(is|are|was|were|do|does|did|has|have|had|should|must|need|could|would)n[’']?t\b"
+    r"|\b(ca|wo)n[’']?t\b|\b(can)not\b",
     re.I,
 )
 _CONCEPTS_ZH = (
@@ -468,12 +482,15 @@ _CONCEPTS_ZH = (
     ),
 )
 # Clause ends: ASCII ``;``, ``,`` and ``:`` only before a space or the end, so a value keeps
-# them (``sep=';'``, ``postgres:16.2``, ``1,234``); a dash (``——``) ends a clause too.
-_ORDER_SPLIT_RE = re.compile(r"[；。!?！？，：\n]+|[;,:](?=\s|$)|\.(?=\s|$)|\s*—+\s*")
+# them (``sep=';'``, ``postgres:16.2``, ``1,234``); a dash (``——``) ends a clause too. A split
+# starts at the dash or the word, after a space (lookbehind), never at a space: tried from each
+# space of a run, ``\s*—+`` or ``\s+but`` read the run to its end every time (minutes for
+# 30,000 spaces). The spaces left at a clause's edge are stripped where clauses are read.
+_ORDER_SPLIT_RE = re.compile(r"[；。!?！？，：\n]+|[;,:](?=\s|$)|\.(?=\s|$)|—+\s*")
 _CLAUSE_SPLIT_RE = re.compile(
-    r"[；。!?！？，：\n]+|[;,:](?=\s|$)|\.(?=\s|$)|\s*—+\s*|\s+(?:but|then|and then)\s+"
+    r"[；。!?！？，：\n]+|[;,:](?=\s|$)|\.(?=\s|$)|—+\s*|(?<=\s)(?:but|then|and then)\s+"
     # "put a LIMIT on it so they do not scan the whole table": the purpose is a clause of its own.
-    r"|\s+(?=so\s+(?:that\b|(?:you|we|it|they|he|she|this|these|those|there|nothing)\b))",
+    r"|(?<=\s)(?=so\s+(?:that\b|(?:you|we|it|they|he|she|this|these|those|there|nothing)\b))",
     re.I,
 )
 # A clause that sets the situation, not the act.
@@ -505,11 +522,15 @@ _FORBID_RE = re.compile(
     # "forgo calling it", "quit calling it", "eschew it", "you can leave out the header" (not
     # "leave out public holidays" when counting days: what the count excludes, not an act).
     r"forgo(?:es|ing)?|forego(?:es|ing)?|eschew(?:s|ing)?|quit(?=\s+(?:\w+ing|x[a-z]+)\b)|"
-    r"(?:can|could|may)\s+(?:safely\s+|just\s+)?leave\s+out)\b"
+    r"(?:can|could|may)\s+(?:safely\s+|just\s+)?leave\s+out|"
+    # "under no circumstances ask", "steer clear of asking" (these merged into "ask").
+    r"under\s+no\s+circumstances?|on\s+no\s+account|in\s+no\s+case|at\s+no\s+time|"
+    r"steer(?:s|ing)?\s+clear\s+of|stay(?:s|ing)?\s+away\s+from)\b"
     # 甭 (不用 said as one syllable): "甭等", "甭管".
-    r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略|甭|不建议|不推荐|不主张"
+    r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略|甭|不建议|不推荐|不主张|"
+    + _FORBID_ZH
     # "never" said in Chinese: 从不备份 / 绝不重试 ("总是先备份" merged into its opposite).
-    r"|从来不|从不|绝不|决不|永不"
+    + r"|从来不|从不|绝不|决不|永不"
     # 别 is "don't" except inside a word: 别的 / 别人 (other), 区别, 告别, 分别, 类别, 特别, 级别 ...
     r"|(?<![区告分类特级性识个差辨派道离鉴])别(?![的人处称名致扭])",
     re.IGNORECASE,
@@ -597,7 +618,7 @@ _CONCEPT_TOKENS = frozenset(
 def _expand_not(text: str) -> str:
     """ "isn't" as "is not", "can't" as "can not": one form of each negation to match."""
     return _NOT_CONTRACTED_RE.sub(
-        lambda m: (m[1] or {"ca": "can", "wo": "will"}[m[2].lower()]) + " not", text
+        lambda m: (m[1] or m[3] or {"ca": "can", "wo": "will"}[m[2].lower()]) + " not", text
     )
 
 
@@ -633,22 +654,42 @@ _QUOTED_RE = re.compile(r"'[^']*'|\"[^\"]*\"|‘[^’]*’|“[^”]*”")
 # "是错的" differ in one word they do not know). ``_plain`` says them as the rules read advice:
 # "never retrying fetch_page", "不要重试 fetch_page", "ask first", "read_csv instead of
 # read_excel". A verdict on a thing ("the city is wrong", "返回的城市不对") is left as it is.
+#
+# A verdict said in the passive or with a modal is one too: "asking first should be avoided / is
+# discouraged / is not recommended / is forbidden" forbid the act, "… is recommended / is
+# encouraged" ask for it (these merged into their opposite: the rules read the act and not the
+# word after it). A modal ("should be") says nothing of the subject's number (group ``modal``).
+# The verdict ends its clause, or a situation follows it ("… is discouraged before calling
+# get_weather", "… should be avoided on a 503"; group ``tail``, kept).
 _VERDICT_EN = re.compile(
-    r"\s(?:is|are|was|were|'s|’s)\s+(?P<not>not\s+)?(?:(?:the|a|an)\s+)?"
-    r"(?:(?P<bad>wrong|incorrect|mistaken|mistake|error|bad\s+(?:call|move|choice|practice))"
-    r"|right|correct|good\s+(?:call|move|choice|practice)|best\s+practice|(?:the\s+)?way\s+to\s+go)"
-    r"(?:\s+(?:call|move|choice|approach|way|thing\s+to\s+do))?\s*$",
+    r"\s(?:(?P<modal>should|must|ought\s+to|has\s+to|have\s+to|needs?\s+to|is\s+to|are\s+to)"
+    r"(?P<mnot>\s+not)?\s+be|is|are|was|were|'s|’s)\s+"
+    r"(?:(?:strongly|highly|generally|usually|always|best|clearly|definitely|absolutely)\s+)?"
+    r"(?P<not>(?:not|never)\s+)?"
+    r"(?:(?:strongly|highly|generally|usually|always|best|clearly|definitely)\s+)?"
+    r"(?:(?:the|a|an)\s+)?"
+    r"(?:(?P<bad>wrong|incorrect|mistaken|mistake|error|bad\s+(?:idea|call|move|choice|practice)"
+    r"|avoided|discouraged|forbidden|prohibited|banned|inadvisable|ill-advised|unwise|"
+    r"counterproductive|harmful|risky|dangerous|unsafe|no-go|no-no|frowned\s+upon)"
+    r"|right|correct|good\s+(?:idea|call|move|choice|practice)|best\s+practice|(?:the\s+)?way\s+to\s+go"
+    r"|recommended|advised|advisable|encouraged|allowed|permitted|required|mandatory|essential|must|wise)"
+    r"(?:\s+(?:call|move|choice|approach|way|thing\s+to\s+do))?"
+    r"(?:\s*$|(?P<tail>(?=\s+(?:before|after|when|whenever|if|unless|once|while|until|on|in|for)\b)))",
     re.I,
 )
-# "It is wrong to retry", "it's a good idea to ask first": the act follows.
+# "It is wrong to retry", "it's a good idea to ask first", "it is discouraged to ask": the act
+# follows.
 _IT_VERDICT_EN = re.compile(
-    r"^\s*it(?:'s|’s|\s+is|\s+was)\s+(?P<not>not\s+)?(?:(?P<bad>wrong|incorrect|a\s+mistake|"
-    r"an\s+error|a\s+bad\s+idea|unwise)|right|correct|a\s+good\s+idea|wise|better|best)\s+to\s+",
+    r"^\s*it(?:'s|’s|\s+is|\s+was)\s+(?P<not>not\s+)?(?:(?:strongly|highly|generally)\s+)?"
+    r"(?:(?P<bad>wrong|incorrect|a\s+mistake|an\s+error|a\s+bad\s+idea|unwise|inadvisable|"
+    r"ill-advised|discouraged|forbidden|prohibited|counterproductive|harmful|risky|dangerous|unsafe)"
+    r"|right|correct|a\s+good\s+idea|wise|better|best|recommended|advisable|encouraged|"
+    r"important|essential|required|necessary)\s+to\s+",
     re.I,
 )
 # No bare 对 (核对, 比对): a verdict ends the clause, after 是 unless it is 不对 / 不正确 / 才对.
 _VERDICT_ZH = re.compile(
-    r"(?:(?:是|才是|就是|都是)(?:一个|个|一种|种)?(?:(?P<bad>错|错误|不对|不正确|不可取)|对|正确)"
+    r"(?:(?:是|才是|就是|都是)(?:一个|个|一种|种)?(?:(?P<bad>错|错误|不对|不正确|不可取|大忌)|对|正确)"
     r"的?(?:做法|选择|方式)?|(?P<not>(?<!对)不对|不正确|不可取)的?(?:做法|选择)?|才对|没错)\s*$"
 )
 # The act of a verdict turned down: "not retrying it is wrong", "不重试是错的" ask for it (not
@@ -676,11 +717,16 @@ _OVER_RE = re.compile(r"(?<!\s)\s+over\s+(?![\d$€£¥])", re.I)
 _PLAIN_SPLIT_RE = re.compile(r"([；。!?！？，：\n]+|[;,:](?=\s|$)|\.(?=\s|$)|—+)")
 
 
+# "Never, ever ask": the comma would leave "never" a clause of its own, read as turning round
+# the clause before it, and "ever ask" as asked for.
+_NEVER_EVER_RE = re.compile(r"\bnever\s*,\s*ever\b", re.I)
+
+
 @functools.lru_cache(maxsize=8192)
 def _plain(text: str) -> str:
     """Advice with its verdicts on acts and its choices said plainly (``_VERDICT_EN``), and
     "isn't" as "is not" (``_expand_not``)."""
-    parts = _PLAIN_SPLIT_RE.split(_expand_not(text))
+    parts = _PLAIN_SPLIT_RE.split(_NEVER_EVER_RE.sub("never", _expand_not(text)))
     for i in range(0, len(parts), 2):  # the clauses; the odd parts are what ends them
         parts[i] = _plain_clause(parts[i])
     return "".join(parts)
@@ -688,7 +734,10 @@ def _plain(text: str) -> str:
 
 # An English subject read as an act: a gerund ("retrying it on a 400", "not asking first").
 _GERUND_FIRST_RE = re.compile(r"^\s*(?:(?:not|never)\s+)?([a-z]{3,}ing)\b", re.I)
-_IF_WORD_EN = re.compile(r"\b(?:when|whenever|if|unless|once|while|where|whose|that)\b", re.I)
+# A subject with a clause of its own ("which tools are forbidden") is not an act.
+_IF_WORD_EN = re.compile(
+    r"\b(?:when|whenever|if|unless|once|while|where|whose|that|which|what|whether|who|how)\b", re.I
+)
 # A clause that is only a "no": "Retry at once? No.", "立即重试？不行。"
 _NO_RE = re.compile(
     r"^\s*(?:(?:absolutely|definitely|certainly)\s+)?(?:no|nope|not|never)(?:\s*,?\s*ever)?\s*$"
@@ -716,24 +765,26 @@ def _plain_clause(clause: str) -> str:
         clause = clause[: over.start()] + " instead of " + clause[over.end() :]
     if _IF_START_RE.match(clause):
         return clause  # "if the city is wrong": the situation, not a verdict
-    chinese = False
+    chinese, tail = False, ""
     if m := _IT_VERDICT_EN.match(clause):
         act = clause[m.end() :]
     elif m := _VERDICT_EN.search(clause):
         act = clause[: m.start()]
-        plural = m[0].split()[0].lower() in ("are", "were")
+        tail = clause[m.end() :] if m["tail"] is not None else ""
+        plural = bool(m["modal"]) or m[0].split()[0].lower() in ("are", "were")
         if not _THAT_RE.match(act) and not _verdict_on_act(act, plural=plural):
             return clause  # "the response is wrong": a thing, not an act
     elif m := _VERDICT_ZH.search(clause):
         act, chinese = clause[: m.start()], True
     else:
         return clause
-    bad = bool(m["bad"]) != bool(m["not"])
+    bad = bool(m["bad"]) != (bool(m["not"]) != bool(m.groupdict().get("mnot")))
     if _THAT_RE.match(act):
         # Alone in its clause, a prohibition turns the clause before it round (``stance``).
         return ("不要" if chinese else " never ") if bad else " "
     if negated := _NOT_FIRST_RE.match(act):
         act, bad = act[negated.end() :], not bad
+    act += tail
     if not bad:
         return act
     return "不要" + act if chinese else " never " + act
