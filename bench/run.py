@@ -418,6 +418,36 @@ Written by hand on 2026-12-02 (ninth session) from the full run above (main 1b54
 Xeon, load ~1): a later run changes the rows above, not these figures. Each says which writer it
 is for.
 
+Twenty-sixth session (2026-12-07, main after 9a92e82; the same 2-vCPU VM, slower this session:
+the serializing floor of `bench/record_cost.py` at 2.2-2.8 µs p50 against 1.3 before). No speed
+change on the agent's path: `record_action` with the writer process p50 3.6 µs (the floor 2.2 in
+the same run; 2.2 against 1.3 in the last session, the same ratio), and a helper's runs turn
+about with the code before gave 3,987 against 4,008 ns. Trust (nothing accepted is lost): a
+`Hindsight` dropped without `close()` was never collected (the review worker's thread and the
+writer's held closures over it): 10 dropped objects left 10 writer processes and 31 threads,
+now 0 and 2 (the main thread and one closer), every event stored; a writer thread held up at
+`close()` (another process holding the database lock) waited 30 s a batch, for good with a call
+that never returns, and now gives up after `CLOSE_STALL` and dead-letters the rest (100 of 100
+kept, about 2 s with `CLOSE_STALL` at 1-2 s); a store file deleted or moved over under the agent
+was written into (`flush()` True, all of it gone at close) and is now refused batch by batch (a
+stat, about a microsecond) and dead-lettered. On the lesson book (two adversarial passes): the
+opposite pairs that still merged with the hashed embedder (对 / 错, "prefer X over Y" turned
+round, unless / only when, a trailing never, prohibitions in the passive, as idioms or in other
+Chinese words: 130 of 278 in one pair script, 41 of 82 in another) now all conflict, 68 of 72
+rewordings of the same shapes merge (32 before); an exported lesson imported again wrote over
+the book's copy (a rejection, an edit, the history), a teammate's export of advice a person
+rejected came back live, a lesson revived (confirmed, renewed by a success or a repeat, merged
+into by a person, split out) was never read against the book, lessons of a user's and its
+project's scopes were never compared, and a recall naming no task type or two scopes of one kind
+served opposites of two task types together: each fixed. A recall that gathers lessons curation
+never compared reads each such pair once per book version (10,000 lessons, no task type: p50
+1.31 → 4.95 ms on the first pass, 1.12 once the pairs are read); the usual recall reads none
+(`bench/recall_speed.py` unchanged). Two regexes read a long run again from every character (a
+30,000-character name: 10 s a curation; 30,000 spaces: minutes), now once. Curation and
+retrieval unchanged to the digit (`bench/curation/run.py`, hashed: rewordings merged 0-36% on the
+blind splits, opposites merged 0, conflicts flagged 69-100%; `bench/retrieval/run.py`, hybrid:
+wrong injections 0.057-0.163, recall@3 0.80-1.00).
+
 Twenty-fourth and twenty-fifth sessions (2026-12-07, main after 386729d; the same 2-vCPU VM).
 No speed change. `bench/ingest.py` (this session, writer process, redaction and live triggers
 on): 67.8k events/s in one task (71.5k with the store at 1M rows), 45.3k/s in tasks of 100
