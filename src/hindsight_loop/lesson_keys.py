@@ -51,7 +51,7 @@ def served_together(a: Lesson | LessonDraft, b: Lesson | LessonDraft) -> bool:
     ta, tb = task_key(a.task_type), task_key(b.task_type)
     sa, sb = scope_key(a.scope), scope_key(b.scope)
     return (ta == tb or not ta or not tb) and (
-        sa == sb or "global" in (sa, sb) or scopes_apart(a, b)
+        sa == sb or "global" in (sa, sb) or _kinds_apart(sa, sb)
     )
 
 
@@ -60,8 +60,16 @@ def scopes_apart(a: Lesson | LessonDraft, b: Lesson | LessonDraft) -> bool:
     scopes of two kinds, neither global. A recall names the caller's own scopes, one of each
     kind ("project:web" with "user:alice"; ``attribute.scopes_for``: an agent role with its
     team), so a user's lesson is served beside its project's, never beside another user's."""
-    sa, sb = scope_key(a.scope), scope_key(b.scope)
-    return "global" not in (sa, sb) and sa.partition(":")[0] != sb.partition(":")[0]
+    return _kinds_apart(scope_key(a.scope), scope_key(b.scope))
+
+
+def _scope_kind(key: str) -> str:
+    """``project``, ``user``, ``agent``, ``team`` (or ``global``) of a scope key."""
+    return key.partition(":")[0]
+
+
+def _kinds_apart(sa: str, sb: str) -> bool:
+    return "global" not in (sa, sb) and _scope_kind(sa) != _scope_kind(sb)
 
 
 def gathers_uncompared(task_key: str | None, scope_keys: Sequence[str]) -> bool:
@@ -71,7 +79,7 @@ def gathers_uncompared(task_key: str | None, scope_keys: Sequence[str]) -> bool:
     "user:bob", "project:web" with "project:api")."""
     if not task_key:
         return True
-    kinds = [key.partition(":")[0] for key in set(scope_keys) - {"global"}]
+    kinds = [_scope_kind(key) for key in set(scope_keys) - {"global"}]
     return len(kinds) > len(set(kinds))
 
 

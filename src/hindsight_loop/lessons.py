@@ -2659,7 +2659,7 @@ def _check_field(name: str, value: Any) -> Any:
     if name in {"tools", "keywords", "suggestions", "source_task_ids", "conflicts"}:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        if not _is_text_list(value):
             raise ValueError(f"{name!r} must be a list of strings")
         return list(dict.fromkeys(value))
     if name in {"created_at", "updated_at"} and value == "":
@@ -2673,6 +2673,10 @@ def _check_field(name: str, value: Any) -> Any:
     ):
         raise ValueError(f"{name!r} must be a whole number >= 0, got {value!r}")
     return value
+
+
+def _is_text_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def _check_date(name: str, value: Any) -> str:
@@ -3034,9 +3038,7 @@ def _parse_full(obj: dict[str, Any]) -> Lesson:
     lists = [(name, obj.get(name)) for name in ("conflicts", "source_task_ids")]
     lists += [(f"features.{n}", (obj.get("features") or {}).get(n)) for n in ("tools", "keywords")]
     for name, value in lists:
-        if value is not None and not (
-            isinstance(value, list) and all(isinstance(v, str) for v in value)
-        ):
+        if value is not None and not _is_text_list(value):
             raise ValueError(f"{name!r} must be a list of strings, got {value!r}"[:200])
     _check_history(obj.get("history"))
     try:
@@ -3076,9 +3078,7 @@ def _check_history(history: Any) -> None:
             raise ValueError(f"history entry {i}: counts must be whole numbers")
         for name in _HISTORY_LISTS:
             value = changes.get(name)
-            if value is not None and not (
-                isinstance(value, list) and all(isinstance(v, str) for v in value)
-            ):
+            if value is not None and not _is_text_list(value):
                 raise ValueError(f"history entry {i}: {name!r} must be a list of strings")
 
 

@@ -1592,9 +1592,9 @@ class StoreStage:
                 at_least=at_least - 1e-3 - boost,
             )
 
-        def bar_of(rows: list[tuple[Any, ...]]) -> float:
-            """What a lesson must score to change the result of ranking ``rows`` alone."""
-            found = self._choose(
+        def choose(rows: list[tuple[Any, ...]]) -> LessonSet:
+            """What recall returns of ``rows`` alone."""
+            return self._choose(
                 rows,
                 *score(rows),
                 limit=limit,
@@ -1604,6 +1604,10 @@ class StoreStage:
                 q=q,
                 clash=clash,
             )
+
+        def bar_of(rows: list[tuple[Any, ...]]) -> float:
+            """What a lesson must score to change the result of ranking ``rows`` alone."""
+            found = choose(rows)
             if not found:
                 return floor
             if len(found) == limit:
@@ -1637,16 +1641,7 @@ class StoreStage:
         rows += [r for r in more if r[1] not in seen]
         if rows:
             rows.sort(key=self._tie_order(task))
-            found = self._choose(
-                rows,
-                *score(rows),
-                limit=limit,
-                min_score=min_score,
-                cover=cover,
-                kinds=kinds,
-                q=q,
-                clash=clash,
-            )
+            found = choose(rows)
             if found:
                 return found
         if not (text and task is not None and query_tools and rk.unjudged):

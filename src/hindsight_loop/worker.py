@@ -127,8 +127,7 @@ class Curator:
             book = self._book(draft)
             judged = (lambda a, b: verdicts.get((a, b))) if verdicts else None
             change = curate(draft, book, embedder=self._embedder(), judge=judged)
-            for lesson in change.saves:
-                self.save(lesson)
+            self._save_change(change)
         return change
 
     def _book(self, draft: Lesson | LessonDraft) -> list[Lesson]:
@@ -180,18 +179,14 @@ class Curator:
         scoring the same lesson meanwhile is not overwritten). None if there is no such lesson.
 
         A lesson that may go live again (a rejected or expired one confirmed, a past-due one
-        renewed by a task's success) or whose reading changed (its
-        advice, structured form, task type, scope or tools edited) is read against the book
-        again (``_read_again``)."""
+        renewed by a task's success) or whose reading changed (its advice, structured form,
+        task type, scope or tools edited) is read against the book again (``_read_again``)."""
         with self._lock, self.store.transaction():
             lesson = self.store.get_lesson(lesson_id)
             if lesson is None:
                 return None
             changed = edit(lesson)
-            others = self._read_again(lesson, changed)
-            self.save(changed, embed=lesson_text(changed) != lesson_text(lesson))
-            for other in others:
-                self.save(other, embed=False)
+            self._save_read_again([(lesson, changed)])
         return changed
 
     def _read_again(
@@ -199,8 +194,8 @@ class Curator:
     ) -> list[Lesson]:
         """What ``after`` contradicts in the book, recorded on both sides (``lessons.
         contradictions``), when it may go live and was dead as ``before`` (or is new, or had
-        another reading): it was never compared with what came while it was dead, or in its new words,
-        and recall keeps apart only the pairs recorded. ``skip``: the lessons changed with it,
+        another reading): it was never compared with what came while it was dead, or in its new
+        words, and recall keeps apart only the pairs recorded. ``skip``: the lessons changed with it,
         read as they were. Returns the others, to be saved."""
         now = utcnow()
         if not may_go_live(after, now):
@@ -263,18 +258,25 @@ class Curator:
                 change = Change(
                     action="conflict" if others else "add", lesson=lesson, others=others
                 )
-            for each in change.saves:
-                self.save(each)
+            self._save_change(change)
         return change
+
+    def _save_change(self, change: Change) -> None:
+        """Save what curation decided: the lesson, and the copies of those it contradicts
+        (their text unchanged: their stored vectors stay)."""
+        self.save(change.lesson)
+        for other in change.others:
+            self.save(other, embed=False)
 
     def _save_read_again(
         self, pairs: Iterable[tuple[Lesson | None, Lesson]], skip: frozenset[str] = frozenset()
     ) -> None:
-        """Save each lesson as changed (``before`` None: a new one), with what it contradicts;
-        each is read against the book as saved so far (``skip`` left out)."""
+        """Save each lesson as changed (``before`` None: a new one; re-embedded only when its
+        text changed), with what it contradicts; each is read against the book as saved so far
+        (``skip`` left out)."""
         for before, after in pairs:
             others = self._read_again(before, after, skip=skip)
-            self.save(after)
+            self.save(after, embed=before is None or lesson_text(after) != lesson_text(before))
             for other in others:
                 self.save(other, embed=False)
 
