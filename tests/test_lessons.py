@@ -466,6 +466,13 @@ def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
         ("调用 get_weather 前问清用户在哪个城市，不然结果不准确。", "调用 get_weather 前先问清用户在哪个城市。"),
         ("用 fetch_page 抓取前先看 robots.txt 是否允许抓取。", "用 fetch_page 抓取前先看 robots.txt 允不允许抓取。"),
         ("fetch_page 超时后先问用户是否重试。", "fetch_page 超时后先问用户该不该重试。"),
+        # 要不要 / 能不能 / 可不可以 / 需不需要 ask about an act: they forbid nothing.
+        ("fetch_page 超时后先问用户是否重试。", "fetch_page 超时后先问用户要不要重试。"),
+        ("开票前先问用户是否需要纸质发票。", "开票前先问用户要不要纸质发票。"),
+        ("调用 issue_refund 前先确认订单是否可以退款。", "调用 issue_refund 前先确认订单能不能退款。"),
+        ("调用 change_ticket 前先问航司是否可以改签。", "调用 change_ticket 前先问航司可不可以改签。"),
+        ("调用 get_weather 前先问用户是否需要未来三天的预报。",
+         "调用 get_weather 前先问用户需不需要未来三天的预报。"),
     ],
 )  # fmt: skip
 def test_a_verdict_a_choice_or_a_condition_reworded_is_a_repeat(first, second):

@@ -722,11 +722,18 @@ _PLAIN_SPLIT_RE = re.compile(r"([；。!?！？，：\n]+|[;,:](?=\s|$)|\.(?=\s|
 _NEVER_EVER_RE = re.compile(r"\bnever\s*,\s*ever\b", re.I)
 
 
+# A Chinese yes-or-no question ("先问用户要不要发票", "确认能不能退款", "可不可以改签") asks about
+# an act; it forbids nothing ("不要" inside "要不要" read as one, and the rewordings conflicted).
+# (可不可以, 需不需要, 应不应该: the verb's first character is the one said twice.)
+_EITHER_ZH_RE = re.compile(r"([要能可该用会需应允行])不\1")
+
+
 @functools.lru_cache(maxsize=8192)
 def _plain(text: str) -> str:
-    """Advice with its verdicts on acts and its choices said plainly (``_VERDICT_EN``), and
-    "isn't" as "is not" (``_expand_not``)."""
-    parts = _PLAIN_SPLIT_RE.split(_NEVER_EVER_RE.sub("never", _expand_not(text)))
+    """Advice with its verdicts on acts and its choices said plainly (``_VERDICT_EN``),
+    "isn't" as "is not" (``_expand_not``) and "要不要" as "是否要" (``_EITHER_ZH_RE``)."""
+    text = _EITHER_ZH_RE.sub(r"是否\1", _expand_not(text))
+    parts = _PLAIN_SPLIT_RE.split(_NEVER_EVER_RE.sub("never", text))
     for i in range(0, len(parts), 2):  # the clauses; the odd parts are what ends them
         parts[i] = _plain_clause(parts[i])
     return "".join(parts)
