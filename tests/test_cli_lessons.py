@@ -83,6 +83,29 @@ def test_import_curates_hand_written_lines(db_path: Path, seeded: dict[str, str]
     assert "user:alice" in table and "pinned" in table
 
 
+def test_the_same_lines_imported_again_add_no_support(
+    db_path: Path, seeded: dict[str, str], tmp_path: Path
+) -> None:
+    before = {x["advice"]: x["support"] for x in run_json("lessons", "list", "--db", str(db_path))}
+    again = write_lines(tmp_path / "again.jsonl", SEED)
+    for _ in range(2):
+        out = run_json("lessons", "import", str(again), "--db", str(db_path))
+        assert len(out["merged"]) == 4 and not out["added"]
+    after = {x["advice"]: x["support"] for x in run_json("lessons", "list", "--db", str(db_path))}
+    assert after == before  # before the fix: support 2 -> 4 and 1 -> 3, from one file
+    # A line in words of its own is another person's say: it counts.
+    reworded = {**SEED[0], "advice": "Pass encoding='utf-8-sig' to read_csv for CSV files."}
+    run(
+        "lessons",
+        "import",
+        str(write_lines(tmp_path / "new.jsonl", [reworded])),
+        "--db",
+        str(db_path),
+    )
+    lessons = run_json("lessons", "list", "--db", str(db_path))
+    assert {x["advice"]: x["support"] for x in lessons}[SEED[0]["advice"]] == 3
+
+
 def test_import_reports_every_bad_line_and_imports_nothing(db_path: Path, tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(
@@ -275,7 +298,8 @@ def test_a_near_pair_the_rules_cannot_read_waits_and_a_person_merges_it(
     again = write_lines(tmp_path / "again.jsonl", [rows[1]])
     out = run_json("lessons", "import", str(again), "--db", db)
     assert out["merged"] == [old_id]
-    assert run_json("lessons", "show", old_id, "--db", db)["support"] == 3
+    # ... as the same line imported again: no more support than it had.
+    assert run_json("lessons", "show", old_id, "--db", db)["support"] == 2
     # Lessons of other task types are not one lesson.
     other = write_lines(
         tmp_path / "o.jsonl", [{"task_type": "email", "advice": "Check the To line."}]

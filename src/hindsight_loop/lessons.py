@@ -2318,7 +2318,13 @@ def _merge(
     dropped_sources = _bound_sources(lesson)
     # Support counts the runs that taught it: a run reviewed again (a local review, then the
     # full one; a review asked for by name) teaches nothing new, though it may word it better.
-    recounted = bool(draft.source_task_ids) and not added_sources
+    # A line with no run behind it (hand-written, imported) word for word one the lesson holds
+    # is that line imported again: it adds nothing either.
+    if draft.source_task_ids:
+        recounted = not added_sources
+    else:
+        wordings, pending = _wordings(kept)
+        recounted = new_advice in wordings or new_advice in pending
     support_added = 0 if recounted else draft.support if isinstance(draft, Lesson) else 1
     lesson.support += support_added
     lesson.updated_at = iso(now)
