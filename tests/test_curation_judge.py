@@ -682,3 +682,44 @@ def test_near_a_wording_the_model_let_in_is_no_repeat_for_the_rules() -> None:
     change = curate(draft(near), [lesson], embedder=emb, judge=lambda a, b: "same")
     assert change.action == "merge"
     assert {m["wording"] for m in judged_merges(change.lesson)} == {CITY_FAR, near}
+
+
+RETRY = "Retry fetch_page once on a timeout."
+NO_CACHE = "Never serve cached copies of fetch_page results."
+CACHE_ON_TIMEOUT = "On a timeout, serve cached copies of fetch_page results."
+
+
+def test_a_split_clears_the_contradictions_the_wording_brought(tmp_path: Path) -> None:
+    """A wording the model wrongly called a repeat brings its contradictions to the lesson it
+    joins (recall keeps the pair apart). Split back out, it takes them along: they were kept on
+    the lesson, and recall served one of two lessons that never disagreed."""
+
+    def wrong_same(request: RecordedRequest) -> Any:
+        check = checked(request)
+        if check is not None:
+            return check
+        if _pair(request) == (RETRY, CACHE_ON_TIMEOUT):
+            return answer({"relation": "same", "reason": "both about timeouts"})
+        return server_error(500)  # anything else: the rules decide
+
+    def web(advice: str) -> LessonDraft:
+        return LessonDraft(task_type="web", advice=advice, features=Features(tools=["fetch_page"]))
+
+    with LLMServer(wrong_same) as server, _hs(tmp_path, server) as hs:
+        retry = hs.curate(web(RETRY)).lesson
+        no_cache = hs.curate(web(NO_CACHE)).lesson
+        change = hs.curate(web(CACHE_ON_TIMEOUT))
+        assert change.action == "merge" and change.lesson.lesson_id == retry.lesson_id
+        assert hs.lesson(retry.lesson_id).conflicts == [no_cache.lesson_id]
+        split = hs.split_lesson(retry.lesson_id, by="alice")
+        assert split is not None
+        [part] = split[1]
+        back, other = hs.lesson(retry.lesson_id), hs.lesson(no_cache.lesson_id)
+        assert back.conflicts == [part.lesson_id]  # near text, waiting for alice beside it
+        assert other.conflicts == [part.lesson_id]  # the contradiction is the wording's now
+        assert back.history[-2]["action"] == "conflict_cleared"
+        assert back.history[-2]["by"] == "alice"
+        served = hs.recall(
+            task_type="web", tools=["fetch_page"], query="fetch_page timeout cached copies"
+        )
+        assert {x.lesson_id for x in served} == {retry.lesson_id, no_cache.lesson_id}

@@ -1821,7 +1821,14 @@ def curate(
             if other.lesson_id not in unsure
             and not (other.lesson_id in merged.conflicts and merged.lesson_id in other.conflicts)
         ]
-        others = _record_conflicts(merged, read, set(), now=now) if may_go_live(merged, now) else []
+        # A wording merged on the model's word may be split back out by a person: the pairs it
+        # brought say so ("via"), to be read again then (``clear_conflicts_via``).
+        via = draft.advice.strip() if merged.lesson_id in judged else None
+        others = (
+            _record_conflicts(merged, read, set(), now=now, via=via)
+            if may_go_live(merged, now)
+            else []
+        )
         if not best_same[1].is_live(now) and merged.is_live(now):
             # The repeat brought a lesson past its date (or expired by the machine) back: it was
             # never compared with the lessons that came while it was dead.
@@ -1858,11 +1865,17 @@ def curate(
 
 
 def _record_conflicts(
-    lesson: Lesson, contradicted: Sequence[Lesson], unsure: set[str], *, now: datetime
+    lesson: Lesson,
+    contradicted: Sequence[Lesson],
+    unsure: set[str],
+    *,
+    now: datetime,
+    via: str | None = None,
 ) -> list[Lesson]:
     """Record each contradicted lesson on both sides (``lesson`` in place); returns copies of
     those contradicted, to be saved. ``curate`` compares only lessons recall may serve beside
-    the draft, whose keys ``lesson`` has."""
+    the draft, whose keys ``lesson`` has. ``via``: the wording merged into ``lesson`` that
+    brought the contradictions (on ``lesson``'s side of the history)."""
     others = []
     for other in contradicted:
         if other.lesson_id == lesson.lesson_id:
@@ -1870,9 +1883,14 @@ def _record_conflicts(
         lesson.conflicts = _merge_list(lesson.conflicts, [other.lesson_id])
         # "unsure": near text the rules could not read either way (a rewording or an opposite),
         # told apart in review from a contradiction they read.
-        flag = {"unsure": True} if other.lesson_id in unsure else {}
+        flag: dict[str, Any] = {"unsure": True} if other.lesson_id in unsure else {}
         lesson.history.append(
-            _history(now, "curator", "conflict", {"conflicts": [other.lesson_id], **flag})
+            _history(
+                now,
+                "curator",
+                "conflict",
+                {"conflicts": [other.lesson_id], **flag, **({"via": via} if via else {})},
+            )
         )
         other = copy.deepcopy(other)
         other.conflicts = _merge_list(other.conflicts, [lesson.lesson_id])
@@ -1881,6 +1899,52 @@ def _record_conflicts(
         )
         others.append(other)
     return others
+
+
+def clear_conflicts_via(
+    lesson: Lesson,
+    wordings: Sequence[str],
+    book: Mapping[str, Lesson],
+    *,
+    embedder: Any,
+    by: str,
+    now: datetime | None = None,
+) -> list[Lesson]:
+    """Once ``wordings`` merged into ``lesson`` on the model's word are split back out
+    (``split_judged``), the contradictions they brought (``via``) are read again with the words
+    ``lesson`` has left: a pair the rules no longer read is cleared on both sides (``lesson`` in
+    place), or recall would keep two lessons apart that never disagreed. The split-out lessons
+    are read against the book on their own. Returns copies of the others cleared, to be
+    saved."""
+    now = now or utcnow()
+    brought = {
+        other_id
+        for entry in lesson.history
+        if entry.get("action") == "conflict" and (entry.get("changes") or {}).get("via") in wordings
+        for other_id in (entry.get("changes") or {}).get("conflicts", [])
+    }
+    candidates = [
+        book[other_id]
+        for other_id in lesson.conflicts
+        if other_id in brought and other_id in book and other_id != lesson.lesson_id
+    ]
+    if not candidates:
+        return []
+    _, still, _, _ = _relations(lesson, candidates, embedder=embedder, now=now)
+    kept = {other.lesson_id for other in still}
+    cleared = []
+    for other in candidates:
+        if other.lesson_id in kept:
+            continue
+        other = copy.deepcopy(other)
+        for one, two in ((lesson, other), (other, lesson)):
+            one.conflicts = [x for x in one.conflicts if x != two.lesson_id]
+            one.history.append(
+                _history(now, by, "conflict_cleared", {"conflicts": [two.lesson_id]})
+            )
+            one.history[-1]["reason"] = "the wording that contradicted it was split out"
+        cleared.append(other)
+    return cleared
 
 
 def contradictions(

@@ -30,6 +30,7 @@ from hindsight_loop.embed import lesson_text
 from hindsight_loop.lessons import (
     Change,
     apply_outcome,
+    clear_conflicts_via,
     contradictions,
     curate,
     expire_due,
@@ -229,12 +230,24 @@ class Curator:
     ) -> tuple[Lesson, list[Lesson]] | None:
         """``change`` that also adds the lessons ``edit`` makes (a person splitting a merge back
         out), all in one transaction; each new one is read against the book (its words were
-        read only against the lesson they were merged into). None if there is no such lesson."""
+        read only against the lesson they were merged into), and the contradictions their words
+        brought to the lesson are read again without them (``lessons.clear_conflicts_via``).
+        None if there is no such lesson."""
         with self._lock, self.store.transaction():
             lesson = self.store.get_lesson(lesson_id)
             if lesson is None:
                 return None
             changed, added = edit(lesson)
+            book = {x.lesson_id: x for x in self._book(changed)}
+            cleared = clear_conflicts_via(
+                changed,
+                [part.advice for part in added],
+                book,
+                embedder=self._embedder(),
+                by=changed.history[-1]["by"],  # the person who split it
+            )
+            for other in cleared:
+                self.save(other, embed=False)
             self._save_read_again([(lesson, changed), *((None, part) for part in added)])
         return changed, added
 
