@@ -436,6 +436,46 @@ def test_lessons_of_two_task_types_that_agree_are_both_returned(db_path: Path) -
         assert got.ids == [ask.lesson_id, units.lesson_id]
 
 
+class CountingEmbedder(HashEmbedder):
+    """The hashed embedder, counting the texts it is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts = 0
+
+    def embed(self, texts: Any) -> np.ndarray:
+        self.texts += len(texts)
+        return super().embed(texts)
+
+
+def test_a_pair_is_read_once_while_the_book_changes_around_it(db_path: Path) -> None:
+    """Every change of the book (an outcome scored, another lesson learned) made the next
+    recall naming no task type read each uncompared pair again: 1-7 ms a pair. A pair is read
+    again only when what the rules read of it changes."""
+    first, second, request = OPPOSITE["en"]
+    embedder = CountingEmbedder()
+    with Hindsight(db_path, background=False, embedder=embedder) as hs:
+        a = hs.curate(_draft(first, "en", task_type="weather_query")).lesson
+        b = hs.curate(_draft(second, "en", task_type="trip_planning")).lesson
+
+        def recall() -> tuple[list[str], int]:
+            before = embedder.texts
+            found = hs.recall(tools=["get_weather"], query=request)
+            return found.ids, embedder.texts - before
+
+        served, read = recall()
+        assert len(served) == 1 and read > 1  # the query, and the pair's texts
+        assert recall() == (served, 1)  # the same book: the query alone
+        for score in (0.9, 0.8):  # the book changes around the pair
+            hs.change_lesson(a.lesson_id, lambda x, s=score: dataclasses.replace(x, value_score=s))
+            assert recall() == (served, 1)  # before: the pair read again each time
+        # Its words changed: read again, and the two agree now.
+        agreeing = "You should ask the user for the city and the units before calling get_weather."
+        hs.change_lesson(b.lesson_id, lambda x: dataclasses.replace(x, advice=agreeing))
+        served, read = recall()
+        assert sorted(served) == sorted([a.lesson_id, b.lesson_id]) and read > 1
+
+
 def test_a_recall_of_one_task_type_and_one_scope_per_kind_reads_no_pair() -> None:
     """The usual recall gathers only lessons curation compared: it pays for no reading."""
     index = LessonIndex([CITY, AIRPORT], embedder=HashEmbedder())

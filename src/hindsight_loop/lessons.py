@@ -1695,6 +1695,23 @@ def _wordings(lesson: Lesson) -> tuple[list[str], frozenset[str]]:
     return texts, pending
 
 
+def reading_key(lesson: Lesson) -> tuple[Any, ...]:
+    """All that the rules read of a lesson when they compare it with another (``_relations``,
+    with no judge): two lessons with equal keys read against each other as before, however
+    many times their scores, counts or status changed meanwhile."""
+    wordings, pending = _wordings(lesson)
+    f = lesson.features
+    return (
+        lesson.lesson_id,
+        tuple(wordings),
+        pending,
+        _canon(lesson.structured) if lesson.structured is not None else None,
+        tuple(f.tools),
+        f.step,
+        f.error_type,
+    )
+
+
 def variants(lesson: Lesson) -> list[str]:
     """Every wording the lesson holds: its advice, the rewordings merged into it (most recent
     first), then those merged on the judge's word alone that wait for a person."""

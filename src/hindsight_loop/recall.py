@@ -444,6 +444,7 @@ class LessonIndex:
         embedder: Embedder,
         vectors: Mapping[str, np.ndarray] | None = None,
         ranking: Ranking | None = None,
+        pairs: PairReadings | None = None,
     ) -> None:
         self.embedder = embedder
         self.ranking = ranking or Ranking()
@@ -508,7 +509,10 @@ class LessonIndex:
                 self._conflicts.setdefault(les.lesson_id, set()).add(other)
                 self._conflicts.setdefault(other, set()).add(les.lesson_id)
 
-        self._pairs = PairReadings(embedder)
+        # The readings of the index before (``pairs``) hold for the lessons read alike.
+        self._pairs = (
+            pairs if pairs is not None and pairs.embedder is embedder else PairReadings(embedder)
+        )
 
         texts = [lesson_text(les) for les in self.lessons]
         self._vectors = self._build_vectors(texts, vectors)
@@ -1323,13 +1327,15 @@ def _choose(
     return chosen
 
 
-#: Pair verdicts ``PairReadings`` keeps (per book version); past this many it starts afresh.
+#: Pair verdicts ``PairReadings`` keeps; past this many it starts afresh.
 PAIR_VERDICTS_MAX = 4096
 
 
 class PairReadings:
     """Contradictions between lessons curation never compared, read when one recall would
-    return both; one reading per pair and book version.
+    return both; one reading per pair as the two read (``lessons.reading_key``), kept while
+    the book changes around them (a score, a count, another lesson: a reading took 1-7 ms a
+    pair, and every outcome reported changes the book).
 
     Curation compares a new lesson only with the lessons one recall may serve beside it
     (``lesson_keys.served_together``) and records the contradictions on both sides, which
@@ -1347,11 +1353,7 @@ class PairReadings:
 
     def __init__(self, embedder: Embedder) -> None:
         self.embedder = embedder
-        self._verdicts: dict[tuple[str, str], bool] = {}
-
-    def clear(self) -> None:
-        """Forget every verdict (the book changed)."""
-        self._verdicts = {}
+        self._verdicts: dict[tuple[Any, Any], bool] = {}
 
     def clash(self, a: Lesson, b: Lesson) -> bool:
         """Whether ``a`` and ``b``, which curation never compared, contradict; ``False`` for
@@ -1359,19 +1361,21 @@ class PairReadings:
         if lesson_keys.served_together(a, b):
             return False
         earlier, later = sorted((a, b), key=lambda x: (x.created_at, x.lesson_id))
-        key = (earlier.lesson_id, later.lesson_id)
+        # Imported here: curation's rules load (a fraction of a second of regexes) only when
+        # a recall first meets such a pair, not with recall.
+        from hindsight_loop.lessons import _relations, reading_key
+
+        key = (reading_key(earlier), reading_key(later))
         verdicts = self._verdicts
         verdict = verdicts.get(key)
         if verdict is None:
-            # Imported here: curation's rules load (a fraction of a second of regexes) only
-            # when a recall first meets such a pair, not with recall.
-            from hindsight_loop.lessons import _relations
-
             try:
                 _, found, unsure, _ = _relations(later, [earlier], embedder=self.embedder)
             except Exception:  # noqa: BLE001 - a reading that fails must not fail the recall
                 logging.getLogger("hindsight_loop").exception(
-                    "hindsight: reading lessons %s and %s for a contradiction failed", *key
+                    "hindsight: reading lessons %s and %s for a contradiction failed",
+                    earlier.lesson_id,
+                    later.lesson_id,
                 )
                 found, unsure = [], set()
             verdict = bool(found) and earlier.lesson_id not in unsure
@@ -1483,7 +1487,6 @@ class StoreStage:
             self._stats = self.store.recall_stats()
             self._counts = self.store.recall_counts()
             self._flags = {}
-            self._pairs.clear()
             self.version = version
         return self._stats[0]
 
@@ -2015,5 +2018,8 @@ class RecallCache:
             for lesson_id, (model, blob) in self.store.lesson_embeddings().items()
             if model == embedder.name and blob is not None
         }
-        self._index = LessonIndex(lessons, embedder=embedder, vectors=vectors)
+        old = self._index
+        self._index = LessonIndex(
+            lessons, embedder=embedder, vectors=vectors, pairs=old._pairs if old else None
+        )
         self.version = version
