@@ -517,7 +517,9 @@ def test_a_success_that_renews_a_past_due_lesson_reads_it_against_the_book(
     with Hindsight(db_path, background=False) as hs:
         with hs.task("weather_query", goal="weather in Paris") as task:
             task_id = task.task_id
-        # A client rates the lesson helpful: the success renews it for 30 days.
+            # Recalled for the task by a client (a rating counts only for such a lesson).
+            hs.credit_lessons(task_id, [ask])
+        # The client rates the lesson helpful: the success renews it for 30 days.
         assert hs.report_outcome(task_id, "succeeded", rated={ask: True}) == [ask]
         renewed = hs.lesson(ask)
         assert renewed is not None and renewed.is_live()

@@ -26,6 +26,7 @@ from hindsight_loop.models import (
     MAX_LESSONS,
     Chronicle,
     Lesson,
+    Ratings,
     Reflection,
     Task,
     new_id,
@@ -474,25 +475,36 @@ class Hindsight:
         *,
         summary: str = "",
         rated: dict[str, bool] | None = None,
-    ) -> list[str]:
+    ) -> Ratings:
         """End a task from outside the agent's process (MCP, HTTP) and score its lessons.
 
-        ``rated`` gives explicit verdicts (lesson id -> helped); they replace the automatic
-        score from the outcome for those lessons, so none is counted twice. Returns the ids of
-        the rated lessons that exist.
+        ``rated`` gives explicit verdicts (lesson id -> helped) on lessons injected into the
+        task; they replace the automatic score from the outcome for those lessons, so none is
+        counted twice. Only a lesson injected into this task can be rated: recalled for it
+        (``task``, ``POST /api/tasks``, MCP ``recall_lessons`` with its ``task_id``), named in
+        its ``task_start``'s ``injected_lesson_ids``, or added with ``credit_lessons``. A task
+        with no lessons injected has none to rate.
+
+        Returns:
+            The ids of the rated lessons that were scored; ``.ignored`` names the other rated
+            ids (not injected into the task, rated for it already, or not in the book). An
+            ignored id is an answer, not an error: the task still ends.
 
         Raises:
             KeyError: there is no such task.
         """
         rated = rated or {}
         self.flush()
-        self.worker.uncredit(task_id, rated)
+        # Taken out of the automatic score in the same transaction that reads what was
+        # injected: a rating names a lesson of this task, or it counts for nothing.
+        allowed = self.worker.uncredit(task_id, rated)
         result: dict[str, Any] = {"status": status}
         if summary:
             result["summary" if status == "succeeded" else "error_message"] = summary
         self.record({"type": "task_end", "task_id": task_id, "result": result})
         self.flush()
-        return self.worker.score(task_id, rated)
+        scored = self.worker.score(task_id, {x: rated[x] for x in allowed})
+        return Ratings(scored, ignored=[x for x in rated if x not in scored])
 
     # -- the whole loop in one call ----------------------------------------------------------
     def run_task_with_feedback(

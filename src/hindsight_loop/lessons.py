@@ -2726,6 +2726,8 @@ _OPTIONAL_TEXT_FIELDS = frozenset({"step", "error_type"})
 
 
 def _check_field(name: str, value: Any) -> Any:
+    from hindsight_loop.models import check_lesson_text
+
     if name in {"advice", "task_type"} and (not isinstance(value, str) or not value.strip()):
         raise ValueError(f"{name!r} must be non-empty text")
     if name in _TEXT_FIELDS and not isinstance(value, str):
@@ -2734,6 +2736,12 @@ def _check_field(name: str, value: Any) -> Any:
         raise ValueError(f"{name!r} must be text or null, got {type(value).__name__}")
     if isinstance(value, str) and len(value) > MAX_LESSON_TEXT:
         raise ValueError(f"{name!r} is {len(value):,} characters; at most {MAX_LESSON_TEXT:,}")
+    # The lesson's words, read by people in review and by models in prompts: an edit or an
+    # import holding a NUL or a bidi override is refused (models.check_lesson_text), as the
+    # reflectors' words are cleared of them. Names matched against recorded runs (task type,
+    # tools, step, error type) stay as the run recorded them; recall quotes them defused.
+    if name in {"advice", "root_cause", "general_rule"} and isinstance(value, str):
+        check_lesson_text(repr(name), value)
     if name == "advice":
         return value.strip()
     if name == "quality" and value not in {"ok", "suspect"}:
@@ -2755,6 +2763,9 @@ def _check_field(name: str, value: Any) -> Any:
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not _is_text_list(value):
             raise ValueError(f"{name!r} must be a list of strings")
+        if name == "suggestions":
+            for i, item in enumerate(value, 1):
+                check_lesson_text(f"'suggestions' item {i}", item)
         return list(dict.fromkeys(value))
     if name in {"created_at", "updated_at"} and value == "":
         return value  # not known: a restore dates it now

@@ -10,9 +10,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import os
+import re
 import time
+import unicodedata
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, get_args
@@ -104,8 +108,44 @@ def iso(dt: datetime) -> str:
     )
 
 
+#: Epoch seconds of the first instant a datetime holds (0001-01-01T00:00:00Z) and of the one just
+#: past its last (9999-12-31T23:59:59.999999Z): a number timestamp is read inside these.
+EPOCH_RANGE = (-62_135_596_800, 253_402_300_800)
+#: The units a number timestamp may be in, as parts of a second, coarsest first: seconds,
+#: milliseconds, microseconds, nanoseconds.
+EPOCH_UNITS = (1, 10**3, 10**6, 10**9)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def epoch_unit(value: float) -> int | None:
+    """The unit (parts of a second) ``parse_ts`` reads an epoch number in, None when no unit
+    makes it a datetime of years 1-9999.
+
+    The coarsest unit in which the number is such a datetime: every instant of years 1-9999 reads
+    back from its seconds, and from its milliseconds, microseconds or nanoseconds but those
+    from 1968-01-12 to 1978-01-11, whose finer number is also a valid coarser one (1e11 is 1973
+    in ms and 5138 in seconds; seconds win). Fixed size bands instead (1e11, 1e14, 1e17) read
+    the milliseconds of the year 9999 as microseconds of 1978.
+    """
+    first, end = EPOCH_RANGE
+    for scale in EPOCH_UNITS:
+        if first * scale <= value < end * scale:  # int and float compare exactly
+            return scale
+    return None
+
+
 def parse_ts(value: str | datetime | float | int | None) -> datetime:
-    """Read a caller's timestamp: ISO-8601 (``Z`` or offset), a datetime, or epoch seconds."""
+    """Read a caller's timestamp: ISO-8601 (``Z`` or offset), a datetime, or an epoch number.
+
+    A number is seconds, milliseconds, microseconds or nanoseconds since 1970, whichever is the
+    coarsest that makes it a time of years 1-9999 (``epoch_unit``); an integer is read exactly
+    (below the microsecond it is cut, as ``iso`` cuts below the millisecond), a float to the
+    nearest microsecond.
+
+    Raises:
+        ValueError: text that is not ISO-8601, a boolean, NaN or infinity, or a number out of
+            range in every unit.
+    """
     if value is None:
         return utcnow()
     if isinstance(value, datetime):
@@ -113,17 +153,26 @@ def parse_ts(value: str | datetime | float | int | None) -> datetime:
     if isinstance(value, bool):
         raise ValueError(f"a timestamp cannot be a boolean ({value!r})")
     if isinstance(value, int | float):
-        # Epoch seconds, or milliseconds / microseconds / nanoseconds told apart by size
-        # (a seconds value above 1e11 would be past the year 5000).
-        number = float(value)
-        magnitude = abs(number)
-        if magnitude >= 1e17:
-            number /= 1e9
-        elif magnitude >= 1e14:
-            number /= 1e6
-        elif magnitude >= 1e11:
-            number /= 1e3
-        return datetime.fromtimestamp(number, UTC)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"a timestamp must be a finite number, got {value!r}")
+        scale = epoch_unit(value)
+        if scale is None:
+            first, end = EPOCH_RANGE
+            raise ValueError(
+                f"timestamp {value!r} is out of range: an epoch number must be a time of years "
+                f"1-9999 in seconds ({first} to {end - 1}), milliseconds, microseconds or "
+                "nanoseconds; or give an ISO-8601 text such as 2024-11-20T14:32:10.882Z"
+            )
+        if isinstance(value, int):
+            micros = value * 10**6 // scale
+        else:  # the float's exact binary value, rounded once (1.001 is 1.000999999…)
+            from fractions import Fraction  # rare: most callers give text or integers
+
+            micros = round(Fraction(value) * 10**6 / scale)
+        try:
+            return _EPOCH + timedelta(microseconds=micros)
+        except OverflowError:  # a float a hair below the end, rounded up to it
+            raise ValueError(f"timestamp {value!r} is out of range: past the year 9999") from None
     text = str(value).strip()
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
@@ -317,6 +366,70 @@ class Task:
     def from_dict(cls, data: dict[str, Any]) -> Task:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class Ratings(list[str]):
+    """The ids of the lessons an outcome report rated (``Hindsight.report_outcome``), with the
+    rated ids it left alone in ``ignored``.
+
+    A task's outcome rates only the lessons injected into it: recalled for it (``hs.task``,
+    ``POST /api/tasks``, MCP ``recall_lessons`` with its ``task_id``), named in its
+    ``task_start``'s ``injected_lesson_ids``, or credited with ``credit_lessons``. Any other id
+    is ignored, as is one this task has rated already (a retry counts once) and one no longer in
+    the book.
+    """
+
+    __slots__ = ("ignored",)
+    ignored: list[str]
+
+    def __init__(self, rated: Iterable[str] = (), *, ignored: Iterable[str] = ()) -> None:
+        super().__init__(rated)
+        self.ignored = list(ignored)
+
+
+# -- lesson text ------------------------------------------------------------------------------
+
+# What the words of a lesson (its advice, root cause, general rule, suggestions) may not hold:
+# control characters but tab, newline and carriage return; the bidi embeddings, overrides and
+# isolates that reorder what a reviewer sees against what a model reads (U+202A-U+202E,
+# U+2066-U+2069) and the deprecated format characters beside them; interlinear annotation
+# marks and tag characters, which carry text a model reads and a person cannot see; lone
+# surrogates, which no UTF-8 holds. Joiners and direction marks (ZWNJ, ZWJ, LRM, RLM), which
+# Persian, Indic scripts, emoji and right-to-left text need, are kept.
+_HIDDEN = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u206f\ufff9-\ufffb"
+    "\U000e0000-\U000e007f\ud800-\udfff]"
+)
+
+
+def check_lesson_text(what: str, text: str) -> None:
+    """Refuse lesson words that hold a character which hides or reorders text (``_HIDDEN``).
+
+    One rule for every way a person's words enter the book (an edit over HTTP or the CLI, an
+    import); a reflector's words, made from a run's own text, pass ``clear_lesson_text``.
+
+    Raises:
+        ValueError: naming the character, where it is, and the fix.
+    """
+    found = _HIDDEN.search(text)
+    if found is None:
+        return
+    char = found.group()
+    if 0xD800 <= ord(char) <= 0xDFFF:
+        label = "(a lone surrogate)"
+    else:
+        label = unicodedata.name(char, "") or "(a control character)"
+    raise ValueError(
+        f"{what} holds U+{ord(char):04X} {label} at character "
+        f"{found.start() + 1}: control, bidi-override and invisible characters hide or reorder "
+        "what people review and models read; remove it (tabs and newlines are fine)"
+    )
+
+
+def clear_lesson_text(text: str) -> str:
+    """``text`` with every character ``check_lesson_text`` refuses turned into a space: what a
+    reflector wrote from a run's own text cannot be refused, only cleared."""
+    return _HIDDEN.sub(" ", text) if _HIDDEN.search(text) else text
 
 
 # -- replay -----------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ import orjson
 
 from hindsight_loop import redact_scan
 from hindsight_loop.models import (
+    EPOCH_RANGE,
     EVENT_BODY_FIELDS,
     WIRE_SCALARS,
     new_id,
@@ -1066,8 +1067,9 @@ _Batch = tuple[int, list[Row], list[Item], str, list[Any]]
 #: them), so the hook does not parse the JSON it was just made from.
 WATCHED_TYPES = frozenset({"action_executed", "feedback", "user_input"})
 
-# Caller timestamps as nanoseconds since the epoch, taken as they are between 1973 and 9999.
-_NS_FAST = (10**17, 253_402_300_800 * 10**9)
+# Caller timestamps as nanoseconds since the epoch, taken as they are from 1978-01-11 to 9999:
+# the integers ``parse_ts`` reads as nanoseconds (below, a number is a valid microsecond one).
+_NS_FAST = (EPOCH_RANGE[1] * 10**6 - 1, EPOCH_RANGE[1] * 10**9)
 _END_OF_TIME = "9999-12-31T23:59:59.999Z"
 _START_OF_TIME = "0001-01-01T00:00:00.000Z"
 

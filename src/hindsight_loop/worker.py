@@ -42,6 +42,7 @@ from hindsight_loop.models import (
     LessonDraft,
     Reflection,
     Task,
+    clear_lesson_text,
     iso,
     new_id,
     reset_in_forked_child,
@@ -522,21 +523,26 @@ class Worker:
                 self.store.bump_hits(fresh)
         return True
 
-    def uncredit(self, task_id: str, lesson_ids: Iterable[str]) -> None:
+    def uncredit(self, task_id: str, lesson_ids: Iterable[str]) -> list[str]:
         """Take lessons out of a task's automatic outcome scoring (a person or a client rated
-        them explicitly, so none is counted twice).
+        them explicitly, so none is counted twice). Returns those of ``lesson_ids`` that were
+        injected into the task, in their order: only they may be rated for it. A lesson taken
+        out once is not injected any more, so a second rating of it in the same task (a client
+        retrying) is not counted either.
 
         Raises:
             KeyError: there is no such task.
         """
-        drop = set(lesson_ids)
         with self.store.transaction():
             task = self.store.get_task(task_id)
             if task is None:
                 raise KeyError(task_id)
-            if drop & set(task.injected_lesson_ids):
+            injected = set(task.injected_lesson_ids)
+            drop = [x for x in dict.fromkeys(lesson_ids) if x in injected]
+            if drop:
                 task.injected_lesson_ids = [x for x in task.injected_lesson_ids if x not in drop]
                 self.store.upsert_task(task)
+        return drop
 
     def score(self, task_id: str, verdicts: dict[str, bool]) -> list[str]:
         """Count each lesson as helpful (True) or harmful (False) in a task; returns the ids of
@@ -716,8 +722,10 @@ def _team_scopes(drafts: list[LessonDraft], chronicle: TeamChronicle) -> None:
 def _defuse(draft: LessonDraft) -> None:
     """Every reflector's words pass here before they can reach a prompt: a run's own text that
     reads as an instruction to a model (an error message, an argument, what the user typed, or
-    an LLM reflector repeating it) is cut out of the lesson."""
-    draft.advice = defuse(draft.advice)
-    draft.root_cause = defuse(draft.root_cause)
-    draft.general_rule = defuse(draft.general_rule)
-    draft.suggestions = [defuse(x) for x in draft.suggestions]
+    an LLM reflector repeating it) is cut out of the lesson, and what an edit or an import of
+    the lesson would refuse (``models.check_lesson_text``) is cleared, so an exported book
+    imports back."""
+    draft.advice = defuse(clear_lesson_text(draft.advice))
+    draft.root_cause = defuse(clear_lesson_text(draft.root_cause))
+    draft.general_rule = defuse(clear_lesson_text(draft.general_rule))
+    draft.suggestions = [defuse(clear_lesson_text(x)) for x in draft.suggestions]

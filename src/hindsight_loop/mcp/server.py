@@ -21,7 +21,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from hindsight_loop.models import MAX_LESSONS, Event, Lesson, new_id
+from hindsight_loop.models import MAX_LESSONS, Event, Lesson, Ratings, new_id
 
 if TYPE_CHECKING:
     from hindsight_loop.hindsight import Hindsight
@@ -31,13 +31,13 @@ SERVER_NAME = "hindsight"
 INSTRUCTIONS = """\
 Hindsight is your experience memory: it keeps short lessons learned from earlier runs of tasks \
 like yours, and learns new ones from how this run goes.
-1. Before you start a task, call recall_lessons with the task type and what you are about to do; \
-follow the advice that fits your situation.
+1. Before you start a task, call recall_lessons with the task type and what you are about to do \
+(and the task's task_id, if it has one); follow the advice that fits your situation.
 2. While you work, call record_event for the steps that matter (start the task with a \
-task_start event, then tool calls, decisions, user feedback), or send the whole trajectory at \
-the end.
-3. When the task is over, call report_outcome with succeeded or failed, and say which recalled \
-lessons helped or hurt.
+task_start event, listing the lesson ids you were given in its injected_lesson_ids, then tool \
+calls, decisions, user feedback), or send the whole trajectory at the end.
+3. When the task is over, call report_outcome with succeeded or failed, and say which of the \
+lessons recalled for this task helped or hurt (only those count).
 4. Call reflect_task to turn a finished run into lessons right away."""
 
 _WRITES = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False)
@@ -143,7 +143,8 @@ def build_server(hs: Hindsight, *, name: str = SERVER_NAME) -> MCPServer:
         """Record what happened in a task: one event, or a whole trajectory at once.
 
         Each event is an object with a `type` and a `task_id`:
-        - `task_start`: starts a task. Give `task_type`, `goal` and the `tools` you have. Leave
+        - `task_start`: starts a task. Give `task_type`, `goal` and the `tools` you have, and in
+          `injected_lesson_ids` the ids of the lessons recall_lessons gave you for it. Leave
           `task_id` out and one is made for you and returned; use it for the other events.
         - `action_executed`: one tool call. `input` = {"tool": name, "args": {...}};
           `result` = {"status": "succeeded" or "failed", "output": short text, "error_type": ...,
@@ -216,24 +217,45 @@ def build_server(hs: Hindsight, *, name: str = SERVER_NAME) -> MCPServer:
         ] = "",
         helpful_lesson_ids: Annotated[
             list[str],
-            Field(description="Ids of recalled lessons that helped (from recall_lessons)."),
+            Field(
+                description="Ids of lessons recalled for this task that helped (from "
+                "recall_lessons with its task_id, or named in its task_start)."
+            ),
         ] = [],  # noqa: B006
         harmful_lesson_ids: Annotated[
             list[str],
-            Field(description="Ids of recalled lessons that were wrong or misleading here."),
+            Field(
+                description="Ids of lessons recalled for this task that were wrong or "
+                "misleading here."
+            ),
         ] = [],  # noqa: B006
     ) -> dict[str, Any]:
         """End a task: say whether it succeeded, and how the recalled lessons did.
 
-        Lessons recalled with this task_id are credited with the outcome automatically; list a
-        lesson as helpful or harmful to say so explicitly instead. A failed task, or one with
-        many steps, is queued for review so its lessons are learned.
+        Lessons recalled with this task_id (or named in its task_start's injected_lesson_ids)
+        are credited with the outcome automatically; list one as helpful or harmful to say so
+        explicitly instead. Only those lessons can be rated: any other id is not counted and
+        comes back in `lessons_ignored`. A failed task, or one with many steps, is queued for
+        review so its lessons are learned.
         """
         rated = {**{x: True for x in helpful_lesson_ids}, **{x: False for x in harmful_lesson_ids}}
         updated = await anyio.to_thread.run_sync(_end_task, hs, task_id, status, summary, rated)
         with lock:
             pending.pop(task_id, None)
-        return {"task_id": task_id, "status": status, "lessons_updated": updated}
+        out: dict[str, Any] = {
+            "task_id": task_id,
+            "status": status,
+            "lessons_updated": list(updated),
+            "lessons_ignored": updated.ignored,
+        }
+        if updated.ignored:
+            # An answer, not a tool error: the task did end, and a retry would end it again.
+            out["note"] = (
+                "only lessons recalled for this task (recall_lessons with its task_id, or named "
+                "in its task_start's injected_lesson_ids) can be rated; not counted, as not "
+                f"recalled for it, rated already or not in the book: {', '.join(updated.ignored)}"
+            )
+        return out
 
     @server.tool(annotations=_WRITES)
     async def reflect_task(
@@ -294,7 +316,7 @@ def _credit(hs: Hindsight, task_id: str, lesson_ids: list[str]) -> None:
 
 def _end_task(
     hs: Hindsight, task_id: str, status: str, summary: str, rated: dict[str, bool]
-) -> list[str]:
+) -> Ratings:
     try:
         return hs.report_outcome(task_id, status, summary=summary, rated=rated)  # type: ignore[arg-type]
     except KeyError:

@@ -201,7 +201,9 @@ OPENAPI: dict[str, Any] = {
         "/api/tasks/{task_id}/end": {
             "post": {
                 **_op(
-                    "End a task with its outcome; rate recalled lessons as helpful or harmful.",
+                    "End a task with its outcome; rate the lessons injected into it as helpful "
+                    "or harmful (any other id is not counted: the answer names it in "
+                    "lessons_ignored).",
                     body={
                         "type": "object",
                         "required": ["status"],
@@ -213,6 +215,16 @@ OPENAPI: dict[str, Any] = {
                         },
                     },
                     missing=True,
+                    result={
+                        "type": "object",
+                        "properties": {
+                            "task_id": {"type": "string"},
+                            "status": {"enum": ["succeeded", "failed"]},
+                            "lessons_updated": {"type": "array", "items": {"type": "string"}},
+                            "lessons_ignored": {"type": "array", "items": {"type": "string"}},
+                            "note": {"type": "string"},
+                        },
+                    },
                 ),
                 "parameters": [_path("task_id")],
             }
