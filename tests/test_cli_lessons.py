@@ -583,3 +583,31 @@ def test_a_teammates_export_of_advice_a_person_rejected_is_not_served_again(
         assert (
             hs.recall(task_type="scrape", tools=["fetch_page"], query="503 from fetch_page") == []
         )
+
+
+def test_a_conflict_a_person_settles_by_rewording_is_cleared(db_path: Path, tmp_path: Path) -> None:
+    """A person reworded one lesson of a conflicting pair so the two agree: the pair stayed
+    recorded, and recall kept serving one of two lessons that agree. It is read again now."""
+    db = str(db_path)
+    rows = [_weather("Ask the user which city they mean before you call get_weather."),
+            _weather("Never ask the user which city they mean before you call get_weather.")]  # fmt: skip
+    out = run_json("lessons", "import", str(write_lines(tmp_path / "c.jsonl", rows)), "--db", db)
+    [ask_id], [never_id] = out["added"], out["conflicts"]
+    reworded = "Ask the user which city they mean, and the units, before you call get_weather."
+    run("lessons", "edit", never_id, "--advice", reworded, "--db", db, "--by", "alice")
+    ask, never = (run_json("lessons", "show", x, "--db", db) for x in (ask_id, never_id))
+    assert ask["conflicts"] == [] and never["conflicts"] == []
+    assert never["history"][-1]["action"] == "conflict_cleared"
+    assert never["history"][-1]["by"] == "alice"
+    run("lessons", "confirm", never_id, "--db", db, "--by", "alice")
+    with Hindsight(db_path, background=False) as hs:
+        served = hs.recall(
+            task_type="weather_query",
+            tools=["get_weather"],
+            query="ask the user which city they mean before get_weather",
+        )
+        assert sorted(served.ids) == sorted([ask_id, never_id])
+    # A rewording that still contradicts keeps the pair.
+    again = "Do not ask the user which city or units they mean before you call get_weather."
+    run("lessons", "edit", never_id, "--advice", again, "--db", db, "--by", "alice")
+    assert run_json("lessons", "show", ask_id, "--db", db)["conflicts"] == [never_id]

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from hindsight_loop import Hindsight, lesson_keys, recall
 from hindsight_loop.cli import app
 from hindsight_loop.embed import HashEmbedder, lesson_text
+from hindsight_loop.lessons import review_reasons
 from hindsight_loop.models import Features, Lesson, LessonDraft, iso
 from hindsight_loop.recall import (
     LessonIndex,
@@ -379,6 +380,15 @@ def test_opposite_lessons_curation_never_compared_are_not_returned_together(
         assert len(found) == 1 and found.ids[0] in (a.lesson.lesson_id, b.lesson.lesson_id)
         prompt = found.as_prompt()
         assert (first in prompt) != (second in prompt)
+        # The recall found the pair: it is recorded on both sides, for a person to settle in
+        # review (before, nothing showed it), and still never served together.
+        ids = a.lesson.lesson_id, b.lesson.lesson_id
+        stored = [hs.lesson(x) for x in ids]
+        assert [x.conflicts for x in stored] == [[ids[1]], [ids[0]]]
+        book = {x.lesson_id: x for x in hs.lessons()}
+        assert review_reasons(stored[1], book) == [f"conflicts with {ids[0]}"]
+        again = hs.recall(**query, tools=["get_weather"], query=request)
+        assert again.ids == found.ids
         # Each is still recalled by the recall it was written for.
         for change, keys in ((a, keys_a), (b, keys_b)):
             alone = hs.recall(**keys, tools=["get_weather"], query=request)

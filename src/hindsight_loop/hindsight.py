@@ -119,6 +119,7 @@ class Hindsight:
             )
         kind = writer_kind(writer)  # a bad choice is refused before a store file is made
         self.store: Store = open_store(str(db), readonly=readonly)
+        self._readonly = readonly
         if readonly:
             background = triggers = False  # a reader queues and runs no reviews
         self.skip_tools = frozenset(skip_tools)
@@ -200,7 +201,10 @@ class Hindsight:
             from hindsight_loop.recall import RecallCache
 
             models = self.models  # not ``self``: see ``__init__``
-            self._recall_cache = RecallCache(self.store, lambda: models.embedder)
+            # A contradiction a recall finds between lessons curation never compared is
+            # recorded, so review shows it (a reader records nothing).
+            record = None if self._readonly else self.curator.record_found
+            self._recall_cache = RecallCache(self.store, lambda: models.embedder, on_clash=record)
         return self._recall_cache
 
     # -- recording ---------------------------------------------------------------------------

@@ -1839,7 +1839,7 @@ def curate(
             and not (other.lesson_id in merged.conflicts and merged.lesson_id in other.conflicts)
         ]
         # A wording merged on the model's word may be split back out by a person: the pairs it
-        # brought say so ("via"), to be read again then (``clear_conflicts_via``).
+        # brought say so ("via"), to be read again then (``conflicts_via``).
         via = draft.advice.strip() if merged.lesson_id in judged else None
         others = (
             _record_conflicts(merged, read, set(), now=now, via=via)
@@ -1918,36 +1918,41 @@ def _record_conflicts(
     return others
 
 
-def clear_conflicts_via(
-    lesson: Lesson,
-    wordings: Sequence[str],
-    book: Mapping[str, Lesson],
-    *,
-    embedder: Any,
-    by: str,
-    now: datetime | None = None,
-) -> list[Lesson]:
-    """Once ``wordings`` merged into ``lesson`` on the model's word are split back out
-    (``split_judged``), the contradictions they brought (``via``) are read again with the words
-    ``lesson`` has left: a pair the rules no longer read is cleared on both sides (``lesson`` in
-    place), or recall would keep two lessons apart that never disagreed. The split-out lessons
-    are read against the book on their own. Returns copies of the others cleared, to be
-    saved."""
-    now = now or utcnow()
-    brought = {
+def conflicts_via(lesson: Lesson, wordings: Sequence[str]) -> set[str]:
+    """The lessons recorded as contradicting ``lesson`` because of a wording merged into it on
+    the model's word (``via``): the pairs to read again once a person splits it back out."""
+    return {
         other_id
         for entry in lesson.history
         if entry.get("action") == "conflict" and (entry.get("changes") or {}).get("via") in wordings
         for other_id in (entry.get("changes") or {}).get("conflicts", [])
     }
+
+
+def clear_stale_conflicts(
+    lesson: Lesson,
+    others: Sequence[Lesson],
+    *,
+    embedder: Any,
+    by: str,
+    reason: str,
+    judge: Callable[[str, str], str | None] | None = None,
+    now: datetime | None = None,
+) -> list[Lesson]:
+    """Read ``lesson`` again against the lessons recorded as contradicting it (``others``),
+    once what it says changed (a person reworded it, split a wording back out): a pair the rules
+    (and the judge, when there is one) no longer read as contradicting is cleared on both sides
+    (``lesson`` in place), or recall would keep apart two lessons that agree now. Near text the
+    rules cannot read stays for a person. Returns copies of the others cleared, to be saved."""
+    now = now or utcnow()
     candidates = [
-        book[other_id]
-        for other_id in lesson.conflicts
-        if other_id in brought and other_id in book and other_id != lesson.lesson_id
+        other
+        for other in others
+        if other.lesson_id != lesson.lesson_id and other.lesson_id in lesson.conflicts
     ]
     if not candidates:
         return []
-    _, still, _, _ = _relations(lesson, candidates, embedder=embedder, now=now)
+    _, still, _, _ = _relations(lesson, candidates, embedder=embedder, judge=judge, now=now)
     kept = {other.lesson_id for other in still}
     cleared = []
     for other in candidates:
@@ -1959,13 +1964,18 @@ def clear_conflicts_via(
             one.history.append(
                 _history(now, by, "conflict_cleared", {"conflicts": [two.lesson_id]})
             )
-            one.history[-1]["reason"] = "the wording that contradicted it was split out"
+            one.history[-1]["reason"] = reason
         cleared.append(other)
     return cleared
 
 
 def contradictions(
-    lesson: Lesson, book: Sequence[Lesson], *, embedder: Any, now: datetime | None = None
+    lesson: Lesson,
+    book: Sequence[Lesson],
+    *,
+    embedder: Any,
+    now: datetime | None = None,
+    gathered: bool = False,
 ) -> list[Lesson]:
     """Record what a lesson that goes live as it stands contradicts: one restored from an
     export, or one a person revived (a rejected or expired lesson confirmed) or reworded. It was
@@ -1974,7 +1984,10 @@ def contradictions(
     Every live or waiting lesson recall may serve beside it that it contradicts is recorded on
     both sides (``lesson`` in place), so recall keeps the two apart and review shows the pair;
     a pair recorded already is left as it is, and near text the rules cannot read either way
-    only for a lesson waiting for review. Returns copies of the others, to be saved."""
+    only for a lesson waiting for review. ``gathered``: ``book`` holds lessons that only a
+    recall gathering lessons curation never compared serves beside ``lesson`` (no task type
+    named, two users' scopes), which found the pair. Returns copies of the others, to be
+    saved."""
     now = now or utcnow()
     if not may_go_live(lesson, now):
         return []
@@ -1982,7 +1995,7 @@ def contradictions(
         other
         for other in book
         if other.lesson_id != lesson.lesson_id
-        and lesson_keys.served_together(other, lesson)
+        and (gathered or lesson_keys.served_together(other, lesson))
         and may_go_live(other, now)
         and not (other.lesson_id in lesson.conflicts and lesson.lesson_id in other.conflicts)
     ]

@@ -1349,10 +1349,16 @@ class PairReadings:
 
     Args:
         embedder: Recall's embedder (curation's rules weigh the cosine of the two texts).
+        on_clash: Called with the two lesson ids (earlier, later) of each pair first read as
+            contradicting, to record it (a recall writes nothing itself): review then shows
+            the pair to a person. Its failure is logged, never raised into the recall.
     """
 
-    def __init__(self, embedder: Embedder) -> None:
+    def __init__(
+        self, embedder: Embedder, on_clash: Callable[[str, str], None] | None = None
+    ) -> None:
         self.embedder = embedder
+        self.on_clash = on_clash
         self._verdicts: dict[tuple[Any, Any], bool] = {}
 
     def clash(self, a: Lesson, b: Lesson) -> bool:
@@ -1382,6 +1388,15 @@ class PairReadings:
             if len(verdicts) >= PAIR_VERDICTS_MAX:
                 verdicts = self._verdicts = {}
             verdicts[key] = verdict
+            if verdict and self.on_clash is not None:
+                try:
+                    self.on_clash(earlier.lesson_id, later.lesson_id)
+                except Exception:  # noqa: BLE001 - recording it must not fail the recall
+                    logging.getLogger("hindsight_loop").exception(
+                        "hindsight: recording the contradiction of %s and %s failed",
+                        earlier.lesson_id,
+                        later.lesson_id,
+                    )
         return verdict
 
 
@@ -1469,7 +1484,13 @@ class StoreStage:
     that BM25, the scenario or the value score carry into the top three; the bound finds them.
     """
 
-    def __init__(self, store: Any, embedder: Embedder, ranking: Ranking | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        embedder: Embedder,
+        ranking: Ranking | None = None,
+        pairs: PairReadings | None = None,
+    ) -> None:
         self.store = store
         self.embedder = embedder
         self.ranking = ranking or Ranking()
@@ -1479,7 +1500,7 @@ class StoreStage:
         #: ``advice_flags`` by lesson id for this book version (the rows carry no advice), and
         #: whether the lesson is in Chinese.
         self._flags: dict[str, tuple[tuple[bool, bool, int], bool]] = {}
-        self._pairs = PairReadings(embedder)
+        self._pairs = pairs if pairs is not None else PairReadings(embedder)
 
     def refresh(self, version: int) -> int:
         """Read the book's BM25 statistics for ``version``; return the number of lessons."""
@@ -1918,11 +1939,20 @@ class RecallCache:
         store: The lesson book (``list_lessons``, ``lesson_embeddings``, ``book_version``,
             ``get_lesson``).
         embedder: Returns the embedder (resolved lazily: a model is loaded on first use).
+        on_clash: Records a contradiction between two lessons curation never compared, found
+            by a recall (``PairReadings``), so review shows it.
     """
 
-    def __init__(self, store: Any, embedder: Callable[[], Embedder]) -> None:
+    def __init__(
+        self,
+        store: Any,
+        embedder: Callable[[], Embedder],
+        on_clash: Callable[[str, str], None] | None = None,
+    ) -> None:
         self.store = store
         self._embedder = embedder
+        self.on_clash = on_clash
+        self._pairs: PairReadings | None = None
         self._index: LessonIndex | None = None
         self.version = -1
         self._lock = threading.Lock()
@@ -1975,7 +2005,8 @@ class RecallCache:
             return None
         stage = self._stage
         if stage is None:
-            stage = self._stage = StoreStage(self.store, self._embedder())
+            embedder = self._embedder()
+            stage = self._stage = StoreStage(self.store, embedder, pairs=self._readings(embedder))
         version = self.store.book_version()
         with self._stage_lock:
             size = stage.refresh(version)
@@ -2018,8 +2049,15 @@ class RecallCache:
             for lesson_id, (model, blob) in self.store.lesson_embeddings().items()
             if model == embedder.name and blob is not None
         }
-        old = self._index
         self._index = LessonIndex(
-            lessons, embedder=embedder, vectors=vectors, pairs=old._pairs if old else None
+            lessons, embedder=embedder, vectors=vectors, pairs=self._readings(embedder)
         )
         self.version = version
+
+    def _readings(self, embedder: Embedder) -> PairReadings:
+        """The pair readings of the index and the store stage, kept across rebuilds: a pair
+        is read again only when what the rules read of it changes."""
+        pairs = self._pairs
+        if pairs is None or pairs.embedder is not embedder:
+            pairs = self._pairs = PairReadings(embedder, self.on_clash)
+        return pairs

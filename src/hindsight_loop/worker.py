@@ -30,7 +30,8 @@ from hindsight_loop.embed import lesson_text
 from hindsight_loop.lessons import (
     Change,
     apply_outcome,
-    clear_conflicts_via,
+    clear_stale_conflicts,
+    conflicts_via,
     contradictions,
     curate,
     expire_due,
@@ -232,25 +233,48 @@ class Curator:
         """``change`` that also adds the lessons ``edit`` makes (a person splitting a merge back
         out), all in one transaction; each new one is read against the book (its words were
         read only against the lesson they were merged into), and the contradictions their words
-        brought to the lesson are read again without them (``lessons.clear_conflicts_via``).
-        None if there is no such lesson."""
+        brought to the lesson are read again without them (``lessons.conflicts_via``). None if
+        there is no such lesson."""
         with self._lock, self.store.transaction():
             lesson = self.store.get_lesson(lesson_id)
             if lesson is None:
                 return None
             changed, added = edit(lesson)
-            book = {x.lesson_id: x for x in self._book(changed)}
-            cleared = clear_conflicts_via(
-                changed,
-                [part.advice for part in added],
-                book,
-                embedder=self._embedder(),
-                by=changed.history[-1]["by"],  # the person who split it
+            brought = conflicts_via(changed, [part.advice for part in added])
+            self._clear_stale(
+                lesson, changed, brought, reason="the wording that contradicted it was split out"
             )
-            for other in cleared:
-                self.save(other, embed=False)
             self._save_read_again([(lesson, changed), *((None, part) for part in added)])
         return changed, added
+
+    def _clear_stale(self, before: Lesson, after: Lesson, ids: Iterable[str], reason: str) -> None:
+        """Clear the recorded contradictions of ``after`` (of ``ids``) that no longer hold now
+        that it says something else (``lessons.clear_stale_conflicts``), saving the others;
+        ``after`` is saved by the caller."""
+        others = [x for x in map(self.store.get_lesson, set(ids)) if x is not None]
+        if not others:
+            return
+        # The person who made the change, when it says who (a reading changed by code: none).
+        by = after.history[-1]["by"] if len(after.history) > len(before.history) else "curator"
+        cleared = clear_stale_conflicts(
+            after, others, embedder=self._embedder(), by=by, reason=reason, judge=self._judge()
+        )
+        for other in cleared:
+            self.save(other, embed=False)
+
+    def record_found(self, earlier_id: str, later_id: str) -> None:
+        """Record a contradiction a recall found between two lessons curation never compared
+        (``recall.PairReadings``: of two task types, or of two users' scopes), read again here
+        by the same rules against the book as it is, so review shows the pair to a person."""
+        with self._lock, self.store.transaction():
+            earlier, later = self.store.get_lesson(earlier_id), self.store.get_lesson(later_id)
+            if earlier is None or later is None:
+                return
+            others = contradictions(later, [earlier], embedder=self._embedder(), gathered=True)
+            if others:
+                self.save(later, embed=False)
+                for other in others:
+                    self.save(other, embed=False)
 
     def restore(self, lesson: Lesson) -> Change | None:
         """Put back a lesson as it was exported (its id, status, history), read against the
@@ -287,8 +311,13 @@ class Curator:
     ) -> None:
         """Save each lesson as changed (``before`` None: a new one; re-embedded only when its
         text changed), with what it contradicts; each is read against the book as saved so far
-        (``skip`` left out)."""
+        (``skip`` left out). A lesson that says something else now is read again against
+        the lessons recorded as contradicting it: the pairs that no longer hold are cleared."""
         for before, after in pairs:
+            if before is not None and after.conflicts and _reading(before) != _reading(after):
+                self._clear_stale(
+                    before, after, after.conflicts, reason="it says something else now"
+                )
             others = self._read_again(before, after, skip=skip)
             self.save(after, embed=before is None or lesson_text(after) != lesson_text(before))
             for other in others:
