@@ -12,13 +12,16 @@ import sys
 import textwrap
 import time
 import warnings
+from collections import OrderedDict
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, Literal
 
 import orjson
 import pytest
 
 from hindsight_loop import Hindsight, HindsightWarning, TaskRun
+from hindsight_loop.models import EVENT_BODY_FIELDS, wire_event_problem
 from hindsight_loop.record import redact
 
 
@@ -622,6 +625,58 @@ def test_a_reused_dict_does_not_rewrite_earlier_events(hs: Hindsight) -> None:
         "encoding": "utf-8"
     }
     assert [e.input["text"] for e in events if e.type == "user_input"] == ["one", "two"]
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_reused_event_dict_is_recorded_as_it_was_with_either_writer(
+    db_path: Path, writer: Literal["thread", "process"]
+) -> None:
+    """``hs.record`` hands the usual event straight to the recorder's ``emit``; the writer thread
+    reads it later, so it must get a copy: refilling the dict must not rewrite what was recorded."""
+    with Hindsight(db_path, background=False, writer=writer) as hs:
+        with hs.task("t", recall=False, task_id="tsk_reuse"):
+            event = {"type": "user_input", "task_id": "tsk_reuse", "input": {"text": "one"}}
+            assert hs.record(event)
+            event["input"] = {"text": "two"}
+            assert hs.record(event)
+            event["type"] = "feedback"
+            assert hs.record(event)
+        hs.flush()
+        events = _events(hs, "tsk_reuse")
+    assert [(e.type, e.input["text"]) for e in events if e.input] == [
+        ("user_input", "one"),
+        ("user_input", "two"),
+        ("feedback", "two"),
+    ]
+
+
+def test_record_accepts_exactly_what_the_wire_check_accepts(hs: Hindsight) -> None:
+    """``hs.record`` judges the usual event itself, in fewer steps than ``wire_event_problem``:
+    over events that differ from a good one in each field the check looks at, it accepts exactly
+    what the check accepts, refuses the rest into the dead letter, and stores what it accepted."""
+
+    class Text(str):
+        pass
+
+    good = {"type": "user_input", "task_id": "tsk_verdict", "input": {"text": "hi"}}
+    odd_values = [{}, None, [], "text", 0, OrderedDict(a=1), Text("x")]
+    variants: list[Any] = [good, OrderedDict(good), list(good.items()), "not an event"]
+    variants += [{**good, name: v} for name in EVENT_BODY_FIELDS for v in odd_values]
+    variants += [{**good, "type": v} for v in (Text("user_input"), "nope", None, ["user_input"])]
+    variants += [{**good, "task_id": v} for v in ("", None, Text("tsk_verdict"), 5)]
+    variants += [{k: v for k, v in good.items() if k != key} for key in ("type", "task_id")]
+    variants += [{**good, "event_id": v} for v in ("evt_verdict", 5, None)]
+    variants += [{**good, "seq": v} for v in (10_000, True, 2**70, "1", None)]
+    variants += [{**good, "timestamp": v} for v in ("2024-11-20T14:32:10Z", 1.7e9, None)]
+    expected = [wire_event_problem(v) is None for v in variants]
+    assert 0 < sum(expected) < len(variants)
+    with hs.task("t", recall=False, task_id="tsk_verdict"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        verdicts = [hs.record(v) for v in variants]
+    assert verdicts == expected
+    assert hs.flush(timeout=30)
+    assert len(hs.store.events("tsk_verdict")) == 2 + sum(expected)
+    assert len(hs.recorder.dead_letter.read_bytes().splitlines()) == len(variants) - sum(expected)
 
 
 def test_events_after_close_are_kept_in_the_dead_letter(db_path: Path) -> None:

@@ -291,7 +291,9 @@ class TaskRun:
         payload: dict[str, Any] = {"input": {"tool": name, "args": args}, "result": result}
         if step is not None:
             payload["agent_state"] = {"current_step": step}
-        self._emit("action_executed", payload, timestamp=timestamp)
+        # ``_emit`` written out: a Python frame fewer on the agent's cheapest path.
+        self.events += 1
+        self.hs.recorder.emit(self.task_id, "action_executed", payload, timestamp=timestamp)
 
     def fail(self, reason: str | None = None, **details: Any) -> None:
         """Mark the task failed (recorded when the ``with`` block ends)."""
