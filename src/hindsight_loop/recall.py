@@ -1360,6 +1360,9 @@ class PairReadings:
         self.embedder = embedder
         self.on_clash = on_clash
         self._verdicts: dict[tuple[Any, Any], bool] = {}
+        # Each lesson's reading key, with the lesson object it was read from (the same
+        # object: the same key; the index's lessons are read once, not at every recall).
+        self._keys: dict[str, tuple[Lesson, tuple[Any, ...]]] = {}
 
     def clash(self, a: Lesson, b: Lesson) -> bool:
         """Whether ``a`` and ``b``, which curation never compared, contradict; ``False`` for
@@ -1371,7 +1374,16 @@ class PairReadings:
         # a recall first meets such a pair, not with recall.
         from hindsight_loop.lessons import _relations, reading_key
 
-        key = (reading_key(earlier), reading_key(later))
+        keys = self._keys
+        pair = []
+        for lesson in (earlier, later):
+            known = keys.get(lesson.lesson_id)
+            if known is None or known[0] is not lesson:
+                if len(keys) >= PAIR_VERDICTS_MAX:
+                    keys.clear()
+                known = keys[lesson.lesson_id] = (lesson, reading_key(lesson))
+            pair.append(known[1])
+        key = (pair[0], pair[1])
         verdicts = self._verdicts
         verdict = verdicts.get(key)
         if verdict is None:
