@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hindsight_loop.models import Lesson, Reflection, Task, iso, utcnow
+from hindsight_loop.models import Lesson, Reflection, Task, TaskScores, iso, utcnow
 from hindsight_loop.store import open_store
 from hindsight_loop.store.migrations import MIGRATIONS, applied, migrate
 from hindsight_loop.store.sqlite import SQLiteStore
@@ -314,6 +314,38 @@ def test_event_batches_create_close_and_adopt_tasks(store_url: str) -> None:
         assert store.runs_with("csv", '"page":10', besides="tsk_b") == 1
         assert store.runs_with("csv", '"page":1', besides="tsk_b") == 0
         assert store.runs_with("csv", '"page":10', besides="tsk_a") == 0
+    finally:
+        store.close()
+
+
+def test_what_a_task_counted_is_kept_beside_it_through_its_starts_and_ends(
+    store_url: str,
+) -> None:
+    """The verdicts a task's run counted (``TaskScores``) round-trip, and neither the writer's
+    task_start / task_end nor ``upsert_task`` touches them."""
+    store = open_store(store_url)
+    try:
+        start = {"task_type": "csv", "injected_lesson_ids": ["les_a", "les_b"]}
+        end = {"result": {"status": "succeeded"}}
+        ts = "2025-01-01T00:00:00.000Z"
+        store.write_event_batch([_row("s1", "tsk_k", 0, ts, "task_start", start)])
+        assert store.task_scores("tsk_k") is None
+        scores = TaskScores(run=ts, verdicts={"les_a": True, "les_b": False}, rated=["les_b"])
+        store.save_task_scores("tsk_k", scores)
+        assert store.task_scores("tsk_k") == scores
+        store.write_event_batch([_row("e1", "tsk_k", 1, ts, "task_end", end)])
+        store.write_event_batch([_row("e2", "tsk_k", 2, ts, "task_end", end)])
+        task = store.get_task("tsk_k")
+        store.upsert_task(task)
+        assert store.task_scores("tsk_k") == scores
+        assert task.injected_lesson_ids == ["les_a", "les_b"]
+        # The same id started again: the row says which run it is now, the scores which run
+        # they counted (the worker tells them apart).
+        later = "2025-01-02T00:00:00.000Z"
+        store.write_event_batch([_row("s2", "tsk_k", 0, later, "task_start", start)])
+        assert store.get_task("tsk_k").started_at == later
+        assert store.task_scores("tsk_k") == scores
+        assert store.task_scores("tsk_none") is None
     finally:
         store.close()
 

@@ -700,3 +700,51 @@ def test_the_store_stage_keeps_apart_lessons_curation_never_compared(
     assert pg_cache._stage is not None and pg_cache._index is None  # the store's stage served
     for store in stores.values():
         store.close()
+
+
+# -- one task counts once, however many workers settle it --------------------------------------
+def _settle(url: str, task_id: str, barrier: Any, queue: Any) -> None:
+    hs = Hindsight(url, background=False, triggers=False)
+    try:
+        barrier.wait(timeout=60)
+        queue.put(sum(hs.worker.apply_outcome(task_id) for _ in range(3)))
+    finally:
+        hs.close()
+
+
+def test_workers_settling_one_task_at_once_count_it_once(pg_url: str) -> None:
+    with Hindsight(pg_url, background=False, triggers=False) as hs:
+        lesson = hs.add_lesson(
+            LessonDraft(
+                task_type="csv_cleaning",
+                advice="Read files exported by the old ERP with encoding='gbk'.",
+                features=Features(tools=["read_csv"]),
+            )
+        )
+        hs.record(
+            {
+                "type": "task_start",
+                "task_id": "tsk_raced",
+                "task_type": "csv_cleaning",
+                "injected_lesson_ids": [lesson.lesson_id],
+            }
+        )
+        hs.record({"type": "task_end", "task_id": "tsk_raced", "result": {"status": "failed"}})
+        hs.flush()
+    barrier = SPAWN.Barrier(2)
+    queue = SPAWN.Queue()
+    procs = [
+        SPAWN.Process(target=_settle, args=(pg_url, "tsk_raced", barrier, queue)) for _ in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert sorted(queue.get(timeout=10) for _ in procs) == [0, 1]  # one moved it, once
+    store = open_store(pg_url)
+    try:
+        stored = store.get_lesson(lesson.lesson_id)
+        assert stored is not None and (stored.helpful, stored.harmful) == (0, 1)  # before: (0, 6)
+    finally:
+        store.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,186 @@ def test_http_end_rates_only_the_lessons_injected_into_the_task(served: Any) -> 
     assert agent.get(f"/api/lessons/{used}").json()["helpful"] == 1
     task = agent.get(f"/api/tasks/{started['task_id']}").json()["task"]
     assert task["status"] == "failed"
+
+
+# -- each task counts once ---------------------------------------------------------------------
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_hs(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A facade on an SQLite file, and on a fresh PostgreSQL database: both count alike."""
+    where = (
+        str(tmp_path / "once.db")
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    with Hindsight(where, background=False) as hs:
+        yield hs
+
+
+def _end(hs: Hindsight, task_id: str, status: str) -> None:
+    hs.record({"type": "task_end", "task_id": task_id, "result": {"status": status}})
+    hs.drain()
+
+
+def test_each_task_end_of_one_task_counts_its_lessons_once(any_hs: Hindsight) -> None:
+    hs = any_hs
+    used, _ = _book(hs)
+    _start(hs, "tsk_thrice", [used])
+    for _ in range(3):  # a duplicate task_end, a client sending the end again
+        _end(hs, "tsk_thrice", "succeeded")
+    assert _counts(hs, used) == (1, 0)  # before: (2, 0), then (3, 0)
+    task = hs.get_task("tsk_thrice")
+    assert task is not None and task.injected_lesson_ids == [used]
+
+
+def test_a_later_report_that_changes_the_verdict_replaces_the_earlier_one(
+    any_hs: Hindsight,
+) -> None:
+    hs = any_hs
+    used, _ = _book(hs)
+    _start(hs, "tsk_turn", [used])
+    _end(hs, "tsk_turn", "succeeded")
+    assert _counts(hs, used) == (1, 0)
+    _end(hs, "tsk_turn", "failed")  # a person's later word: it failed
+    assert _counts(hs, used) == (0, 1)  # before: (1, 1), one task counted twice
+    hs.report_outcome("tsk_turn", "succeeded")  # and back
+    hs.drain()
+    assert _counts(hs, used) == (1, 0)
+    hs.report_outcome("tsk_turn", "succeeded")  # the same word again moves nothing
+    hs.drain()
+    assert _counts(hs, used) == (1, 0)
+
+
+def test_report_outcome_after_the_ingested_task_end_counts_once(hs: Hindsight) -> None:
+    used, _ = _book(hs)
+    _start(hs, "tsk_sent", [used])
+    _end(hs, "tsk_sent", "succeeded")  # the whole trajectory, with its task_end
+    got = hs.report_outcome("tsk_sent", "succeeded")
+    assert got == [] and got.ignored == []
+    hs.drain()
+    assert _counts(hs, used) == (1, 0)  # before: (2, 0)
+
+
+def test_a_rating_replaces_the_verdict_the_outcome_counted(hs: Hindsight) -> None:
+    used, _ = _book(hs)
+    _start(hs, "tsk_rated", [used])
+    _end(hs, "tsk_rated", "failed")
+    assert _counts(hs, used) == (0, 1)
+    # A person: the task failed, but the lesson was right.
+    got = hs.report_outcome("tsk_rated", "failed", rated={used: True})
+    assert got == [used] and got.ignored == []
+    hs.drain()
+    assert _counts(hs, used) == (1, 0)  # before: (1, 1)
+    # The rating keeps its word over a later outcome of the same task.
+    _end(hs, "tsk_rated", "succeeded")
+    _end(hs, "tsk_rated", "failed")
+    assert _counts(hs, used) == (1, 0)
+    # A changed rating moves the count; the same rating again is a retry.
+    assert hs.report_outcome("tsk_rated", "failed", rated={used: False}) == [used]
+    hs.drain()
+    assert _counts(hs, used) == (0, 1)
+    again = hs.report_outcome("tsk_rated", "failed", rated={used: False})
+    assert again == [] and again.ignored == [used]
+    hs.drain()
+    assert _counts(hs, used) == (0, 1)
+
+
+def test_a_rated_lesson_stays_listed_as_injected(hs: Hindsight) -> None:
+    used, _ = _book(hs)
+    _start(hs, "tsk_seen", [used])
+    assert hs.report_outcome("tsk_seen", "succeeded", rated={used: False}) == [used]
+    hs.drain()
+    task = hs.get_task("tsk_seen")
+    assert task is not None and task.injected_lesson_ids == [used]  # before: []
+    assert _counts(hs, used) == (0, 1)
+
+
+def test_a_task_id_run_again_counts_each_run(hs: Hindsight) -> None:
+    used, _ = _book(hs)
+    for day in ("2024-11-20", "2024-11-21"):
+        hs.record(
+            {
+                "type": "task_start",
+                "task_id": "tsk_daily",
+                "task_type": "csv_cleaning",
+                "timestamp": f"{day}T08:00:00Z",
+                "injected_lesson_ids": [used],
+            }
+        )
+        hs.record(
+            {
+                "type": "task_end",
+                "task_id": "tsk_daily",
+                "timestamp": f"{day}T08:05:00Z",
+                "result": {"status": "succeeded"},
+            }
+        )
+        hs.drain()
+    assert _counts(hs, used) == (2, 0)
+
+
+async def anyio_drain(hs: Hindsight) -> None:
+    import anyio
+
+    await anyio.to_thread.run_sync(hs.drain)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_mcp_trajectory_then_report_outcome_counts_once(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    with Hindsight(tmp_path / "m.db", background=False) as hs:
+        used, _ = _book(hs)
+        async with Client(build_server(hs)) as client:
+            recall = await client.call_tool(
+                "recall_lessons",
+                {"task_type": "csv_cleaning", "tools": ["read_csv"], "query": "encoding gbk"},
+            )
+            assert [x["lesson_id"] for x in recall.structured_content["lessons"]] == [used]  # type: ignore[index]
+            sent = await client.call_tool(
+                "record_event",
+                {
+                    "events": [
+                        {
+                            "type": "task_start",
+                            "task_type": "csv_cleaning",
+                            "injected_lesson_ids": [used],
+                        },
+                        {"type": "task_end", "result": {"status": "succeeded"}},
+                    ]
+                },
+            )
+            assert not sent.is_error
+            task_id = sent.structured_content["task_id"]  # type: ignore[index]
+            await anyio_drain(hs)
+            result = await client.call_tool(
+                "report_outcome", {"task_id": task_id, "status": "succeeded"}
+            )
+            assert not result.is_error
+            await anyio_drain(hs)
+        assert _counts(hs, used) == (1, 0)  # before: (2, 0)
+
+
+def test_http_end_sent_twice_counts_once(served: Any, tmp_path: Path) -> None:
+    from hindsight_loop.store import open_store
+
+    agent, (used, _) = served
+    started = agent.post(
+        "/api/tasks",
+        json={"task_type": "csv_cleaning", "tools": ["read_csv"], "query": "encoding gbk"},
+    ).json()
+    assert [x["lesson_id"] for x in started["lessons"]] == [used]
+    for _ in range(2):  # a client retrying after a lost answer
+        ended = agent.post(f"/api/tasks/{started['task_id']}/end", json={"status": "succeeded"})
+        assert ended.status_code == 200
+    store = open_store(str(tmp_path / "serve.db"))
+    try:
+        deadline = time.monotonic() + 60
+        while store.pending_jobs() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.pending_jobs() == 0
+    finally:
+        store.close()
+    assert agent.get(f"/api/lessons/{used}").json()["helpful"] == 1  # before: 2
+    task = agent.get(f"/api/tasks/{started['task_id']}").json()["task"]
+    assert task["injected_lesson_ids"] == [used]

@@ -520,28 +520,36 @@ class Hindsight:
         counted twice. Only a lesson injected into this task can be rated: recalled for it
         (``task``, ``POST /api/tasks``, MCP ``recall_lessons`` with its ``task_id``), named in
         its ``task_start``'s ``injected_lesson_ids``, or added with ``credit_lessons``. A task
-        with no lessons injected has none to rate.
+        with no lessons injected has none to rate. A rated lesson stays listed in the task's
+        ``injected_lesson_ids``.
+
+        Each task counts once in a lesson's helpful / harmful counts. A report of a task whose
+        end was reported already (a client retrying, ``report_outcome`` after a trajectory
+        sent with its ``task_end``) adds nothing; one that changes the verdict (it said
+        succeeded, a person now says failed) replaces it: the latest word stands, and the count
+        moves from helpful to harmful or back. A rating keeps its word over the outcome of the
+        same task, and a later rating replaces it. The outcome's counts move when the review
+        queue runs (``drain``, the background worker); the ratings' at once.
 
         Returns:
-            The ids of the rated lessons that were scored; ``.ignored`` names the other rated
-            ids (not injected into the task, rated for it already, or not in the book). An
-            ignored id is an answer, not an error: the task still ends.
+            The ids of the rated lessons whose rating was taken; ``.ignored`` names the other
+            rated ids (not injected into the task, rated the same way for it already, or not in
+            the book). An ignored id is an answer, not an error: the task still ends.
 
         Raises:
             KeyError: there is no such task.
         """
-        rated = rated or {}
         self.flush()
-        # Taken out of the automatic score in the same transaction that reads what was
-        # injected: a rating names a lesson of this task, or it counts for nothing.
-        allowed = self.worker.uncredit(task_id, rated)
+        # The ratings first, in one transaction with the reads of what the task was given and
+        # what it counted: the outcome the task_end below queues leaves a rated lesson as rated
+        # (counting it by the outcome first could flag it before the rating moved it back).
+        ratings = self.worker.settle(task_id, rated or {}, outcome=False)
         result: dict[str, Any] = {"status": status}
         if summary:
             result["summary" if status == "succeeded" else "error_message"] = summary
         self.record({"type": "task_end", "task_id": task_id, "result": result})
         self.flush()
-        scored = self.worker.score(task_id, {x: rated[x] for x in allowed})
-        return Ratings(scored, ignored=[x for x in rated if x not in scored])
+        return ratings
 
     # -- the whole loop in one call ----------------------------------------------------------
     def run_task_with_feedback(

@@ -2636,6 +2636,7 @@ def apply_outcome(
     now: datetime | None = None,
     validity: timedelta = DEFAULT_VALIDITY,
     task_id: str | None = None,
+    replaces: bool | None = None,
 ) -> Lesson:
     """Count the outcome of a task the lesson was injected into; flag it if it keeps hurting.
 
@@ -2643,9 +2644,18 @@ def apply_outcome(
     date a person set with an edit); a failure
     counts as harmful. A live lesson that keeps hurting goes to ``needs_review``: recall drops it
     and ``hindsight lessons review`` shows it.
+
+    ``replaces``: the verdict an earlier report of the same task counted (True helpful, False
+    harmful), now replaced: its count is taken back, so the task counts once. A date a success
+    extended stays, and a flag stays for a person to clear. The caller knows what a task counted
+    (``worker.Worker.settle``); None counts a task not counted before.
     """
     now = now or utcnow()
     out = copy.deepcopy(lesson)
+    if replaces is True:
+        out.helpful = max(0, out.helpful - 1)
+    elif replaces is False:
+        out.harmful = max(0, out.harmful - 1)
     if succeeded:
         out.helpful += 1
         # A date a person chose with an edit stays theirs (as a merge keeps it): a successful

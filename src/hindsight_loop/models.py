@@ -368,6 +368,33 @@ class Task:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+@dataclass(kw_only=True, slots=True)
+class TaskScores:
+    """What one run of a task has counted in the lessons injected into it: each lesson counts a
+    task once, and a later report of the same run (a retry, a second ``task_end``, a person's
+    rating) replaces the verdict counted rather than adding another."""
+
+    run: str = ""
+    """The ``started_at`` of the run these verdicts are of: a task id run again (a new
+    ``task_start``) counts afresh."""
+    verdicts: dict[str, bool] = field(default_factory=dict)
+    """Lesson id -> the verdict its counts hold for this run: True helpful, False harmful."""
+    rated: list[str] = field(default_factory=list)
+    """The lessons whose verdict a rating gave (``report_outcome``'s ``rated``): the task's
+    outcome leaves them as rated."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "verdicts": self.verdicts, "rated": self.rated}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TaskScores:
+        return cls(
+            run=str(data.get("run") or ""),
+            verdicts={str(k): bool(v) for k, v in (data.get("verdicts") or {}).items()},
+            rated=[str(x) for x in data.get("rated") or []],
+        )
+
+
 class Ratings(list[str]):
     """The ids of the lessons an outcome report rated (``Hindsight.report_outcome``), with the
     rated ids it left alone in ``ignored``.
@@ -375,8 +402,10 @@ class Ratings(list[str]):
     A task's outcome rates only the lessons injected into it: recalled for it (``hs.task``,
     ``POST /api/tasks``, MCP ``recall_lessons`` with its ``task_id``), named in its
     ``task_start``'s ``injected_lesson_ids``, or credited with ``credit_lessons``. Any other id
-    is ignored, as is one this task has rated already (a retry counts once) and one no longer in
-    the book.
+    is ignored, as is one this task has rated already the same way (a retry counts once) and one
+    no longer in the book. A rating that changes an earlier verdict of the same task (the
+    outcome's, or an earlier rating's) is listed: it moves the lesson's count from helpful to
+    harmful or back, never adds one.
     """
 
     __slots__ = ("ignored",)

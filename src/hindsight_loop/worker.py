@@ -6,7 +6,8 @@ Jobs come from the store's job queue, of three kinds:
 
 - ``full``: reflect on a whole run (queued when a task ends);
 - ``local``: reflect on a window around an anomaly (queued mid-run by the triggers);
-- ``outcome``: move the helpful / harmful counts of the lessons injected into an ended task.
+- ``outcome``: move the helpful / harmful counts of the lessons injected into an ended task,
+  each task counted once however often its end is reported (``Worker.settle``).
 
 A reflection that fails is stored as a ``failed`` reflection; nothing here raises into the
 agent's task.
@@ -14,12 +15,13 @@ agent's task.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,8 +43,10 @@ from hindsight_loop.models import (
     Chronicle,
     Lesson,
     LessonDraft,
+    Ratings,
     Reflection,
     Task,
+    TaskScores,
     clear_lesson_text,
     iso,
     new_id,
@@ -184,12 +188,26 @@ class Curator:
         A lesson that may go live again (a rejected or expired one confirmed, a past-due one
         renewed by a task's success) or whose reading changed (its advice, structured form,
         task type, scope or tools edited) is read against the book again (``_read_again``)."""
+        with self.writing():
+            return self.change_held(lesson_id, edit)
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """What ``change`` holds for one lesson (this curator's lock, then one store
+        transaction), for a caller that changes several lessons and writes beside them as one
+        unit, with ``change_held``. The lock comes first, as in every write here: a thread
+        holding the transaction and waiting for the lock would hold up the one holding the lock
+        and waiting for the transaction."""
         with self._lock, self.store.transaction():
-            lesson = self.store.get_lesson(lesson_id)
-            if lesson is None:
-                return None
-            changed = edit(lesson)
-            self._save_read_again([(lesson, changed)])
+            yield
+
+    def change_held(self, lesson_id: str, edit: Callable[[Lesson], Lesson]) -> Lesson | None:
+        """``change`` inside ``writing()``."""
+        lesson = self.store.get_lesson(lesson_id)
+        if lesson is None:
+            return None
+        changed = edit(lesson)
+        self._save_read_again([(lesson, changed)])
         return changed
 
     def _read_again(
@@ -531,12 +549,12 @@ class Worker:
 
     # -- outcome feedback --------------------------------------------------------------------
     def apply_outcome(self, task_id: str) -> int:
-        """Score the lessons injected into an ended task by its outcome. Returns how many."""
-        task = self.store.get_task(task_id)
-        if task is None or task.status == "running":
-            return 0
-        succeeded = task.status == "succeeded"
-        return len(self.score(task_id, dict.fromkeys(task.injected_lesson_ids, succeeded)))
+        """Score the lessons injected into an ended task by its outcome (``settle``): each once,
+        however many times the task's end was reported. Returns how many counts moved."""
+        try:
+            return len(self._settle(task_id, {}, outcome=True)[1])
+        except KeyError:
+            return 0  # the task is gone
 
     def credit(self, task_id: str, lesson_ids: Sequence[str]) -> bool:
         """Count lessons as injected into a started task (its outcome will score them, and
@@ -552,42 +570,81 @@ class Worker:
                 self.store.bump_hits(fresh)
         return True
 
-    def uncredit(self, task_id: str, lesson_ids: Iterable[str]) -> list[str]:
-        """Take lessons out of a task's automatic outcome scoring (a person or a client rated
-        them explicitly, so none is counted twice). Returns those of ``lesson_ids`` that were
-        injected into the task, in their order: only they may be rated for it. A lesson taken
-        out once is not injected any more, so a second rating of it in the same task (a client
-        retrying) is not counted either.
+    def settle(
+        self, task_id: str, rated: Mapping[str, bool] | None = None, *, outcome: bool = True
+    ) -> Ratings:
+        """Bring the counts of the lessons injected into a task to what its run says now,
+        counting the run once per lesson.
+
+        A lesson's verdict for the run is its rating, when one was given (``rated``: lesson id
+        -> helped; here or in an earlier report), else, with ``outcome`` and once the task has
+        ended, the task's outcome (the latest ``task_end`` stored). A lesson the run has not
+        counted yet is counted; one it counted the other way is moved, from helpful to harmful
+        or back (``lessons.apply_outcome``'s ``replaces``); one it counted the same way is left
+        as it is. What the run counted is kept beside the task (``Store.save_task_scores``) in
+        the transaction that moves the counts: a retried report, a second ``task_end`` or two
+        workers settling the task at once count nothing twice. A task id run again (a new
+        ``task_start``) is a new run and counts afresh.
+
+        Returns:
+            The ids of ``rated`` whose rating was taken; ``.ignored`` names the others: not
+            injected into the task, rated the same way for this run already (a retry), or not
+            in the book.
 
         Raises:
             KeyError: there is no such task.
         """
-        with self.store.transaction():
+        return self._settle(task_id, rated or {}, outcome=outcome)[0]
+
+    def _settle(
+        self, task_id: str, rated: Mapping[str, bool], *, outcome: bool
+    ) -> tuple[Ratings, list[str]]:
+        """``settle``, and the ids of the lessons whose counts moved."""
+        with self.curator.writing():
             task = self.store.get_task(task_id)
             if task is None:
                 raise KeyError(task_id)
-            injected = set(task.injected_lesson_ids)
-            drop = [x for x in dict.fromkeys(lesson_ids) if x in injected]
-            if drop:
-                task.injected_lesson_ids = [x for x in task.injected_lesson_ids if x not in drop]
-                self.store.upsert_task(task)
-        return drop
-
-    def score(self, task_id: str, verdicts: dict[str, bool]) -> list[str]:
-        """Count each lesson as helpful (True) or harmful (False) in a task; returns the ids of
-        the lessons that exist."""
-        scored = []
-        for lesson_id, helped in verdicts.items():
-            # Read and write in one transaction: a CLI 'reject' or another worker's update of
-            # the same lesson in between would otherwise be overwritten.
-            # A success may renew a lesson past its date: ``Curator.change`` reads it against
-            # the book again.
-            changed = self.curator.change(
-                lesson_id, functools.partial(apply_outcome, succeeded=helped, task_id=task_id)
-            )
-            if changed is not None:
-                scored.append(lesson_id)
-        return scored
+            scores = self.store.task_scores(task_id)
+            if scores is None or scores.run != task.started_at:
+                # Nothing counted yet, or for an earlier run of the task id.
+                scores = TaskScores(run=task.started_at)
+            before = (dict(scores.verdicts), list(scores.rated))
+            injected = dict.fromkeys(task.injected_lesson_ids)
+            wanted = {
+                x: helped
+                for x, helped in rated.items()
+                if x in injected and not (x in scores.rated and scores.verdicts.get(x) == helped)
+            }
+            if outcome and task.status != "running":
+                for lesson_id in injected:
+                    if lesson_id not in scores.rated:
+                        wanted.setdefault(lesson_id, task.status == "succeeded")
+            taken: list[str] = []
+            moved: list[str] = []
+            for lesson_id, helped in wanted.items():
+                was = scores.verdicts.get(lesson_id)
+                if was == helped:
+                    exists = self.store.get_lesson(lesson_id) is not None
+                else:
+                    # Read and written in this transaction: a CLI 'reject' or another
+                    # worker's update of the same lesson in between would be overwritten.
+                    # A success may renew a lesson past its date: read against the book again.
+                    edit = functools.partial(
+                        apply_outcome, succeeded=helped, task_id=task_id, replaces=was
+                    )
+                    exists = self.curator.change_held(lesson_id, edit) is not None
+                    if exists:
+                        moved.append(lesson_id)
+                if not exists:
+                    continue
+                scores.verdicts[lesson_id] = helped
+                if lesson_id in rated:
+                    taken.append(lesson_id)
+                    if lesson_id not in scores.rated:
+                        scores.rated.append(lesson_id)
+            if (scores.verdicts, scores.rated) != before:
+                self.store.save_task_scores(task_id, scores)
+        return Ratings(taken, ignored=[x for x in rated if x not in taken]), moved
 
     # -- the queue ---------------------------------------------------------------------------
     def run_pending(self, *, limit: int | None = None) -> int:

@@ -235,8 +235,9 @@ def build_server(hs: Hindsight, *, name: str = SERVER_NAME) -> MCPServer:
         Lessons recalled with this task_id (or named in its task_start's injected_lesson_ids)
         are credited with the outcome automatically; list one as helpful or harmful to say so
         explicitly instead. Only those lessons can be rated: any other id is not counted and
-        comes back in `lessons_ignored`. A failed task, or one with many steps, is queued for
-        review so its lessons are learned.
+        comes back in `lessons_ignored`. A task counts once: calling this again, or after
+        sending the task's task_end, replaces the earlier outcome or rating, never adds to it.
+        A failed task, or one with many steps, is queued for review so its lessons are learned.
         """
         rated = {**{x: True for x in helpful_lesson_ids}, **{x: False for x in harmful_lesson_ids}}
         updated = await anyio.to_thread.run_sync(_end_task, hs, task_id, status, summary, rated)
@@ -253,7 +254,8 @@ def build_server(hs: Hindsight, *, name: str = SERVER_NAME) -> MCPServer:
             out["note"] = (
                 "only lessons recalled for this task (recall_lessons with its task_id, or named "
                 "in its task_start's injected_lesson_ids) can be rated; not counted, as not "
-                f"recalled for it, rated already or not in the book: {', '.join(updated.ignored)}"
+                "recalled for it, rated the same way for it already or not in the book: "
+                f"{', '.join(updated.ignored)}"
             )
         return out
 

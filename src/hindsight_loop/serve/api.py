@@ -269,7 +269,8 @@ class Api:
             out["note"] = (
                 "only lessons injected into this task can be rated (recalled by POST /api/tasks, "
                 "or named in its task_start's injected_lesson_ids); not counted, as not injected, "
-                f"rated already or not in the book: {', '.join(updated.ignored)}"
+                "rated the same way for it already or not in the book: "
+                f"{', '.join(updated.ignored)}"
             )
         return JSONResponse(out)
 

@@ -20,7 +20,14 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from hindsight_loop.models import Event, Lesson, Reflection, Task, reset_in_forked_child
+from hindsight_loop.models import (
+    Event,
+    Lesson,
+    Reflection,
+    Task,
+    TaskScores,
+    reset_in_forked_child,
+)
 
 if TYPE_CHECKING:
     from hindsight_loop.replay import StoredRun
@@ -314,6 +321,13 @@ class Store(Protocol):
     def list_tasks(
         self, *, limit: int = 50, task_type: str | None = None, status: str | None = None
     ) -> list[Task]: ...
+
+    def task_scores(self, task_id: str) -> TaskScores | None:
+        """What a task's run has counted in the lessons injected into it (``save_task_scores``);
+        None when nothing has been counted for the task."""
+
+    def save_task_scores(self, task_id: str, scores: TaskScores) -> None:
+        """Keep what a task's run has counted, beside the task (nothing else of it changes)."""
 
     # lessons -----------------------------------------------------------------------------
     def transaction(self) -> AbstractContextManager[None]:

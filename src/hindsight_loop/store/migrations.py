@@ -164,6 +164,15 @@ def m010_jobs_by_task(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX jobs_by_task ON jobs(task_id, trigger)")
 
 
+@migration
+def m011_task_scores(db: sqlite3.Connection) -> None:
+    # What a task's run has counted in the lessons injected into it (``models.TaskScores`` as
+    # JSON): a second task_end, a retried report or a rating of the same run then replaces the
+    # verdict counted instead of counting the task again. Its own column, written only by the
+    # scoring (``save_task_scores``): a task_start or task_end the writer stores leaves it.
+    db.execute("ALTER TABLE tasks ADD COLUMN scores TEXT")
+
+
 class SchemaError(ValueError):
     """The file is not a store this version of Hindsight can open."""
 

@@ -251,6 +251,13 @@ def m010_jobs_by_task(db: Any) -> None:
     db.execute("CREATE INDEX jobs_by_task ON jobs(task_id, trigger)")
 
 
+@migration
+def m011_task_scores(db: Any) -> None:
+    # What a task's run has counted in its lessons (see SQLite's m011). Nullable, no default:
+    # adding it rewrites no row.
+    db.execute("ALTER TABLE tasks ADD COLUMN scores TEXT")
+
+
 # One registry of names: a migration added to SQLite's must be added here too.
 assert [n for n, _ in MIGRATIONS] == [n for n, _ in SQLITE_MIGRATIONS], "PG migrations drifted"
 

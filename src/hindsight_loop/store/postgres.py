@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 
 from hindsight_loop.lesson_keys import RuleFilter, ScoreBound, recall_keys
-from hindsight_loop.models import Event, Lesson, Reflection, Task, iso, utcnow
+from hindsight_loop.models import Event, Lesson, Reflection, Task, TaskScores, iso, utcnow
 from hindsight_loop.replay import StoredRun, no_gc
 from hindsight_loop.store import EventRow, Job, JobOwner, ThreadConnections
 from hindsight_loop.store.pg_migrations import (
@@ -457,6 +457,15 @@ class PostgresStore(JobOwner, ThreadConnections):
         sql += " ORDER BY t.started_at DESC, t.id DESC LIMIT %s"
         args.append(limit)
         return [self._task_row(r) for r in self._db.execute(sql, args)]
+
+    def task_scores(self, task_id: str) -> TaskScores | None:
+        row = self._db.execute("SELECT scores FROM tasks WHERE task_id=%s", (task_id,)).fetchone()
+        return TaskScores.from_dict(orjson.loads(row[0])) if row and row[0] else None
+
+    def save_task_scores(self, task_id: str, scores: TaskScores) -> None:
+        self._db.execute(
+            "UPDATE tasks SET scores=%s WHERE task_id=%s", (_dumps(scores.to_dict()), task_id)
+        )
 
     # -- lessons ---------------------------------------------------------------------------
     def save_lesson(

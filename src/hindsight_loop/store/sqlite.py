@@ -24,6 +24,7 @@ from hindsight_loop.models import (
     Lesson,
     Reflection,
     Task,
+    TaskScores,
     iso,
     task_outcome,
     utcnow,
@@ -658,6 +659,15 @@ class SQLiteStore(JobOwner, ThreadConnections):
         sql += " ORDER BY t.started_at DESC, t.rowid DESC LIMIT ?"
         args.append(limit)
         return [self._task_row(r) for r in self._db.execute(sql, args)]
+
+    def task_scores(self, task_id: str) -> TaskScores | None:
+        row = self._db.execute("SELECT scores FROM tasks WHERE task_id=?", (task_id,)).fetchone()
+        return TaskScores.from_dict(orjson.loads(row[0])) if row and row[0] else None
+
+    def save_task_scores(self, task_id: str, scores: TaskScores) -> None:
+        self._db.execute(
+            "UPDATE tasks SET scores=? WHERE task_id=?", (_dumps(scores.to_dict()), task_id)
+        )
 
     # -- lessons ---------------------------------------------------------------------------
     def save_lesson(
