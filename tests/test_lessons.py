@@ -416,6 +416,11 @@ PROHIBITIONS_SAID_OTHERWISE = [
         ("Immediate retries of failed uploads? No.", "Retry failed uploads immediately."),
         *PROHIBITIONS_SAID_OTHERWISE,
         *[(second, first) for first, second in PROHIBITIONS_SAID_OTHERWISE],
+        # 只要 / 重要 / 可能 and then a prohibition: no yes-or-no question (these merged).
+        ("调用 refund 时只要不要重复扣款就直接重试。", "调用 refund 时只要重复扣款就直接重试。"),
+        ("调用 deploy 时，只要不要跳过灰度，就可以直接发布。", "调用 deploy 时，只要跳过灰度，就可以直接发布。"),
+        ("run_sql 删除数据时最重要不要加 WHERE 条件。", "run_sql 删除数据时最重要加 WHERE 条件。"),
+        ("该订单可能不能退款，调用 refund 前先告诉用户。", "该订单可能可以退款，调用 refund 前先告诉用户。"),
     ],
 )  # fmt: skip
 def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):

@@ -724,15 +724,45 @@ _NEVER_EVER_RE = re.compile(r"\bnever\s*,\s*ever\b", re.I)
 
 # A Chinese yes-or-no question ("先问用户要不要发票", "确认能不能退款", "可不可以改签") asks about
 # an act; it forbids nothing ("不要" inside "要不要" read as one, and the rewordings conflicted).
-# (可不可以, 需不需要, 应不应该: the verb's first character is the one said twice.)
-_EITHER_ZH_RE = re.compile(r"([要能可该用会需应允行])不\1")
+# (可不可以, 需不需要, 应不应该: the verb's first character is the one said twice.) Only where
+# the clause asks (a verb of asking or checking before it, or a question mark after it): "只要不要
+# 重复扣款", "最重要不要…", "可能不能…" say 只要 / 重要 / 可能 and then a prohibition (read as a
+# question, those opposites merged). A character that makes one word with the first is never one.
+_EITHER_ZH_RE = re.compile(
+    r"(?<![只重主需想必将就还也概摘首可功才技本职效许认宁应活费作使采利响反适供相答回机社约])"
+    r"([要能可该用会需应允行])不\1"
+)
+_ASKING_ZH_RE = re.compile(
+    r"问|确认|核实|核对|确定|看看|看一下|查|检查|判断|决定|知道|了解|弄清|搞清|取决于|考虑|评估|咨询"
+)
+_CLAUSE_END_ZH_RE = re.compile(r"[，。；！？,.;!?\n]")
+
+
+def _either_zh(text: str) -> str:
+    """``text`` with each yes-or-no question ("要不要") said as "是否要" (``_EITHER_ZH_RE``)."""
+    if "不" not in text:
+        return text
+    out, at = [], 0
+    for m in _EITHER_ZH_RE.finditer(text):
+        start = max((e.end() for e in _CLAUSE_END_ZH_RE.finditer(text, 0, m.start())), default=0)
+        end = _CLAUSE_END_ZH_RE.search(text, m.end())
+        asked = (
+            _ASKING_ZH_RE.search(text, start, m.start())
+            or (end is not None and end[0] in "？?")
+            or text[m.end() : end.start() if end else None].rstrip().endswith("吗")
+        )
+        if asked:
+            out += [text[at : m.start()], "是否", m[1]]
+            at = m.end()
+    out.append(text[at:])
+    return "".join(out)
 
 
 @functools.lru_cache(maxsize=8192)
 def _plain(text: str) -> str:
     """Advice with its verdicts on acts and its choices said plainly (``_VERDICT_EN``),
-    "isn't" as "is not" (``_expand_not``) and "要不要" as "是否要" (``_EITHER_ZH_RE``)."""
-    text = _EITHER_ZH_RE.sub(r"是否\1", _expand_not(text))
+    "isn't" as "is not" (``_expand_not``) and "要不要" as "是否要" (``_either_zh``)."""
+    text = _either_zh(_expand_not(text))
     parts = _PLAIN_SPLIT_RE.split(_NEVER_EVER_RE.sub("never", text))
     for i in range(0, len(parts), 2):  # the clauses; the odd parts are what ends them
         parts[i] = _plain_clause(parts[i])
