@@ -28,6 +28,7 @@ from hindsight_loop.lessons import (
     MAX_PENDING_JUDGED,
     confirm,
     curate,
+    edit,
     judged_merges,
     reject,
     review_reasons,
@@ -723,3 +724,21 @@ def test_a_split_clears_the_contradictions_the_wording_brought(tmp_path: Path) -
             task_type="web", tools=["fetch_page"], query="fetch_page timeout cached copies"
         )
         assert {x.lesson_id for x in served} == {retry.lesson_id, no_cache.lesson_id}
+
+
+def test_a_contradiction_the_model_found_outlives_an_edit_made_without_it(tmp_path: Path) -> None:
+    """A pair the model called opposite (the rules read neither way) is a person's to settle:
+    an edit of the lesson's tools or scope, made where no model is set up (a person's shell),
+    cleared it, and recall served both opposites."""
+    with LLMServer(judging) as server, _hs(tmp_path, server) as hs:
+        kept = hs.curate(draft(CITY)).lesson
+        new = hs.curate(draft(CITY_LAST)).lesson
+    with Hindsight(tmp_path / "hs.db", background=False) as hs:
+        for change in (
+            {"tools": ["get_weather", "geocode"]},
+            {"scope": "project:travel"},
+            {"step": "before get_weather"},
+        ):
+            hs.change_lesson(new.lesson_id, lambda x, c=change: edit(x, by="ann", **c))
+            assert hs.lesson(new.lesson_id).conflicts == [kept.lesson_id], change
+            assert hs.lesson(kept.lesson_id).conflicts == [new.lesson_id], change

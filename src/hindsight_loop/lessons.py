@@ -19,7 +19,7 @@ import itertools
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, get_args
@@ -1960,36 +1960,44 @@ def conflicts_via(lesson: Lesson, wordings: Sequence[str]) -> set[str]:
 
 
 def clear_stale_conflicts(
-    lesson: Lesson,
+    before: Lesson,
+    after: Lesson,
     others: Sequence[Lesson],
     *,
     embedder: Any,
     by: str,
     reason: str,
-    judge: Callable[[str, str], str | None] | None = None,
+    read_before: Collection[str] | None = None,
     now: datetime | None = None,
 ) -> list[Lesson]:
-    """Read ``lesson`` again against the lessons recorded as contradicting it (``others``),
-    once what it says changed (a person reworded it, split a wording back out): a pair the rules
-    (and the judge, when there is one) no longer read as contradicting is cleared on both sides
-    (``lesson`` in place), or recall would keep apart two lessons that agree now. Near text the
-    rules cannot read stays for a person. Returns copies of the others cleared, to be saved."""
+    """Read a lesson whose words changed (a person reworded it, split a wording back out)
+    against the lessons recorded as contradicting it (``others``): a pair the rules read as a
+    contradiction ``before`` and no longer read ``after`` is cleared on both sides (``after``
+    in place), or recall would keep apart two lessons that agree now. Only what the rules read
+    beyond doubt: a pair a model or a person judged, or near text the rules cannot read, stays
+    for a person to settle (a model asked again may not answer, or be asked about a few pairs only).
+    ``read_before``: the pairs known to be read so before (those a wording split back out
+    brought: a wording merged on the model's word is not read as the lesson's). Returns copies
+    of the others cleared, to be saved."""
     now = now or utcnow()
     candidates = [
         other
         for other in others
-        if other.lesson_id != lesson.lesson_id and other.lesson_id in lesson.conflicts
+        if other.lesson_id != after.lesson_id and other.lesson_id in after.conflicts
     ]
-    if not candidates:
+    if not candidates or reading_key(before) == reading_key(after):
         return []
-    _, still, _, _ = _relations(lesson, candidates, embedder=embedder, judge=judge, now=now)
-    kept = {other.lesson_id for other in still}
+    if read_before is None:
+        was = _read_apart(before, candidates, embedder, now, sure=True)
+    else:
+        was = set(read_before)
+    stale = was - _read_apart(after, candidates, embedder, now, sure=False)
     cleared = []
     for other in candidates:
-        if other.lesson_id in kept:
+        if other.lesson_id not in stale:
             continue
         other = copy.deepcopy(other)
-        for one, two in ((lesson, other), (other, lesson)):
+        for one, two in ((after, other), (other, after)):
             one.conflicts = [x for x in one.conflicts if x != two.lesson_id]
             one.history.append(
                 _history(now, by, "conflict_cleared", {"conflicts": [two.lesson_id]})
@@ -1997,6 +2005,23 @@ def clear_stale_conflicts(
             one.history[-1]["reason"] = reason
         cleared.append(other)
     return cleared
+
+
+def _read_apart(
+    lesson: Lesson, others: Sequence[Lesson], embedder: Any, now: datetime, *, sure: bool
+) -> set[str]:
+    """The ids of ``others`` the rules read as contradicting ``lesson``, from either side (each
+    side's advice is read against the other's wordings); ``sure``: only the pairs they read
+    beyond doubt, not near text they cannot read either way."""
+    _, found, unsure, _ = _relations(lesson, others, embedder=embedder, now=now)
+    ids = {x.lesson_id for x in found if not (sure and x.lesson_id in unsure)}
+    for other in others:
+        if other.lesson_id in ids:
+            continue
+        _, back, unsure, _ = _relations(other, [lesson], embedder=embedder, now=now)
+        if back and not (sure and lesson.lesson_id in unsure):
+            ids.add(other.lesson_id)
+    return ids
 
 
 def contradictions(

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -260,12 +260,23 @@ class Curator:
             changed, added = edit(lesson)
             brought = conflicts_via(changed, [part.advice for part in added])
             self._clear_stale(
-                lesson, changed, brought, reason="the wording that contradicted it was split out"
+                lesson,
+                changed,
+                brought,
+                reason="the wording that contradicted it was split out",
+                read_before=brought,
             )
             self._save_read_again([(lesson, changed), *((None, part) for part in added)])
         return changed, added
 
-    def _clear_stale(self, before: Lesson, after: Lesson, ids: Iterable[str], reason: str) -> None:
+    def _clear_stale(
+        self,
+        before: Lesson,
+        after: Lesson,
+        ids: Iterable[str],
+        reason: str,
+        read_before: Collection[str] | None = None,
+    ) -> None:
         """Clear the recorded contradictions of ``after`` (of ``ids``) that no longer hold now
         that it says something else (``lessons.clear_stale_conflicts``), saving the others;
         ``after`` is saved by the caller."""
@@ -275,7 +286,13 @@ class Curator:
         # The person who made the change, when it says who (a reading changed by code: none).
         by = after.history[-1]["by"] if len(after.history) > len(before.history) else "curator"
         cleared = clear_stale_conflicts(
-            after, others, embedder=self._embedder(), by=by, reason=reason, judge=self._judge()
+            before,
+            after,
+            others,
+            embedder=self._embedder(),
+            by=by,
+            reason=reason,
+            read_before=read_before,
         )
         for other in cleared:
             self.save(other, embed=False)
