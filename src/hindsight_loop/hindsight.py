@@ -464,7 +464,10 @@ class Hindsight:
     ) -> LessonSet:
         """The best lessons (at most ``limit``, never more than 3) for a task, rules first.
 
-        A read: it writes nothing. Lessons count a hit when they are injected into a task.
+        A read: it changes no lesson it returns and counts no hit (lessons count a hit when
+        they are injected into a task). One bookkeeping write may follow, off the caller's
+        thread: two lessons curation never compared (no task type named) that the recall read
+        as contradicting are recorded as a conflict, so review shows them to a person.
         """
         from hindsight_loop.recall import RecallQuery
 

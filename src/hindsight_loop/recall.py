@@ -31,12 +31,14 @@ a few hundred survivors never walks the whole book.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
 import math
 import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -1349,9 +1351,11 @@ class PairReadings:
 
     Args:
         embedder: Recall's embedder (curation's rules weigh the cosine of the two texts).
-        on_clash: Called with the two lesson ids (earlier, later) of each pair first read as
-            contradicting, to record it (a recall writes nothing itself): review then shows
-            the pair to a person. Its failure is logged, never raised into the recall.
+        on_clash: Called with the two lesson ids (earlier, later) of each pair read as
+            contradicting, once until ``unreported`` says recording it failed, to record it (a
+            recall writes nothing itself): review then shows the pair to a person. It must not
+            wait on the store (``RecallCache`` hands the pair to a thread); an exception it
+            raises is logged, never raised into the recall.
     """
 
     def __init__(
@@ -1363,6 +1367,7 @@ class PairReadings:
         # Each lesson's reading key, with the lesson object it was read from (the same
         # object: the same key; the index's lessons are read once, not at every recall).
         self._keys: dict[str, tuple[Lesson, tuple[Any, ...]]] = {}
+        self._reported: set[tuple[str, str]] = set()
 
     def clash(self, a: Lesson, b: Lesson) -> bool:
         """Whether ``a`` and ``b``, which curation never compared, contradict; ``False`` for
@@ -1400,16 +1405,21 @@ class PairReadings:
             if len(verdicts) >= PAIR_VERDICTS_MAX:
                 verdicts = self._verdicts = {}
             verdicts[key] = verdict
-            if verdict and self.on_clash is not None:
-                try:
-                    self.on_clash(earlier.lesson_id, later.lesson_id)
-                except Exception:  # noqa: BLE001 - recording it must not fail the recall
-                    logging.getLogger("hindsight_loop").exception(
-                        "hindsight: recording the contradiction of %s and %s failed",
-                        earlier.lesson_id,
-                        later.lesson_id,
-                    )
+        ids = (earlier.lesson_id, later.lesson_id)
+        if verdict and self.on_clash is not None and ids not in self._reported:
+            self._reported.add(ids)
+            try:
+                self.on_clash(*ids)
+            except Exception:  # noqa: BLE001 - recording it must not fail the recall
+                self._reported.discard(ids)
+                logging.getLogger("hindsight_loop").exception(
+                    "hindsight: recording the contradiction of %s and %s failed", *ids
+                )
         return verdict
+
+    def unreported(self, earlier_id: str, later_id: str) -> None:
+        """Recording the pair failed: the next recall that reads it hands it over again."""
+        self._reported.discard((earlier_id, later_id))
 
 
 def unknown_weight(terms: Iterable[str]) -> float:
@@ -1965,6 +1975,11 @@ class RecallCache:
         self._embedder = embedder
         self.on_clash = on_clash
         self._pairs: PairReadings | None = None
+        # Pairs to record, handed to a thread that lives while there are some: a recall must
+        # not wait for the store's write lock (another process writing held one for 30 s).
+        self._to_record: collections.deque[tuple[str, str]] = collections.deque()
+        self._recorder: threading.Thread | None = None
+        self._recorder_lock = threading.Lock()
         self._index: LessonIndex | None = None
         self.version = -1
         self._lock = threading.Lock()
@@ -1982,6 +1997,8 @@ class RecallCache:
         40 children recalling beside an agent at work)."""
         self._lock = threading.Lock()
         self._stage_lock = threading.Lock()
+        self._recorder_lock = threading.Lock()
+        self._recorder = None  # the parent's thread: not in this process
 
     def search(self, query: RecallQuery, *, limit: int) -> LessonSet:
         """The best lessons for ``query`` from the current book."""
@@ -2071,5 +2088,49 @@ class RecallCache:
         is read again only when what the rules read of it changes."""
         pairs = self._pairs
         if pairs is None or pairs.embedder is not embedder:
-            pairs = self._pairs = PairReadings(embedder, self.on_clash)
+            record = self._record_later if self.on_clash is not None else None
+            pairs = self._pairs = PairReadings(embedder, record)
         return pairs
+
+    def _record_later(self, earlier_id: str, later_id: str) -> None:
+        """Hand a contradiction a recall found to the recording thread (``on_clash``)."""
+        self._to_record.append((earlier_id, later_id))
+        with self._recorder_lock:
+            thread = self._recorder
+            if thread is None or not thread.is_alive():
+                thread = threading.Thread(
+                    target=self._record_pending, name="hindsight-recall-conflicts", daemon=True
+                )
+                self._recorder = thread
+                thread.start()
+
+    def _record_pending(self) -> None:
+        """Record the pairs handed over until none is left, then end (no thread idles)."""
+        record = self.on_clash
+        while record is not None and not self.closed:
+            with self._recorder_lock:
+                if not self._to_record:
+                    self._recorder = None
+                    return
+                pair = self._to_record.popleft()
+            try:
+                record(*pair)
+            except Exception:  # noqa: BLE001 - a later recall of the pair hands it over again
+                logging.getLogger("hindsight_loop").warning(
+                    "hindsight: recording the contradiction of %s and %s failed",
+                    *pair,
+                    exc_info=True,
+                )
+                if self._pairs is not None:
+                    self._pairs.unreported(*pair)
+
+    def wait_recorded(self, timeout: float = 10.0) -> bool:
+        """Wait until the contradictions recalls found are recorded (or ``timeout`` seconds);
+        whether none is left."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._recorder_lock:
+                if not self._to_record and self._recorder is None:
+                    return True
+            time.sleep(0.005)
+        return False

@@ -305,6 +305,12 @@ class Curator:
             earlier, later = self.store.get_lesson(earlier_id), self.store.get_lesson(later_id)
             if earlier is None or later is None:
                 return
+            keys = {lesson_keys.scope_key(earlier.scope), lesson_keys.scope_key(later.scope)}
+            if len(keys) > 1 and "global" not in keys:
+                # Two owners' lessons (two users, two projects) gathered by one recall: each may
+                # be right for its owner. Recall keeps them apart; neither owner's book is
+                # marked with the other's lesson.
+                return
             others = contradictions(later, [earlier], embedder=self._embedder(), gathered=True)
             if others:
                 self.save(later, embed=False)
