@@ -91,6 +91,17 @@ def test_the_same_lines_imported_again_add_no_support(
     for _ in range(2):
         out = run_json("lessons", "import", str(again), "--db", str(db_path))
         assert len(out["merged"]) == 4 and not out["added"]
+    # The same lines in other case and spacing, or without the full stop.
+    retyped = [
+        {**row, "advice": "  " + str(row["advice"]).upper().rstrip(".。") + " "} for row in SEED
+    ]
+    run(
+        "lessons",
+        "import",
+        str(write_lines(tmp_path / "retyped.jsonl", retyped)),
+        "--db",
+        str(db_path),
+    )
     after = {x["advice"]: x["support"] for x in run_json("lessons", "list", "--db", str(db_path))}
     assert after == before  # before the fix: support 2 -> 4 and 1 -> 3, from one file
     # A line in words of its own is another person's say: it counts.

@@ -132,6 +132,19 @@ def test_a_run_reviewed_again_adds_no_support():
     assert book.only().support == 2 and book.only().source_task_ids == ["tsk_1", "tsk_2"]
 
 
+def test_lines_with_no_run_behind_them_count_once_however_often_they_come_back():
+    """Ten hand-written rewordings imported twice: the second time each is a wording the lesson
+    held (not only the last ``MAX_VARIANTS`` the rules read: they came back in turn, +9 each
+    time)."""
+    book = Book()
+    for text in ENCODING_REWORDED:
+        book.add(draft(text))
+    assert book.only().support == 10
+    for text in ENCODING_REWORDED:
+        assert book.add(draft(text.upper())).action == "merge"
+    assert book.only().support == 10
+
+
 def test_the_same_lesson_reworded_in_chinese_merges_too():
     book = Book()
     for text in CITY_REWORDED_ZH:

@@ -2472,8 +2472,7 @@ def _merge(
     if draft.source_task_ids:
         recounted = not added_sources
     else:
-        wordings, pending = _wordings(kept)
-        recounted = new_advice in wordings or new_advice in pending
+        recounted = _said(new_advice) in _texts_held(kept)
     support_added = 0 if recounted else draft.support if isinstance(draft, Lesson) else 1
     lesson.support += support_added
     lesson.updated_at = iso(now)
@@ -2503,6 +2502,28 @@ def _merge(
     lesson.history.append(_history(now, by, "merge", changes))
     _compact_history(lesson, dropped_sources)
     return lesson
+
+
+def _said(text: str) -> str:
+    """A text as compared for "the same line again": case, spacing and a closing full stop
+    aside."""
+    return " ".join(text.casefold().split()).rstrip(".。!！;；")
+
+
+def _texts_held(lesson: Lesson) -> set[str]:
+    """Every text a lesson has held (``_said``): its advice, each wording merged into it and
+    each advice a better wording replaced, as far back as its history goes (not only the
+    ``MAX_VARIANTS`` the rules read: a file of ten rewordings imported again came back in
+    turn)."""
+    held = {_said(lesson.advice)}
+    for entry in lesson.history:
+        changes = entry.get("changes") or {}
+        merged, advice = changes.get("merged_advice"), changes.get("advice")
+        if isinstance(merged, str):
+            held.add(_said(merged))
+        if isinstance(advice, dict) and isinstance(advice.get("from"), str):
+            held.add(_said(advice["from"]))
+    return held
 
 
 def _merged_tools(kept: list[str], new: list[str]) -> list[str]:
