@@ -91,6 +91,10 @@ def _subject(
     hs = Hindsight(db, background=False, triggers=triggers, writer=writer)  # type: ignore[arg-type]
     try:
         if per_task:
+            # The writer process starts with the first event, and the first task loads what
+            # tasks use: once per agent, not part of the rate (as for the one long task below).
+            with hs.task("ingest", goal="warm-up", recall=False):
+                pass
             hs.flush()
             t0 = time.perf_counter()
             for i in range(0, len(events), per_task):

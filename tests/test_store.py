@@ -394,6 +394,72 @@ def test_tasks_that_start_and_end_in_one_batch_are_stored_as_they_ended(store_ur
         store.close()
 
 
+def test_tasks_read_together_are_the_tasks_read_one_by_one(store_url: str) -> None:
+    """``get_tasks`` (the event writer reads a batch's ended tasks in one statement) gives, by
+    id, what ``get_task`` gives for each: an id asked twice once, one not stored left out."""
+    store = open_store(store_url)
+    try:
+        t = "2025-01-01T00:00:0{}.000Z"
+        rows = []
+        for i in range(3):
+            start = {"task_type": "csv", "goal": f"goal {i}", "injected_lesson_ids": [f"les_{i}"]}
+            rows.append(_row(f"s{i}", f"tsk_{i}", 0, t.format(i), "task_start", start))
+        rows += [
+            _row("a", "tsk_1", 1, t.format(4), "user_input", {"input": {"text": "x"}}),
+            _row("e", "tsk_1", 2, t.format(5), "task_end", {"result": {"status": "failed"}}),
+        ]
+        store.write_event_batch(rows)
+        asked = ["tsk_2", "tsk_0", "tsk_missing", "tsk_2", "tsk_1"]
+        tasks = store.get_tasks(asked)
+        assert tasks == {f"tsk_{i}": store.get_task(f"tsk_{i}") for i in (2, 0, 1)}
+        assert (tasks["tsk_1"].status, tasks["tsk_1"].event_count) == ("failed", 3)
+        assert tasks["tsk_0"].injected_lesson_ids == ["les_0"]
+        assert store.get_tasks([]) == {}
+    finally:
+        store.close()
+
+
+def test_tasks_with_a_nul_character_are_read_together_too(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "nul.db")
+    try:
+        for task_id in ("tsk\x00a", "tsk_b"):
+            store.upsert_task(Task(task_id=task_id, task_type="t"))
+        assert set(store.get_tasks(["tsk\x00a", "tsk_b", "tsk"])) == {"tsk\x00a", "tsk_b"}
+    finally:
+        store.close()
+
+
+def test_reviews_queued_together_take_one_statement(tmp_path: Path) -> None:
+    """The event writer's committer queues a batch's reviews with one statement, not BEGIN,
+    an insert each and COMMIT (it waits for the GIL after each); NUL-holding ids too."""
+    store = SQLiteStore(tmp_path / "jobs.db")
+    try:
+        store.upsert_task(Task(task_id="tsk_1", task_type="t"))
+        statements: list[str] = []
+        store._db.set_trace_callback(statements.append)
+        store.enqueue_jobs(
+            [
+                {"task_id": "tsk_1", "kind": "local", "trigger": "loop", "window": [2, 5]},
+                {"task_id": "tsk_1", "kind": "outcome", "use_llm": False},
+                {"task_id": "tsk_1"},
+            ]
+        )
+        store._db.set_trace_callback(None)
+        assert len(statements) == 1
+        store.enqueue_jobs([{"task_id": "tsk\x00n", "kind": "full"}])
+        claimed = [store.claim_job() for _ in range(5)]
+        assert [(j.task_id, j.kind, j.trigger, j.window, j.use_llm) for j in claimed if j] == [
+            ("tsk_1", "local", "loop", [2, 5], True),
+            ("tsk_1", "outcome", "task_end", None, False),
+            ("tsk_1", "full", "task_end", None, True),
+            ("tsk\x00n", "full", "task_end", None, True),
+        ]
+        assert claimed[-1] is None
+        assert store.pending_jobs(mine=True) == 4
+    finally:
+        store.close()
+
+
 def test_text_with_a_nul_character_is_stored_whole(tmp_path: Path) -> None:
     """A batch is written as one JSON list SQLite reads with ``->>``, which ends a text at its
     first NUL character: ids and task fields holding one are stored whole all the same."""

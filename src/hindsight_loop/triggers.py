@@ -103,6 +103,9 @@ class Triggers:
         (else None), so the rules need not parse the JSON they were just made from. No rows:
         the writer stops, and reviews kept from a refused queueing get their last try."""
         jobs: list[dict[str, Any]] = []  # the reviews to queue, in one transaction at the end
+        # The batch's task ends: where their reviews go in ``jobs``, once the ended tasks are
+        # read (all at once, ``_with_end_reviews``), the task and whether a tool call failed.
+        ends: list[tuple[int, str, bool]] = []
         running = self._running
         run: _Running | None = None
         last = None
@@ -124,7 +127,7 @@ class Triggers:
             if etype == "task_end":
                 del running[task_id]
                 last = None
-                self._end_reviews(task_id, run.had_failure, jobs)
+                ends.append((len(jobs), task_id, run.had_failure))
                 continue
             if etype not in WATCHED_TYPES:
                 continue
@@ -147,6 +150,8 @@ class Triggers:
                 self._watch(run, watched_event(row, data), position, seen, jobs)
         for task_id in ended:
             running.pop(task_id, None)
+        if ends:
+            jobs = self._with_end_reviews(jobs, ends)
         if self._unqueued:
             jobs[:0] = self._unqueued
             self._unqueued = []
@@ -164,6 +169,24 @@ class Triggers:
                     self._unqueued = jobs[-MAX_UNQUEUED:]
                 raise  # the recorder logs it
             self._wake()
+
+    def _with_end_reviews(
+        self, jobs: list[dict[str, Any]], ends: list[tuple[int, str, bool]]
+    ) -> list[dict[str, Any]]:
+        """``jobs`` with the reviews of the batch's task ends in their places, the ended tasks
+        read in one statement (read after the batch's commit, as one read each was): with short
+        tasks a read per task end held the committer, each time, for its wait for the GIL."""
+        tasks = self.store.get_tasks([task_id for _, task_id, _ in ends])
+        out: list[dict[str, Any]] = []
+        done = 0
+        for at, task_id, had_failure in ends:
+            out += jobs[done:at]
+            done = at
+            task = tasks.get(task_id)
+            if task is not None:
+                self._end_reviews(task_id, had_failure, out, task=task)
+        out += jobs[done:]
+        return out
 
     def _catch_up(self, run: _Running, task_id: str, rows: list[Row], at: int) -> None:
         """A task first seen mid-run: what it did before came through another writer (one that

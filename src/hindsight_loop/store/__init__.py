@@ -318,6 +318,11 @@ class Store(Protocol):
 
     def get_task(self, task_id: str) -> Task | None: ...
 
+    def get_tasks(self, task_ids: Sequence[str]) -> dict[str, Task]:
+        """``get_task`` of several tasks in one statement, by id (those not stored left out):
+        the event writer reads a batch's ended tasks at once."""
+        ...
+
     def list_tasks(
         self, *, limit: int = 50, task_type: str | None = None, status: str | None = None
     ) -> list[Task]: ...

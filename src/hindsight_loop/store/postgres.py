@@ -440,6 +440,15 @@ class PostgresStore(JobOwner, ThreadConnections):
         ).fetchone()
         return self._task_row(row) if row else None
 
+    def get_tasks(self, task_ids: Sequence[str]) -> dict[str, Task]:
+        return {
+            row[0]: self._task_row(row)
+            for row in self._db.execute(
+                f"SELECT {self._TASK_COLS} FROM tasks t WHERE t.task_id = ANY(%s)",
+                (list(dict.fromkeys(task_ids)),),
+            )
+        }
+
     def list_tasks(
         self, *, limit: int = 50, task_type: str | None = None, status: str | None = None
     ) -> list[Task]:
