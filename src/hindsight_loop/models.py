@@ -415,6 +415,24 @@ class Ratings(list[str]):
         super().__init__(rated)
         self.ignored = list(ignored)
 
+    def answer(self, task_id: str, status: str, *, how: str) -> dict[str, Any]:
+        """What the HTTP API and the MCP server answer an outcome report with; ``how`` says
+        how a lesson comes to be injected there. An ignored id is named in a note, never an
+        error: the task did end, and a retry would end it again."""
+        out: dict[str, Any] = {
+            "task_id": task_id,
+            "status": status,
+            "lessons_updated": list(self),
+            "lessons_ignored": self.ignored,
+        }
+        if self.ignored:
+            out["note"] = (
+                f"only lessons injected into this task ({how}) can be rated; not counted, as "
+                "not injected, rated the same way for it already or not in the book: "
+                + ", ".join(self.ignored)
+            )
+        return out
+
 
 # -- lesson text ------------------------------------------------------------------------------
 

@@ -243,21 +243,11 @@ def build_server(hs: Hindsight, *, name: str = SERVER_NAME) -> MCPServer:
         updated = await anyio.to_thread.run_sync(_end_task, hs, task_id, status, summary, rated)
         with lock:
             pending.pop(task_id, None)
-        out: dict[str, Any] = {
-            "task_id": task_id,
-            "status": status,
-            "lessons_updated": list(updated),
-            "lessons_ignored": updated.ignored,
-        }
-        if updated.ignored:
-            # An answer, not a tool error: the task did end, and a retry would end it again.
-            out["note"] = (
-                "only lessons recalled for this task (recall_lessons with its task_id, or named "
-                "in its task_start's injected_lesson_ids) can be rated; not counted, as not "
-                "recalled for it, rated the same way for it already or not in the book: "
-                f"{', '.join(updated.ignored)}"
-            )
-        return out
+        return updated.answer(
+            task_id,
+            status,
+            how="recall_lessons with its task_id, or named in its task_start's injected_lesson_ids",
+        )
 
     @server.tool(annotations=_WRITES)
     async def reflect_task(

@@ -258,21 +258,14 @@ class Api:
             summary=_text(data, "summary"),
             rated=rated,  # type: ignore[arg-type]
         )
-        out: dict[str, Any] = {
-            "task_id": task_id,
-            "status": status,
-            "lessons_updated": list(updated),
-            "lessons_ignored": updated.ignored,
-        }
-        if updated.ignored:
-            # The task ended all the same: a wrong id must not lose the run's outcome.
-            out["note"] = (
-                "only lessons injected into this task can be rated (recalled by POST /api/tasks, "
-                "or named in its task_start's injected_lesson_ids); not counted, as not injected, "
-                "rated the same way for it already or not in the book: "
-                f"{', '.join(updated.ignored)}"
+        # The task ended all the same: a wrong id must not lose the run's outcome.
+        return JSONResponse(
+            updated.answer(
+                task_id,
+                status,
+                how="recalled by POST /api/tasks, or named in its task_start's injected_lesson_ids",
             )
-        return JSONResponse(out)
+        )
 
     async def feedback(self, request: Request) -> Response:
         """A person's word on a running task (a ``feedback`` event: text and a score -1..1)."""
