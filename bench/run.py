@@ -418,6 +418,30 @@ Written by hand on 2026-12-02 (ninth session) from the full run above (main 1b54
 Xeon, load ~1): a later run changes the rows above, not these figures. Each says which writer it
 is for.
 
+Twenty-seventh session (2026-12-07, main after 2521aa6; the same 2-vCPU VM, loaded by helpers:
+figures as ratios to their baseline in the same run). Agent's path: `hs.record(dict)` with the
+writer process judges the usual event in a few dict lookups and hands it straight to the ring
+(p50 over the serializing floor ×1.954 → ×1.792 interleaved against 2521aa6 over 20 turns,
+`record_action` ×1.740 → ×1.647; at the floor of 1,046 ns above, about 2.04 → 1.87 µs, an
+extrapolation to confirm in a calm run). Ingest in tasks of 100: a batch's ended tasks are read in
+one statement and their reviews queued in one (24 → 7 statements a batch of ~16 task ends);
+writer process ×1.14 paired over 12 rounds (24,170 against 20,472 ev/s on this loaded VM, the
+naive logger 42-62k/s here against 94k above), and `bench/ingest.py` now starts the writer before
+the clock in the short-task cases as in the others. Trust: an outcome reported twice (a retry, a
+task_end then `report_outcome`) counted twice (helpful 1 → 2 → 3 over three reports), now once
+per task, a later verdict replacing the earlier; `report_outcome` rates only lessons injected into
+the task; a millisecond epoch of year 9999 read as 1978; lesson text with NUL, bidi overrides or
+tag characters is refused on the way in. Lesson book: a recall naming no task type read each
+uncompared pair again after every change of the book (20 lessons: p50 11.6-14.1 ms a recall after
+a change, now 2.5-3.7; an unchanged book 0.5 ms either way) and never recorded what it found (now
+recorded off the caller's thread, for review); a yes-or-no question (要不要, 能不能) read as a
+prohibition; an edit that settles a conflict, or a split of a model-merged wording, left the
+pair recorded; the same hand-written line imported again added support. Curation and retrieval
+unchanged to the digit (`bench/curation/run.py`, hashed: rewordings merged 0-36% on the blind
+splits, opposites merged 0, conflicts flagged 69-100%; `bench/retrieval/run.py`, hybrid: wrong
+injections 0.057-0.163, recall@3 0.80-1.00); `bench/real_runs.py` unchanged (0% identifiers, 78%
+of 18 first errors anticipated, 0.79 lessons per error-free run).
+
 Twenty-sixth session (2026-12-07, main after 9a92e82; the same 2-vCPU VM, slower this session:
 the serializing floor of `bench/record_cost.py` at 2.2-2.8 µs p50 against 1.3 before). No speed
 change on the agent's path: `record_action` with the writer process p50 3.6 µs (the floor 2.2 in
