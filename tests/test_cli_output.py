@@ -15,7 +15,7 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from hindsight_loop import Hindsight
+from hindsight_loop import Features, Hindsight, LessonDraft
 from hindsight_loop.cli import app
 from hindsight_loop.cli.common import clean
 from hindsight_loop.llm import LLMError
@@ -73,16 +73,21 @@ def nasty_db(db_path: Path, tmp_path: Path) -> dict[str, str]:
     # Another task type, so that curation does not merge it into the review's lesson.
     line = {"task_type": "u", "advice": NASTY, "tools": ["tool"], "keywords": [MARKUP]}
     (tmp_path / "nasty.jsonl").write_bytes(orjson.dumps(line) + b"\n")
-    imported = orjson.loads(
-        _run(
-            "lessons", "import", str(tmp_path / "nasty.jsonl"), "--db", str(db_path), "--json"
-        ).stdout
+    # An import refuses such advice now, saying where (and printing nothing raw) ...
+    refused = runner.invoke(
+        app,
+        ["lessons", "import", str(tmp_path / "nasty.jsonl"), "--db", str(db_path)],
+        env={"FORCE_COLOR": None, "COLUMNS": "100"},
     )
-    return {
-        "task": task_id,
-        "lesson": (imported["added"] + imported["merged"])[0],
-        "offline": offline.reflection_id,
-    }
+    assert refused.exit_code == 1 and "U+001B" in refused.output
+    _assert_safe(refused.output)
+    # ... but a book an older version wrote may hold it: it must show literally too.
+    with Hindsight(db_path, background=False) as hs:
+        draft = LessonDraft(
+            task_type="u", advice=NASTY, features=Features(tools=["tool"], keywords=[MARKUP])
+        )
+        lesson_id = hs.curate(draft).lesson.lesson_id
+    return {"task": task_id, "lesson": lesson_id, "offline": offline.reflection_id}
 
 
 def test_clean_makes_controls_visible_and_keeps_the_rest() -> None:
