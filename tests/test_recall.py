@@ -1119,3 +1119,16 @@ def test_a_recall_records_what_it_found_without_waiting_for_the_write_lock(
             other.close()
         assert hs.recall_cache.wait_recorded(timeout=60)
         assert hs.lesson(a.lesson_id).conflicts == [b.lesson_id]
+
+
+def test_a_contradiction_handed_over_as_the_store_closes_is_not_recorded(db_path: Path) -> None:
+    """The recall cache's thread recording a pair while ``close()`` closed the store under its
+    transaction crashed the process (SIGSEGV in the test suite). Once the store is closing, a
+    pair handed over is dropped (a later recall finds it again)."""
+    first, second, _ = OPPOSITE["en"]
+    hs = Hindsight(db_path, background=False)
+    a = hs.curate(_draft(first, "en", task_type="weather_query")).lesson
+    b = hs.curate(_draft(second, "en", task_type="trip_planning")).lesson
+    hs.close()
+    assert hs.curator.closed
+    hs.curator.record_found(a.lesson_id, b.lesson_id)  # before: used the closed store

@@ -111,6 +111,10 @@ class Curator:
         self._embedder = embedder
         self._judge = judge
         self._lock = threading.Lock()
+        #: Set under ``_lock`` once the store is closing: a contradiction a recall found
+        #: (``record_found``, on a thread of the recall cache) is no longer recorded; closing
+        #: the store under another thread's transaction crashed the process (SIGSEGV).
+        self.closed = False
         # Every task type the book holds, as stored, by the key recall matches it on
         # (``lesson_keys.task_key``), kept current from ``store.lessons_since``: the store's
         # task_type filter is exact, and recall serves "Quotes" with "quotes " and "*".
@@ -300,8 +304,15 @@ class Curator:
     def record_found(self, earlier_id: str, later_id: str) -> None:
         """Record a contradiction a recall found between two lessons curation never compared
         (``recall.PairReadings``: of two task types, or of two users' scopes), read again here
-        by the same rules against the book as it is, so review shows the pair to a person."""
-        with self._lock, self.store.transaction():
+        by the same rules against the book as it is, so review shows the pair to a person.
+        Nothing once the store is closing."""
+        with self._lock:
+            if self.closed:
+                return
+            self._record_found(earlier_id, later_id)
+
+    def _record_found(self, earlier_id: str, later_id: str) -> None:
+        with self.store.transaction():
             earlier, later = self.store.get_lesson(earlier_id), self.store.get_lesson(later_id)
             if earlier is None or later is None:
                 return
@@ -790,7 +801,11 @@ class Worker:
         interrupt()
         if self.join(timeout):
             if close_store:
-                self.store.close()
+                # After a recall's recording of a contradiction under way (``Curator.
+                # record_found``), and none after it.
+                with self.curator._lock:
+                    self.curator.closed = True
+                    self.store.close()
             else:
                 log.warning(
                     "hindsight: the store is left open under the writer's call that is held up"
