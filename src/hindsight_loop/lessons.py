@@ -39,6 +39,7 @@ from hindsight_loop.models import (
     LessonKind,
     LessonStatus,
     Structured,
+    check_lesson_text,
     iso,
     new_id,
     parse_ts,
@@ -2825,8 +2826,6 @@ _OPTIONAL_TEXT_FIELDS = frozenset({"step", "error_type"})
 
 
 def _check_field(name: str, value: Any) -> Any:
-    from hindsight_loop.models import check_lesson_text
-
     if name in {"advice", "task_type"} and (not isinstance(value, str) or not value.strip()):
         raise ValueError(f"{name!r} must be non-empty text")
     if name in _TEXT_FIELDS and not isinstance(value, str):

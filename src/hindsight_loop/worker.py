@@ -301,6 +301,13 @@ class Curator:
         for other in cleared:
             self.save(other, embed=False)
 
+    def close_store(self) -> None:
+        """Close the store after a recall's recording of a contradiction under way
+        (``record_found``), and let none start after it."""
+        with self._lock:
+            self.closed = True
+            self.store.close()
+
     def record_found(self, earlier_id: str, later_id: str) -> None:
         """Record a contradiction a recall found between two lessons curation never compared
         (``recall.PairReadings``: of two task types, or of two users' scopes), read again here
@@ -801,11 +808,7 @@ class Worker:
         interrupt()
         if self.join(timeout):
             if close_store:
-                # After a recall's recording of a contradiction under way (``Curator.
-                # record_found``), and none after it.
-                with self.curator._lock:
-                    self.curator.closed = True
-                    self.store.close()
+                self.curator.close_store()
             else:
                 log.warning(
                     "hindsight: the store is left open under the writer's call that is held up"
