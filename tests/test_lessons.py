@@ -434,6 +434,15 @@ PROHIBITIONS_SAID_OTHERWISE = [
         ("调用 deploy 时，只要不要跳过灰度，就可以直接发布。", "调用 deploy 时，只要跳过灰度，就可以直接发布。"),
         ("run_sql 删除数据时最重要不要加 WHERE 条件。", "run_sql 删除数据时最重要加 WHERE 条件。"),
         ("该订单可能不能退款，调用 refund 前先告诉用户。", "该订单可能可以退款，调用 refund 前先告诉用户。"),
+        # A question and its one-word answer: the answer says which way (these merged).
+        ("调用 refund 前，可不可以跳过确认？不可以。", "调用 refund 前，可不可以跳过确认？可以。"),
+        ("调用 refund 前，能不能跳过确认？不能。", "调用 refund 前，能不能跳过确认？能。"),
+        ("调用 refund 前是否跳过确认？是的。", "调用 refund 前是否跳过确认？否。"),
+        ("调用 refund 前，可以跳过确认吗？不行。", "调用 refund 前，可以跳过确认吗？行。"),
+        ("Skip the order check before calling refund? Yes.",
+         "Skip the order check before calling refund? No."),
+        ("Before calling refund, can you skip the order check? Yes, you can.",
+         "Before calling refund, can you skip the order check? No, you cannot."),
     ],
 )  # fmt: skip
 def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
@@ -491,6 +500,13 @@ def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
         ("调用 change_ticket 前先问航司是否可以改签。", "调用 change_ticket 前先问航司可不可以改签。"),
         ("调用 get_weather 前先问用户是否需要未来三天的预报。",
          "调用 get_weather 前先问用户需不需要未来三天的预报。"),
+        # A question answered "no" is the prohibition of what it asks about; "yes", the order.
+        ("调用 refund 前，可不可以跳过确认？不可以。", "调用 refund 前，不要跳过确认。"),
+        ("调用 refund 前，可不可以跳过确认？可以。", "调用 refund 前，可以跳过确认。"),
+        ("Skip the order check before calling refund? No.",
+         "Never skip the order check before calling refund."),
+        ("Before calling refund, can you skip the order check? No, you cannot.",
+         "Never skip the order check before calling refund."),
     ],
 )  # fmt: skip
 def test_a_verdict_a_choice_or_a_condition_reworded_is_a_repeat(first, second):

@@ -862,92 +862,165 @@ def stance(text: str) -> dict[str, float]:
     The situation a clause sets ("when no city is given", "读取CSV文件时") counts neither way. A
     dismissal ("… 太慢，不值得", "X is overkill") or a consequence ("immediate retries get the number
     flagged", "X 容易失败") avoids what it speaks of; an act read one way reads its opposite
-    (``_ANTONYMS``: asking / guessing a default, haste / waiting) the other way.
+    (``_ANTONYMS``: asking / guessing a default, haste / waiting) the other way. A clause that
+    only answers ("Skip the check? No.", "可不可以跳过确认？可以。") says which way the question
+    before it goes, and a "no" on its own turns round the clause before it.
     """
     out: dict[str, float] = {}
-    previous = ""
-    for clause in _CLAUSE_SPLIT_RE.split(_fold_acts(text)):
-        clause = clause.strip()
-        if not clause:
-            continue
-        said, previous = previous, clause
-        cjk = is_cjk(clause[0])
-        situation = _CONDITION_EN.match(clause) or (cjk and _CONDITION_ZH.search(clause))
-        if situation and (cjk or not _FORBID_RE.search(clause)):
-            # A clause that only sets the scene ("when no city is given"); an English one that
-            # forbids ("if in doubt, never guess") still says what not to do.
-            continue
-        # "ask which city before you call get_weather": the tail is the situation;
-        # "调用 get_weather 前先确认城市": the head is.
-        if mid := _CONDITION_MID_EN.search(clause):
-            # "a 125% load test after a brake swap is a waste of a morning": the verdict after
-            # the situation still speaks of the head; only the situation itself goes.
-            verdict = _DISMISS_RE.search(clause, mid.end())
-            clause = clause[: mid.start()] + (" " + clause[verdict.start() :] if verdict else "")
-        elif (mid := _CONDITION_MID_ZH.search(clause)) and not _negates(clause[: mid.start()]):
-            # "不需要在每次请求时附带 ID": a negation before the situation still governs the act.
-            clause = clause[mid.end() :]
-        if gated := _until(clause):
-            # "don't approve the claim until you've checked the policy": wait, and do what
-            # follows "until"; the act held back is neither asked for nor forbidden.
-            out["xwait"] = out.get("xwait", 0.0) + 1.0
-            _signed_terms(gated[1], 1.0, out)
-            continue
-        if _PURPOSE_RE.match(clause):
-            # "so you don't create a duplicate", "以免重复扣款", "不然最后一天会漏掉": why, not
-            # which act (one lesson's purpose is another's "otherwise"): read neither way.
-            continue
-        dismissed = _DISMISS_RE.search(clause)
-        if dismissed and dismissed["means"] and not _act_before(clause, dismissed.start()):
-            dismissed = None
-        if dismissed:
-            head, tail = clause[: dismissed.start()], clause[dismissed.end() :]
-            if _terms(head) or not (said or _terms(tail)):
-                _avoid(head, out)
-            elif _terms(tail):
-                # "用不着先在预发布环境跑一遍", "没必要先备份": the dismissal comes before its act.
-                _avoid(tail, out)
+    said_read: dict[str, float] = {}  # what the clause before was read as
+    said, asked, answered = "", False, False
+    for clause, question in _clauses(_fold_acts(text)):
+        answer = _answer(clause)
+        if answered and answer is not None:
+            continue  # "No, you can not.", "不行，不可以。": the answer said again
+        read: dict[str, float] = {}
+        if said and answer is not None and (asked or answer < 0):
+            # "Skip the check? No.", "可不可以跳过确认？不可以。": the answer says whether the act
+            # asked of is taken; it replaces what the question was read as.
+            act: dict[str, float] = {}
+            if said_read:
+                act = said_read
+            elif asked and (order := _ASKED_RE.sub(" ", said).strip()):
+                _read_clause(order, "", act)  # "是否跳过确认？": read as the order it asks about
             else:
-                # "…, CONCURRENTLY 太慢而且容易失败, 不值得": a dismissal on its own speaks of the
-                # clause before it, which was read as asked for: turn it round.
-                _signed_terms(said, -2.0, out)
-            continue
-        risk = _RISK_RE.search(clause)
-        if risk is None and (harm := _HARM_RE.search(clause)):
-            risk = harm if _act_before(clause, harm.start()) else None
-        if risk and not _OUTCOME_RE.match(clause) and not _FORBID_RE.search(clause[: risk.start()]):
-            # A consequence told of an act is a reason not to take it; a clause of purpose or
-            # outcome ("otherwise it fails", "否则会失败") speaks of not following the advice.
-            _avoid(clause[: risk.start()], out)
-            continue
-        forbid, exclude = _FORBID_RE.search(clause), _EXCLUDE_RE.search(clause)
-        cut = min((m for m in (forbid, exclude) if m), key=lambda m: m.start(), default=None)
-        if cut is None:
-            _signed_terms(clause, 1.0, out)
-            continue
-        if cut is exclude:
-            _signed_terms(clause[: cut.start()], 1.0, out)
-        elif again := _FORBID_RE.match(clause, _skip_space(clause, cut.end())):
-            # "never skip the checksum", "千万不要跳过校验": forbidding a skip asks for the act.
-            _signed_terms(clause[again.end() :], 1.0, out)
-            continue
-        elif without := _WITHOUT_RE.search(clause, cut.end()):
-            # "never call unlock_door without the PIN", "不要未经确认就删除": two negations ask
-            # for what follows "without"; the act itself is allowed once that is done.
-            stop = _WITHOUT_END_RE.search(clause, without.end())
-            _signed_terms(clause[without.end() : stop.start() if stop else None], 1.0, out)
-            continue
-        if said and _hollow(clause[cut.end() :]) and _hollow(clause[: cut.start()]):
-            # "Refresh the index first? Never.", "先刷新缓存？不要。": a prohibition on its own
-            # speaks of the clause before it, which was read as asked for: turn it round.
-            _signed_terms(said, -2.0, out)
-            continue
-        _avoid(clause[cut.end() :], out)
+                _signed_terms(said, 1.0, act)
+            for t in act.keys() | said_read.keys():
+                read[t] = answer * act.get(t, 0.0) - said_read.get(t, 0.0)
+        else:
+            _read_clause(clause, said, read)
+        for t, v in read.items():
+            out[t] = out.get(t, 0.0) + v
+        said, said_read, asked = clause, read, question
+        answered = answer is not None and bool(read)
     signs = {t: math.copysign(1.0, v) for t, v in out.items() if v}
     for a, b in (*_ANTONYMS, *((b, a) for a, b in _ANTONYMS)):
         if a in signs and b not in signs:
             signs[b] = -signs[a]
     return signs
+
+
+# A clause that only answers the question before it: "Yes.", "No, you can not.", "可以。", "不行。"
+# (``_plain`` has already said "no" and "不可以" as "never" and "不要").
+_YES_RE = re.compile(
+    r"^(?:(?:yes|yeah|yep|sure|of\s+course|absolutely|definitely|certainly|always|correct|right|"
+    r"ok|okay)(?:\s+(?:always|so))?|(?:you|we|i|it|they)\s+(?:can|could|should|must|may|do|does|"
+    r"will|need\s+to|have\s+to)"
+    r"|(?:当然|肯定|一定|必须|务必|绝对)?(?:可以|能|行|要|需要|应该|应当|得|必须|是|是的|对|好|没问题|当然)"
+    r"[的了啊呀吧]?)$",
+    re.I,
+)
+_NO_ANSWER_RE = re.compile(
+    r"^(?:(?:you|we|i|it|they)\s+(?:can|could|should|must|may|do|does|will|need)\s+not"
+    r"|(?:当然|肯定|绝对|千万)?(?:否|不是|不对|不好|不行|不必|不用|不需要|没必要|无需|不应该|不该|不得)"
+    r"[的了啊呀吧]?)$",
+    re.I,
+)
+# How a question is put, apart from the act it asks about: "can you skip the check", "是否跳过
+# 确认", "可以跳过确认吗" ask about skipping the check.
+_ASKED_RE = re.compile(
+    r"^\s*(?:(?:can|could|may|should|must|shall|will|would|do|does)\s+(?:you|we|i|they|the\s+agent)"
+    r"\s+(?:(?:need|have)\s+to\s+)?|is\s+it\s+(?:ok|okay|fine|safe|wise|right|allowed|better)\s+to\s+)"
+    r"|是否|能否|可否|吗\s*$",
+    re.I,
+)
+
+
+def _clauses(folded: str) -> list[tuple[str, bool]]:
+    """The clauses of folded advice, each with whether it asks a question ("…?", "…吗")."""
+    out, at = [], 0
+    for m in _CLAUSE_SPLIT_RE.finditer(folded):
+        clause = folded[at : m.start()].strip()
+        if clause:
+            out.append((clause, "?" in m[0] or "？" in m[0] or clause.endswith("吗")))
+        at = m.end()
+    if clause := folded[at:].strip():
+        out.append((clause, clause.endswith("吗")))
+    return out
+
+
+@functools.lru_cache(maxsize=8192)
+def _answer(clause: str) -> float | None:
+    """1.0 when a clause only says yes, -1.0 when it only says no ("never", "不要"), else None."""
+    if _YES_RE.match(clause):
+        return 1.0
+    if _NO_ANSWER_RE.match(clause) or _NO_RE.match(clause):
+        return -1.0
+    forbid = _FORBID_RE.search(clause) or _NEED_NOT_RE.search(clause)
+    if forbid and _hollow(clause[: forbid.start()]) and _hollow(clause[forbid.end() :]):
+        return -1.0
+    return None
+
+
+def _read_clause(clause: str, said: str, out: dict[str, float]) -> None:
+    """What one clause of folded advice asks for and forbids (``stance``), into ``out``;
+    ``said`` is the clause before it."""
+    cjk = is_cjk(clause[0])
+    situation = _CONDITION_EN.match(clause) or (cjk and _CONDITION_ZH.search(clause))
+    if situation and (cjk or not _FORBID_RE.search(clause)):
+        # A clause that only sets the scene ("when no city is given"); an English one that
+        # forbids ("if in doubt, never guess") still says what not to do.
+        return
+    # "ask which city before you call get_weather": the tail is the situation;
+    # "调用 get_weather 前先确认城市": the head is.
+    if mid := _CONDITION_MID_EN.search(clause):
+        # "a 125% load test after a brake swap is a waste of a morning": the verdict after
+        # the situation still speaks of the head; only the situation itself goes.
+        verdict = _DISMISS_RE.search(clause, mid.end())
+        clause = clause[: mid.start()] + (" " + clause[verdict.start() :] if verdict else "")
+    elif (mid := _CONDITION_MID_ZH.search(clause)) and not _negates(clause[: mid.start()]):
+        # "不需要在每次请求时附带 ID": a negation before the situation still governs the act.
+        clause = clause[mid.end() :]
+    if gated := _until(clause):
+        # "don't approve the claim until you've checked the policy": wait, and do what
+        # follows "until"; the act held back is neither asked for nor forbidden.
+        out["xwait"] = out.get("xwait", 0.0) + 1.0
+        _signed_terms(gated[1], 1.0, out)
+        return
+    if _PURPOSE_RE.match(clause):
+        # "so you don't create a duplicate", "以免重复扣款", "不然最后一天会漏掉": why, not
+        # which act (one lesson's purpose is another's "otherwise"): read neither way.
+        return
+    dismissed = _DISMISS_RE.search(clause)
+    if dismissed and dismissed["means"] and not _act_before(clause, dismissed.start()):
+        dismissed = None
+    if dismissed:
+        head, tail = clause[: dismissed.start()], clause[dismissed.end() :]
+        if _terms(head) or not (said or _terms(tail)):
+            _avoid(head, out)
+        elif _terms(tail):
+            # "用不着先在预发布环境跑一遍", "没必要先备份": the dismissal comes before its act.
+            _avoid(tail, out)
+        else:
+            # "…, CONCURRENTLY 太慢而且容易失败, 不值得": a dismissal on its own speaks of the
+            # clause before it, which was read as asked for: turn it round.
+            _signed_terms(said, -2.0, out)
+        return
+    risk = _RISK_RE.search(clause)
+    if risk is None and (harm := _HARM_RE.search(clause)):
+        risk = harm if _act_before(clause, harm.start()) else None
+    if risk and not _OUTCOME_RE.match(clause) and not _FORBID_RE.search(clause[: risk.start()]):
+        # A consequence told of an act is a reason not to take it; a clause of purpose or
+        # outcome ("otherwise it fails", "否则会失败") speaks of not following the advice.
+        _avoid(clause[: risk.start()], out)
+        return
+    forbid, exclude = _FORBID_RE.search(clause), _EXCLUDE_RE.search(clause)
+    cut = min((m for m in (forbid, exclude) if m), key=lambda m: m.start(), default=None)
+    if cut is None:
+        _signed_terms(clause, 1.0, out)
+        return
+    if cut is exclude:
+        _signed_terms(clause[: cut.start()], 1.0, out)
+    elif again := _FORBID_RE.match(clause, _skip_space(clause, cut.end())):
+        # "never skip the checksum", "千万不要跳过校验": forbidding a skip asks for the act.
+        _signed_terms(clause[again.end() :], 1.0, out)
+        return
+    elif without := _WITHOUT_RE.search(clause, cut.end()):
+        # "never call unlock_door without the PIN", "不要未经确认就删除": two negations ask
+        # for what follows "without"; the act itself is allowed once that is done.
+        stop = _WITHOUT_END_RE.search(clause, without.end())
+        _signed_terms(clause[without.end() : stop.start() if stop else None], 1.0, out)
+        return
+    _avoid(clause[cut.end() :], out)
 
 
 # Words that only stress a prohibition: "Retry at once? Absolutely never.", "立即重试？永远不要。"
@@ -1090,7 +1163,8 @@ def _order(text: str) -> tuple[set[str], set[str]]:
     first: set[str] = set()
     later: set[str] = set()
     pending: set[str] | None = None  # where the clause after a "before …" / "… 之后" clause goes
-    for clause in _order_clauses(text):
+    clauses = _order_clauses(text)
+    for i, clause in enumerate(clauses):
         target, pending = pending, None
         if gated := _until(clause):
             # "hold off on tm_commit until review sign-off": the review first.
@@ -1099,6 +1173,8 @@ def _order(text: str) -> tuple[set[str], set[str]]:
             continue
         ahead, behind = first, later
         clause, negated = _unsay_order(clause)
+        if i + 1 < len(clauses) and _answer(clauses[i + 1]) == -1.0:
+            negated = not negated  # "Skip the check before you pay? No.": turned down
         if negated:
             # "don't publish before you ask", "不能先放行后补报", "listing them first is a waste
             # of time": the order turned down is the other one asked for.
@@ -1599,10 +1675,12 @@ def poles(text: str) -> dict[str, frozenset[int]]:
     timeout" raises it, "keep it instead of deleting it" keeps it)."""
     found: dict[str, set[int]] = {}
     last_end = 0
-    for clause in _CLAUSE_SPLIT_RE.split(_plain(text)):
-        clause = clause.strip()
-        if not clause or _CONDITION_EN.match(clause) or _CONDITION_ZH.search(clause):
+    clauses = [c for c in map(str.strip, _CLAUSE_SPLIT_RE.split(_plain(text))) if c]
+    for i, clause in enumerate(clauses):
+        if _CONDITION_EN.match(clause) or _CONDITION_ZH.search(clause):
             continue  # "when more than 100 rows are queued", "并发数调高时": the situation
+        # "Keep the cache? No.": the answer turns the clause round.
+        turned = i + 1 < len(clauses) and _answer(clauses[i + 1]) == -1.0
         spans = sorted(
             m.span() for p in (_FORBID_RE, _EXCLUDE_RE, _NEG_ZH) for m in p.finditer(clause)
         )
@@ -1621,7 +1699,9 @@ def poles(text: str) -> dict[str, frozenset[int]]:
         for at, name, sign in words:
             # A negation turns the first such word after it ("never disable the cache": the
             # switch, not the cache).
-            flips = sum(1 for n in negations if n < at and not any(n < w < at for w, _, _ in words))
+            flips = turned + sum(
+                1 for n in negations if n < at and not any(n < w < at for w, _, _ in words)
+            )
             found.setdefault(name, set()).add(sign * (-1) ** flips)
     return {name: frozenset(signs) for name, signs in found.items()}
 
