@@ -41,6 +41,27 @@ def test_tasks_lists_with_json(db_path: Path) -> None:
     assert task["task_id"] == task_id and task["status"] == "failed" and task["event_count"] == 4
 
 
+def test_ids_are_never_cut_in_a_narrow_terminal(db_path: Path) -> None:
+    # An id with an ellipsis in it cannot be copied into the next command ('hindsight replay').
+    # Imported runs keep their own ids, often long ones.
+    task_id = "tau-bench-airline-task-017-trial-03-gpt-4o"
+    with Hindsight(db_path, background=False) as hs:
+        hs.record(
+            {"type": "task_start", "task_id": task_id, "task_type": "airline", "goal": "x" * 80}
+        )
+        hs.record({"type": "task_end", "task_id": task_id, "status": "failed"})
+        hs.flush()
+        review = hs.reflect(task_id, reflector=hs.offline_reflector)
+    for args, ids, width in (
+        (["tasks"], [task_id], "46"),
+        (["reflections"], [review.reflection_id, task_id], "72"),
+    ):
+        shown = runner.invoke(app, [*args, "--db", str(db_path)], env={"COLUMNS": width})
+        assert shown.exit_code == 0, shown.output
+        for one in ids:
+            assert one in shown.output, shown.output
+
+
 def test_replay_shows_key_nodes(db_path: Path) -> None:
     task_id = _seed(db_path)
     out = _run("replay", task_id, "--db", str(db_path))

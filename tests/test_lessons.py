@@ -443,6 +443,18 @@ PROHIBITIONS_SAID_OTHERWISE = [
          "Skip the order check before calling refund? No."),
         ("Before calling refund, can you skip the order check? Yes, you can.",
          "Before calling refund, can you skip the order check? No, you cannot."),
+        ("调用 refund 前，跳过确认，对吗？不可以。", "调用 refund 前，跳过确认，对吗？可以。"),
+        # A "no" after a statement forbids what it names, or says a prohibition again; "skip
+        # it" after a question about skipping is a yes (the adversarial pass merged these).
+        ("Never guess the city for get_weather. Never.", "Guess a default city when calling get_weather."),
+        ("调用 get_weather 时不要猜城市，绝对不要。", "调用 get_weather 时猜一个默认城市。"),
+        ("调用 refund 前不要跳过确认，千万不要。", "调用 refund 前直接跳过确认。"),
+        ("立即重试 refund 容易被封号，不要。", "立即重试 refund。"),
+        ("调用 refund 前，可以跳过确认吗？可以跳过。", "调用 refund 前，不要跳过确认。"),
+        ("Can you skip the order check before calling refund? You can skip it.",
+         "Never skip the order check before calling refund."),
+        ("Skipping the order check before calling refund? No.",
+         "Always skip the order check before calling refund."),
     ],
 )  # fmt: skip
 def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
@@ -507,6 +519,9 @@ def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
          "Never skip the order check before calling refund."),
         ("Before calling refund, can you skip the order check? No, you cannot.",
          "Never skip the order check before calling refund."),
+        ("调用 refund 前，跳过确认，对吗？不可以。", "调用 refund 前，不要跳过确认。"),
+        ("Never guess the city for get_weather, no.", "Never guess the city for get_weather."),
+        ("Don't call refund before verifying the order. Never.", "Verify the order before calling refund."),
     ],
 )  # fmt: skip
 def test_a_verdict_a_choice_or_a_condition_reworded_is_a_repeat(first, second):

@@ -17,7 +17,7 @@ import pytest
 from mcp import Client
 from typer.testing import CliRunner
 
-from hindsight_loop import Hindsight
+from hindsight_loop import Features, Hindsight, LessonDraft
 from hindsight_loop.cli import app
 from hindsight_loop.lessons import edit, export_jsonl, parse_import_line
 from hindsight_loop.mcp.server import build_server
@@ -81,6 +81,11 @@ def test_every_way_in_refuses_the_same_hidden_character(
     assert _refusal(lambda: parse_import_line(hand_written)) == said
     exported = {**lesson.to_dict(), "advice": advice}
     assert _refusal(lambda: parse_import_line(exported)) == said
+    draft = LessonDraft(task_type="csv_cleaning", advice=advice)
+    with Hindsight(db_path, background=False) as hs:
+        assert _refusal(lambda: hs.add_lesson(draft)) == said  # the API, as the CLI
+        assert _refusal(lambda: hs.curate(draft)) == said
+        assert hs.lessons() == []
     if named != "U+D800 (a lone surrogate)":  # no UTF-8 file can hold one
         result = _import(db_path, tmp_path, [hand_written])
         assert result.exit_code != 0 and said in result.output
@@ -98,6 +103,17 @@ def test_the_other_words_of_a_lesson_are_checked_too() -> None:
     assert said.startswith("'suggestions' item 2 holds U+202E"), said
     line = {"task_type": "csv_cleaning", "advice": "Use gbk.", "suggestions": ["ok", bad]}
     assert _refusal(lambda: parse_import_line(line)) == said
+
+
+def test_a_lone_surrogate_in_a_lessons_names_is_a_clear_error(db_path: Path) -> None:
+    # Before: a TypeError from deep inside the store's save.
+    draft = LessonDraft(
+        task_type="csv_cleaning", advice="Use gbk.", features=Features(tools=["read\udce9csv"])
+    )
+    with Hindsight(db_path, background=False) as hs:
+        said = _refusal(lambda: hs.add_lesson(draft))
+        assert "lone surrogate" in said and "read\\udce9csv" in said
+        assert hs.lessons() == []
 
 
 @pytest.mark.parametrize("advice", WRITTEN)

@@ -88,3 +88,16 @@ def test_the_recorder_reads_epoch_numbers_as_parse_ts_does(hs: Hindsight) -> Non
 
 def test_an_import_reads_the_last_millisecond_of_9999() -> None:
     assert timestamp_ns(END * 10**3 - 1) == (END - 1) * 10**9 + 999_000_000
+
+
+@pytest.mark.parametrize(
+    ("value", "ns"),
+    [
+        ("1969-12-31T23:59:59.500000Z", -500_000_000),  # was +500_000_000: a second off
+        ("1969-12-31T23:59:59Z", -1_000_000_000),
+        ("1970-01-01T00:00:00.000001Z", 1_000),
+        (-0.25, -250_000_000),
+    ],
+)
+def test_an_import_reads_a_time_before_1970_to_the_microsecond(value: object, ns: int) -> None:
+    assert timestamp_ns(value) == ns

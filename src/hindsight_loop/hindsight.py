@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hindsight_loop.components import Models, make_recorder, writer_kind
+from hindsight_loop.lessons import check_words
 from hindsight_loop.models import (
     EVENT_TYPES,
     MAX_LESSONS,
@@ -399,11 +400,17 @@ class Hindsight:
         return self.store.list_lessons(status=status, task_type=task_type)
 
     def add_lesson(self, draft: Any) -> Lesson:
-        """Curate one lesson draft into the book: add, merge into a twin, or flag a conflict."""
-        return self.curator.add(draft).lesson
+        """Curate one lesson draft into the book: add, merge into a twin, or flag a conflict.
+
+        Raises:
+            ValueError: the words hold a control, bidi-override or invisible character
+                (``lessons.check_words``), as an edit or an import would refuse them.
+        """
+        return self.curate(draft).lesson
 
     def curate(self, draft: Any) -> Change:
         """Like ``add_lesson``, and say what curation did (``add``, ``merge``, ``conflict``)."""
+        check_words(draft)
         return self.curator.add(draft)
 
     def save_lesson(self, lesson: Lesson) -> None:

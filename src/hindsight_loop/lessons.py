@@ -516,7 +516,9 @@ _CONDITION_MID_ZH = re.compile(
 _FORBID_RE = re.compile(
     r"\b(?:do\s+not|does\s+not|don't|don’t|doesn't|never|avoid(?:s|ing)?|refrain\s+from|"
     # "stop calling it" forbids; "stop and tell the user" is the act of stopping.
-    r"stop(?=\s+(?:\w+ing|x[a-z]+)\b)|must\s+not|should\s+not|shouldn't|mustn't|no\s+longer|skip|omit|"
+    r"stop(?=\s+(?:\w+ing|x[a-z]+)\b)|must\s+not|should\s+not|shouldn't|mustn't|no\s+longer|"
+    # "skipping the check? No." (not "skipped": "re-run the skipped tests" names the tests).
+    r"skip(?:s|ping)?|omit(?:s|ting)?|"
     # "there's no point letting it soak", "no need to ask again": what follows is not done.
     r"there(?:'s|’s|\s+is)\s+no\s+(?:point|need|sense|reason)(?:\s+in)?|no\s+(?:need|reason)\s+to|"
     r"need\s+not|needn't|(?:it's|it\s+is)\s+pointless\s+to|"
@@ -874,18 +876,22 @@ def stance(text: str) -> dict[str, float]:
         if answered and answer is not None:
             continue  # "No, you can not.", "不行，不可以。": the answer said again
         read: dict[str, float] = {}
-        if said and answer is not None and (asked or answer < 0):
+        if said and asked and answer is not None:
             # "Skip the check? No.", "可不可以跳过确认？不可以。": the answer says whether the act
             # asked of is taken; it replaces what the question was read as.
             act: dict[str, float] = {}
             if said_read:
                 act = said_read
-            elif asked and (order := _ASKED_RE.sub(" ", said).strip()):
+            elif order := _ASKED_RE.sub(" ", said).strip():
                 _read_clause(order, "", act)  # "是否跳过确认？": read as the order it asks about
-            else:
-                _signed_terms(said, 1.0, act)
             for t in act.keys() | said_read.keys():
                 read[t] = answer * act.get(t, 0.0) - said_read.get(t, 0.0)
+        elif said and answer is not None and answer < 0:
+            # "Retry at once — never.", "猜城市是个坏主意，不要。": a "no" after a statement forbids
+            # the act it names; after a prohibition ("不要跳过确认，千万不要。", "Never guess the
+            # city. Never.") it says the prohibition again (turned round, opposites merged).
+            if not any(_NOT_WORD_RE.search(m[0]) for m in _FORBID_RE.finditer(said)):
+                _signed_terms(said, -2.0, read)
         else:
             _read_clause(clause, said, read)
         for t, v in read.items():
@@ -911,10 +917,15 @@ _YES_RE = re.compile(
 )
 _NO_ANSWER_RE = re.compile(
     r"^(?:(?:you|we|i|it|they)\s+(?:can|could|should|must|may|do|does|will|need)\s+not"
-    r"|(?:当然|肯定|绝对|千万)?(?:否|不是|不对|不好|不行|不必|不用|不需要|没必要|无需|不应该|不该|不得)"
+    r"|(?:(?:of\s+course|certainly|absolutely|definitely|surely|hell)\s+)?(?:not|no)"
+    r"(?:\s+(?:at\s+all|really|ever|way|chance|a\s+chance))?"
+    r"|(?:当然|肯定|绝对|千万)?(?:否|不是|不对|不好|不行|不必|不用|不需要|没必要|无需|不应该|不该|不得|"
+    r"用不着|别这样|不不不?|不了)"
     r"[的了啊呀吧]?)$",
     re.I,
 )
+# The negation in a prohibition ("don't", "never", 不要, 别, 勿, 禁止), not a verb that forbids.
+_NOT_WORD_RE = re.compile(r"\b(?:not|never|no)\b|n't|n’t|不|别|勿|莫|禁止|甭|绝不|决不|永不", re.I)
 # How a question is put, apart from the act it asks about: "can you skip the check", "是否跳过
 # 确认", "可以跳过确认吗" ask about skipping the check.
 _ASKED_RE = re.compile(
@@ -925,13 +936,25 @@ _ASKED_RE = re.compile(
 )
 
 
-def _clauses(folded: str) -> list[tuple[str, bool]]:
+# A question tagged on a statement: "…，对吗？", "…, right?" ask about the statement.
+_TAG_QUESTION_RE = re.compile(
+    r"^(?:对|是|好|行|可以|是否对|是否行|是否可以|是不是|对不对|好不好)吗?$"
+    r"|^(?:right|correct|ok|okay|is\s+that\s+(?:right|ok|okay|correct)|is\s+it\s+not|isn't\s+it)$",
+    re.I,
+)
+
+
+def _clauses(folded: str, split: re.Pattern[str] = _CLAUSE_SPLIT_RE) -> list[tuple[str, bool]]:
     """The clauses of folded advice, each with whether it asks a question ("…?", "…吗")."""
-    out, at = [], 0
-    for m in _CLAUSE_SPLIT_RE.finditer(folded):
+    out: list[tuple[str, bool]] = []
+    at = 0
+    for m in split.finditer(folded):
         clause = folded[at : m.start()].strip()
-        if clause:
-            out.append((clause, "?" in m[0] or "？" in m[0] or clause.endswith("吗")))
+        asked = "?" in m[0] or "？" in m[0] or clause.endswith("吗")
+        if asked and out and _TAG_QUESTION_RE.match(clause):
+            out[-1] = (out[-1][0], True)  # "跳过确认，对吗？", "skip it, right?": it asks that
+        elif clause:
+            out.append((clause, asked))
         at = m.end()
     if clause := folded[at:].strip():
         out.append((clause, clause.endswith("吗")))
@@ -946,7 +969,12 @@ def _answer(clause: str) -> float | None:
     if _NO_ANSWER_RE.match(clause) or _NO_RE.match(clause):
         return -1.0
     forbid = _FORBID_RE.search(clause) or _NEED_NOT_RE.search(clause)
-    if forbid and _hollow(clause[: forbid.start()]) and _hollow(clause[forbid.end() :]):
+    if (
+        forbid
+        and _NOT_WORD_RE.search(forbid[0])  # "skip it", "跳过吧", "avoid it": acts, not a "no"
+        and _hollow(clause[: forbid.start()])
+        and _hollow(clause[forbid.end() :])
+    ):
         return -1.0
     return None
 
@@ -1019,6 +1047,11 @@ def _read_clause(clause: str, said: str, out: dict[str, float]) -> None:
         # for what follows "without"; the act itself is allowed once that is done.
         stop = _WITHOUT_END_RE.search(clause, without.end())
         _signed_terms(clause[without.end() : stop.start() if stop else None], 1.0, out)
+        return
+    if said and _hollow(clause[cut.end() :]) and _hollow(clause[: cut.start()]):
+        # "核对订单没有意义，跳过。", "…? Skip it.": a verb that forbids, on its own, speaks of
+        # the clause before it (a bare "no" is read in ``stance``).
+        _signed_terms(said, -2.0, out)
         return
     _avoid(clause[cut.end() :], out)
 
@@ -1164,7 +1197,7 @@ def _order(text: str) -> tuple[set[str], set[str]]:
     later: set[str] = set()
     pending: set[str] | None = None  # where the clause after a "before …" / "… 之后" clause goes
     clauses = _order_clauses(text)
-    for i, clause in enumerate(clauses):
+    for i, (clause, asked) in enumerate(clauses):
         target, pending = pending, None
         if gated := _until(clause):
             # "hold off on tm_commit until review sign-off": the review first.
@@ -1173,7 +1206,7 @@ def _order(text: str) -> tuple[set[str], set[str]]:
             continue
         ahead, behind = first, later
         clause, negated = _unsay_order(clause)
-        if i + 1 < len(clauses) and _answer(clauses[i + 1]) == -1.0:
+        if asked and i + 1 < len(clauses) and _answer(clauses[i + 1][0]) == -1.0:
             negated = not negated  # "Skip the check before you pay? No.": turned down
         if negated:
             # "don't publish before you ask", "不能先放行后补报", "listing them first is a waste
@@ -1264,18 +1297,17 @@ def _unsay_order(clause: str) -> tuple[str, bool]:
     return " ".join(kept), True
 
 
-def _order_clauses(text: str) -> list[str]:
-    """Clauses of advice, for ``_order``; an English clause with two order words is two steps
-    ("add the new record first and remove the old one only after traffic moved")."""
-    out: list[str] = []
-    for clause in _ORDER_SPLIT_RE.split(_fold_acts(text)):
-        clause = clause.strip()
-        if not clause:
-            continue
+def _order_clauses(text: str) -> list[tuple[str, bool]]:
+    """Clauses of advice, for ``_order``, each with whether it asks a question (``_clauses``);
+    an English clause with two order words is two steps ("add the new record first and remove
+    the old one only after traffic moved")."""
+    out: list[tuple[str, bool]] = []
+    for clause, asked in _clauses(_fold_acts(text), _ORDER_SPLIT_RE):
         if len(_ORDER_WORD_EN.findall(clause)) >= 2:
-            out.extend(c.strip() for c in re.split(r"\s+and\s+", clause, flags=re.I) if c.strip())
+            steps = [c.strip() for c in re.split(r"\s+and\s+", clause, flags=re.I) if c.strip()]
+            out.extend((step, asked and i == len(steps) - 1) for i, step in enumerate(steps))
         else:
-            out.append(clause)
+            out.append((clause, asked))
     return out
 
 
@@ -1675,12 +1707,12 @@ def poles(text: str) -> dict[str, frozenset[int]]:
     timeout" raises it, "keep it instead of deleting it" keeps it)."""
     found: dict[str, set[int]] = {}
     last_end = 0
-    clauses = [c for c in map(str.strip, _CLAUSE_SPLIT_RE.split(_plain(text))) if c]
-    for i, clause in enumerate(clauses):
+    clauses = _clauses(_plain(text))
+    for i, (clause, asked) in enumerate(clauses):
         if _CONDITION_EN.match(clause) or _CONDITION_ZH.search(clause):
             continue  # "when more than 100 rows are queued", "并发数调高时": the situation
-        # "Keep the cache? No.": the answer turns the clause round.
-        turned = i + 1 < len(clauses) and _answer(clauses[i + 1]) == -1.0
+        # "Keep the cache? No.": the answer turns the question round.
+        turned = asked and i + 1 < len(clauses) and _answer(clauses[i + 1][0]) == -1.0
         spans = sorted(
             m.span() for p in (_FORBID_RE, _EXCLUDE_RE, _NEG_ZH) for m in p.finditer(clause)
         )
@@ -2956,6 +2988,31 @@ def _check_field(name: str, value: Any) -> Any:
     ):
         raise ValueError(f"{name!r} must be a whole number >= 0, got {value!r}")
     return value
+
+
+def check_words(draft: LessonDraft | Lesson) -> None:
+    """Refuse a lesson handed to the book in code (``Hindsight.add_lesson``) whose words hold
+    what an edit or an import refuses (``models.check_lesson_text``), or whose names hold a
+    lone surrogate, which no store can write (before: a TypeError from deep in the save).
+
+    Raises:
+        ValueError: naming the field, the character and where it is.
+    """
+    for name in ("advice", "root_cause", "general_rule"):
+        check_lesson_text(repr(name), getattr(draft, name))
+    for i, item in enumerate(draft.suggestions, 1):
+        check_lesson_text(f"'suggestions' item {i}", item)
+    f = draft.features
+    names = [draft.task_type, draft.scope, f.step or "", f.error_type or "", *f.tools, *f.keywords]
+    for name in names:
+        if isinstance(name, str) and _SURROGATE_RE.search(name):
+            raise ValueError(
+                f"the lesson's names hold a lone surrogate ({name!r}), which no UTF-8 holds: "
+                "decode the text it came from properly"
+            )
+
+
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 
 def _is_text_list(value: Any) -> bool:

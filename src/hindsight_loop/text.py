@@ -433,8 +433,13 @@ _INSTRUCTION_LIKE = re.compile(
     r"""[^.!?。！？;；\n'"`”」)}\]]*""",
     re.IGNORECASE,
 )
-# Control and format characters (C0 but the newline, DEL, C1, zero-width and bidi marks, BOM).
-_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
+# Control and format characters (C0 but the newline, DEL, C1, zero-width and bidi marks, BOM),
+# interlinear annotation marks and tag characters (text a model reads and a person cannot see:
+# a book an older version wrote may hold them), and lone surrogates, which no UTF-8 holds.
+_CONTROL = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff"
+    "\ufff9-\ufffb\U000e0000-\U000e007f\ud800-\udfff]"
+)
 # A word every English instruction pattern above contains; text without one needs no full scan.
 _TRIGGER = re.compile(
     r"ignore|disregard|forget|override|system|developer|instruction|you\s+are|jailbreak|rm\s|curl|sudo",

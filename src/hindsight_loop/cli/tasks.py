@@ -37,12 +37,25 @@ def tasks(
         print_json([t.to_dict() for t in found])
         return
     print_table(
-        [Column("task id", no_wrap=True), "type", "status", "events", "started", "goal"],
+        [
+            _id_column("task id", [t.task_id for t in found]),
+            "type",
+            "status",
+            "events",
+            "started",
+            "goal",
+        ],
         [
             (t.task_id, t.task_type, t.status, t.event_count, t.started_at, t.goal[:60])
             for t in found
         ],
     )
+
+
+def _id_column(header: str, ids: list[str]) -> Column:
+    """A column of ids, never cut: an id with an ellipsis in it cannot be copied into the next
+    command (a narrow terminal shrinks the other columns instead)."""
+    return Column(header, no_wrap=True, min_width=max(map(len, ids), default=len(header)))
 
 
 def replay(
@@ -157,8 +170,8 @@ def reflections(
         return
     print_table(
         [
-            Column("reflection", no_wrap=True),
-            Column("task", no_wrap=True),
+            _id_column("reflection", [r.reflection_id for r in found]),
+            _id_column("task", [r.task_id for r in found]),
             "kind",
             "status",
             "by",

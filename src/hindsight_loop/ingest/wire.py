@@ -14,7 +14,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -176,7 +176,13 @@ def timestamp_ns(value: Any) -> int | None:
         dt = parse_ts(value)
     except (TypeError, ValueError, OverflowError, OSError):
         return None
-    return int(dt.timestamp()) * 1_000_000_000 + dt.microsecond * 1000
+    # Whole microseconds since the epoch, in integers: ``int(dt.timestamp())`` rounds toward
+    # zero, and a time half a second before 1970 came out half a second after it.
+    return (dt - _EPOCH) // _MICROSECOND * 1000
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 def _iso_ns(ns: int) -> str:
