@@ -210,3 +210,43 @@ def test_the_writer_process_stores_the_reference_rows(tmp_path: Path) -> None:
     assert any(kind == "local" for _, kind, *_ in jobs)  # the live rules fired
     assert sum(b"[REDACTED" in row[5] for row in events) > 100
     assert _digest(events, jobs) == DIGEST
+
+
+@pytest.mark.parametrize("odd", ["plain", "float seq", "NUL in an id", "seq past 64 bits"])
+def test_a_batch_stores_the_rows_its_events_stored_one_by_one(tmp_path: Path, odd: str) -> None:
+    """A batch large enough for bound multi-row INSERTs stores, column by column and type by
+    type, what the same rows written in small batches (through the JSON index) store."""
+    from hindsight_loop.store.sqlite import SQLiteStore
+
+    rows: list[tuple[Any, ...]] = []
+    for i in range(1700):
+        seq: Any = i
+        task_id = "tsk_a"
+        if i == 900 and odd == "float seq":
+            seq = 900.0
+        if i in (5, 1650) and odd == "NUL in an id":
+            task_id = "tsk_a\x00b"
+        if i == 7 and odd == "seq past 64 bits":
+            seq = 2**63 + 5
+        body = orjson.dumps({"i": i, "text": "é中 \x00 [REDACTED]", "n": 1.5})
+        projection = b"[1]" if i % 3 else None
+        rows.append((f"evt_{i}", task_id, seq, f"2025-01-01T00:00:00.{i % 1000:03d}Z", "x", body))
+        if i % 2:
+            rows[-1] += (projection,)
+    tables = []
+    for name, size in (("whole", len(rows)), ("small", 100)):
+        store = SQLiteStore(tmp_path / f"{name}.db")
+        for start in range(0, len(rows), size):
+            store.write_event_batch(rows[start : start + size])  # type: ignore[arg-type]
+        store.close()
+        con = sqlite3.connect(tmp_path / f"{name}.db")
+        tables.append(
+            con.execute(
+                "SELECT event_id, typeof(event_id), task_id, seq, typeof(seq), ts, type, "
+                "CAST(body AS BLOB), typeof(body), projection, typeof(projection) "
+                "FROM events ORDER BY id"
+            ).fetchall()
+        )
+        con.close()
+    assert tables[0] == tables[1]
+    assert len(tables[0]) == len(rows)
