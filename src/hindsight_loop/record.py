@@ -48,7 +48,7 @@ from hindsight_loop.models import (
     parse_ts,
     reset_in_forked_child,
 )
-from hindsight_loop.replay import project_json
+from hindsight_loop.replay import projected
 from hindsight_loop.ring import COUNTERS
 
 log = logging.getLogger("hindsight_loop")
@@ -1063,8 +1063,9 @@ Row = tuple[str, str, int, str, str, bytes, bytes | None]
 # objects an event takes several times the memory of its row.
 # (items, rows, raw items that could not be prepared, the problem, sanitized payloads)
 _Batch = tuple[int, list[Row], list[Item], str, list[Any]]
-#: Event types whose sanitized payload is handed to ``on_batch`` (the live anomaly rules read
-#: them), so the hook does not parse the JSON it was just made from.
+#: Event types whose sanitized payload and stored projection (``replay.projected``, None when
+#: the row has none) are handed to ``on_batch`` as a pair (the live anomaly rules read them), so
+#: the hook does not parse the JSON they were just made into.
 WATCHED_TYPES = frozenset({"action_executed", "feedback", "user_input"})
 
 # Caller timestamps as nanoseconds since the epoch, taken as they are from 1978-01-11 to 9999:
@@ -1513,7 +1514,8 @@ class Recorder:
         raw: bytes | None = None,
     ) -> Row:
         """Turn a queued item into a row; with ``keep``, also collect its sanitized payload
-        (secret-named keys redacted, free text not: only for the in-process hook, never stored).
+        (secret-named keys redacted, free text not: only for the in-process hook, never stored)
+        and its stored projection, as ``WATCHED_TYPES`` says.
         ``project=False``: no replay projection (a row bound for the dead letter, which keeps
         the body alone). ``raw``: the payload as orjson serialized it in the agent's process
         (the writer process decoded the payload from it): when sanitizing changed nothing,
@@ -1591,16 +1593,17 @@ class Recorder:
         # What replay's detectors read, worked out here where the payload is already decoded.
         # Only when redaction left the body as it was: then it is the projection of the stored
         # body, and nothing a redaction removed can reach the store through it.
-        projection = (
-            project_json(etype, clean)
-            if project and clean is not None and (body is serialized or body == serialized)
-            else None
-        )
+        if project and clean is not None and (body is serialized or body == serialized):
+            stored, projection = projected(etype, clean)
+        else:
+            stored = projection = None
         if problems:
             self.stats["warnings"] += 1
             warn(f"event {seq} of task {task_id!r}: " + "; ".join(problems))
         if keep is not None:
-            keep.append(clean if etype in WATCHED_TYPES else None)
+            # The live rules read the projection as this value: decoding its JSON again cost
+            # them a parse per watched event.
+            keep.append((clean, stored) if etype in WATCHED_TYPES else None)
         return (event_id or new_id("evt"), task_id, seq, stamp, etype, body, projection)
 
     def _prepare(
@@ -1700,9 +1703,11 @@ class Recorder:
         return out
 
     def _batch_scanner(self) -> redact_scan.Scanner | None:
-        """The scanner ``_prepare`` looks for a batch's guards with, or None: one scan per
-        event (``one_pass_guards``, the writer process) or no Hyperscan."""
-        if self.one_pass_guards or not self.batch_guards:
+        """The scanner ``_prepare`` looks for a batch's guards with, or None: no Hyperscan, or
+        ``batch_guards`` off. The writer process scans each piece it reads in one pass too: a
+        Python call chain per event (``_row``, ``redact``, ``Scanner.scan``) cost it more than
+        the scan itself."""
+        if not self.batch_guards:
             return None
         return _SCANNER if _SCANNER is not False else _scanner()  # type: ignore[return-value]
 

@@ -101,8 +101,10 @@ __all__ = [
     "event_projection",
     "project_body",
     "project_json",
+    "projected",
     "read_projection",
     "stored_projection",
+    "unstored",
     "wire_timestamp",
     "replay",
 ]
@@ -594,18 +596,28 @@ def stored_projection(etype: str, body: dict[str, Any]) -> list[Any] | None:
 def project_json(etype: str, body: dict[str, Any]) -> bytes | None:
     """``stored_projection`` as the JSON the store keeps beside the body; None when there is
     none."""
+    return projected(etype, body)[1]
+
+
+def projected(etype: str, body: dict[str, Any]) -> tuple[list[Any] | None, bytes | None]:
+    """``stored_projection`` and ``project_json`` of one body, worked out once: the writer
+    stores the JSON and hands the value to the live rules (``unstored`` of it is what
+    ``read_projection`` reads back from the JSON)."""
     try:
         got = stored_projection(etype, body)
     except Exception:  # noqa: BLE001 - a body replay cannot project is read whole instead
-        return None
+        return None, None
     if got is None:
-        return None
-    return _BARE_JSON if len(got) == 1 else orjson.dumps(got)
+        return None, None
+    return got, _BARE_JSON if len(got) == 1 else orjson.dumps(got)
 
 
-def _unstored(etype: str, p: list[Any]) -> list[Any]:
+def unstored(etype: str, p: list[Any]) -> list[Any]:
     """A stored projection with its type and trailing defaults back."""
     return [p[0], etype, *p[1:], *_TAIL[len(p) - 1 :]]
+
+
+_unstored = unstored
 
 
 def read_projection(etype: str, raw: bytes | str | None) -> list[Any] | None:

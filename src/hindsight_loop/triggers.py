@@ -17,7 +17,13 @@ import orjson
 from hindsight_loop.models import FAILED_STATUSES, Event, Task, is_failure
 from hindsight_loop.record import WATCHED_TYPES, Row, warn
 from hindsight_loop.reflect import needs_review
-from hindsight_loop.replay import AnomalyWatch, local_window, read_projection, wire_timestamp
+from hindsight_loop.replay import (
+    AnomalyWatch,
+    local_window,
+    read_projection,
+    unstored,
+    wire_timestamp,
+)
 from hindsight_loop.store import Store
 
 #: Most local reviews one task may ask for: a run that keeps failing needs one look, not fifty.
@@ -99,9 +105,10 @@ class Triggers:
         self._unqueued: list[dict[str, Any]] = []
 
     def on_batch(self, rows: list[Row], payloads: list[Any]) -> None:
-        """The recorder's hook: ``payloads`` holds the sanitized payload of each watched event
-        (else None), so the rules need not parse the JSON they were just made from. No rows:
-        the writer stops, and reviews kept from a refused queueing get their last try."""
+        """The recorder's hook: ``payloads`` holds, for each watched event, its sanitized
+        payload and the projection stored with it (``record.WATCHED_TYPES``; else None), so
+        the rules need not parse the JSON they were just made into. No rows: the writer
+        stops, and reviews kept from a refused queueing get their last try."""
         jobs: list[dict[str, Any]] = []  # the reviews to queue, in one transaction at the end
         # The batch's task ends: where their reviews go in ``jobs``, once the ended tasks are
         # read (all at once, ``_with_end_reviews``), the task and whether a tool call failed.
@@ -131,7 +138,8 @@ class Triggers:
                 continue
             if etype not in WATCHED_TYPES:
                 continue
-            data = payloads[i] if i < len(payloads) else None
+            kept = payloads[i] if i < len(payloads) else None
+            data, stored = (None, None) if kept is None else kept
             if data is None:
                 data = orjson.loads(row[5])
             # A task that used up its local reviews is not watched any more: what the rules
@@ -139,7 +147,12 @@ class Triggers:
             watch = self.live and run.local_reviews < MAX_LOCAL_REVIEWS
             # The projection the recorder stored with the row: the rules read it as replay
             # will, without working it out again (its status is ``normal_status`` already).
-            seen = read_projection(etype, row[6]) if watch and len(row) > 6 else None
+            if not watch or len(row) <= 6:
+                seen = None
+            elif stored is not None:
+                seen = unstored(etype, stored)
+            else:
+                seen = read_projection(etype, row[6])
             if etype == "action_executed" and (
                 seen[2] in FAILED_STATUSES
                 if seen is not None

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
+from itertools import chain
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -77,6 +78,40 @@ INSERT INTO events(event_id, task_id, seq, ts, type, body, projection)
 VALUES (?, ?, ?, ?, ?, CAST(? AS TEXT), CAST(? AS TEXT))
 """
 _NUL = b"\\u0000"  # a NUL character as orjson writes it in a JSON text
+#: The rows of a batch of events go in multi-row INSERTs of these many rows, largest first,
+#: each size once and at most ``_VALUES_STATEMENTS`` of them (seven values a row: within the
+#: 32,766 SQLite allows; each compiled once per connection, in a few milliseconds, and kept in
+#: its statement cache); what is left, through the JSON index (``_INSERT_BATCH``). A batch of
+#: the writer process (~1,600 events) goes almost whole in two; a deep queue's 10,000 in the
+#: writer thread mostly through the index: every statement lets go of the GIL, and retaking it
+#: beside a CPU-busy agent thread may cost a switch interval.
+_VALUES_SIZES = (1024, 512, 256, 128)
+_VALUES_STATEMENTS = 2
+_VALUES_MIN = _VALUES_SIZES[-1]
+_INSERT_VALUES = {
+    size: "INSERT INTO events(event_id, task_id, seq, ts, type, body, projection) VALUES "
+    + ", ".join(["(?, ?, ?, ?, ?, CAST(? AS TEXT), CAST(? AS TEXT))"] * size)
+    for size in _VALUES_SIZES
+}
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _plain_columns(row: EventRow) -> bool:
+    """Whether a row's columns are text, a 64-bit integer seq and a body of bytes: then
+    binding them stores what ``_INSERT_BATCH`` reads from the JSON index (an integer past 64
+    bits, a float, a caller's odd id take that statement, as they always did)."""
+    seq = row[2]
+    return (
+        type(seq) is int
+        and _INT64[0] <= seq <= _INT64[1]
+        and type(row[0]) is str
+        and type(row[1]) is str
+        and type(row[3]) is str
+        and type(row[4]) is str
+        and type(row[5]) is bytes
+    )
+
+
 # A task's events in replay's order (rows tied on (ts, seq) in insertion order, which the index
 # gives for free: its entries end with the row id).
 # A body read as its UTF-8 bytes: orjson parses them as they are, where a text value would be
@@ -371,10 +406,30 @@ class SQLiteStore(JobOwner, ThreadConnections):
     def write_event_batch(self, rows: Sequence[EventRow]) -> list[str]:
         if not rows:
             return []
+        # Chunks of the rows as bound values, the rest through the JSON index (one
+        # statement): SQLite 3.40 parses a row's index entry again for each of its nine
+        # ``->>``, a sixth of the events' insert. Bound values store what ``->>`` reads for
+        # plain columns (text, 64-bit integers), so only batches of such rows take them.
+        whole = 0
+        sizes: list[int] = []
+        if len(rows) >= _VALUES_MIN and all(map(_plain_columns, rows)):
+            for size in _VALUES_SIZES:
+                if len(rows) - whole >= size and len(sizes) < _VALUES_STATEMENTS:
+                    sizes.append(size)
+                    whole += size
+        chunks = []
+        start = 0
+        for size in sizes:
+            each = rows[start : start + size]
+            chunks.append(
+                list(chain.from_iterable((*r[:6], row_projection(r) or b"") for r in each))
+            )
+            start += size
+        rest = rows[whole:]
         index = []
         parts = []
         offset = 1  # substr() counts from 1, in bytes on a BLOB
-        for r in rows:
+        for r in rest:
             body = r[5]
             size = len(body)
             projection = row_projection(r)
@@ -383,18 +438,21 @@ class SQLiteStore(JobOwner, ThreadConnections):
             parts.append(body)
             parts.append(extra)
             offset += size + len(extra)
-        bodies = b"".join(parts)
         listed = orjson.dumps(index)
         db = self._db
         self._check_file()
         db.execute("BEGIN IMMEDIATE")
         try:
-            if _NUL not in listed:
-                db.execute(_INSERT_BATCH, (listed, bodies))
+            for size, values in zip(sizes, chunks, strict=True):
+                db.execute(_INSERT_VALUES[size], values)
+            if not rest:
+                pass
+            elif _NUL not in listed:
+                db.execute(_INSERT_BATCH, (listed, b"".join(parts)))
             else:
                 db.executemany(  # each row's body and projection, as ``parts`` holds them
                     _INSERT_ROWS,
-                    [(*r[:5], parts[2 * k], parts[2 * k + 1]) for k, r in enumerate(rows)],
+                    [(*r[:5], parts[2 * k], parts[2 * k + 1]) for k, r in enumerate(rest)],
                 )
             unknown = self._adopt_unknown_tasks(db, rows)
             self._apply_task_events(db, rows)
@@ -406,7 +464,7 @@ class SQLiteStore(JobOwner, ThreadConnections):
                 db.execute("ROLLBACK")
             raise
         if db is self._deferred:
-            self._wal_pages += len(bodies) // _BYTES_PER_PAGE + 1
+            self._wal_pages += sum(len(r[5]) for r in rows) // _BYTES_PER_PAGE + 1
         # Committed: every task of the batch is in the table now (started, or adopted).
         if len(self._known_tasks) > KNOWN_TASKS_BOUND:
             self._known_tasks.clear()
