@@ -44,7 +44,7 @@ def inside_the_recorder(frame):
 """
 
 # The main thread records in a tight loop while a timer's SIGALRM makes the handler record
-# (and for ``flush``, now and then flush) every few milliseconds. Each
+# (and for ``flush``, flush when it came inside a record call) every few milliseconds. Each
 # call that returned is counted (``list.append`` is one C call: a handler cannot split it).
 _TIMER = (
     _COMMON
@@ -59,11 +59,12 @@ pad = "x" * 300
 
 def on_alarm(signum, frame):
     alarms.append(1)
-    # A flush now and then, and not within one of its own (a handler that took longer than
-    # the timer's interval each time would nest without end, Hindsight or not).
-    if mode == "flush" and not flushing:
+    if flushing:  # nothing within a flush of its own: no event of its own to count on
+        return
+    # ``on SIGUSR1: flush`` (no timeout), at the worst moment: inside a record call.
+    if mode == "flush" and inside_the_recorder(frame):
         flushing.append(1)
-        flushes.append(hs.flush(timeout=0.05))
+        flushes.append(hs.flush())
         flushing.clear()
     mine = returned["handler"]
     hs.record({"type": "user_input", "task_id": "handler", "input": {"i": len(mine)}})
@@ -185,14 +186,14 @@ def test_a_handler_recording_and_flushing_while_the_agent_records(
     returned is kept once."""
     db = tmp_path / "s.db"
     out = json.loads(_run(_TIMER, writer, db, mode, bound, every).stdout)
-    assert out["handler"] > 200 and out["main"] > 1000
+    assert out["handler"] > (200 if mode == "record" else 20) and out["main"] > 1000
     stored, dead = _kept(db)
     assert stored["main"] + dead["main"] == out["main"]
     assert stored["handler"] + dead["handler"] == out["handler"]
     assert out["stats"]["lost"] == 0
     assert out["flushed"] is True
     if mode == "flush":
-        assert out["flushes"] > 20
+        assert out["flushes"] >= 3
 
 
 @pytest.mark.parametrize("writer", ["process", "thread"])
