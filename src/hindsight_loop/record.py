@@ -12,6 +12,7 @@ prepares its batch (never while it waits on the disk), so a CPU-busy agent canno
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import decimal
@@ -24,6 +25,7 @@ import queue
 import re
 import reprlib
 import sqlite3
+import sys
 import threading
 import time
 import uuid
@@ -35,7 +37,8 @@ from datetime import UTC, date, datetime, timedelta
 from datetime import time as dt_time
 from itertools import count, islice
 from pathlib import Path, PurePath
-from typing import Any, Protocol
+from types import CodeType, FrameType
+from typing import Any, ClassVar, Protocol
 
 import orjson
 
@@ -1202,7 +1205,8 @@ class Recorder:
         self._queue: deque[Item] = deque()
         self._seq = count(1)
         self._flush_marks = 0  # seqs taken by flush() itself rather than by an event
-        self._mark_lock = threading.Lock()
+        # Reentrant: a signal handler's flush may come in (``flush`` takes no call under it).
+        self._mark_lock = threading.RLock()
         self._done = 0  # items handled by the writer (written, dead-lettered or lost)
         # One entry per event whose seq was taken by an emit() interrupted before it queued the
         # event (``emit``): flush() counts them as handled. A list, as appending is one C call.
@@ -1228,6 +1232,8 @@ class Recorder:
         # batch after it goes to the dead letter rather than to the store.
         self._writing: tuple[int, list[Row], list[Item]] | None = None
         self._given_up = False
+        # A signal handler's close() left to the exit (``_close_later``).
+        self._close_owed = False
         self._new_threads()
         #: A forked child's recorder whose threads stayed in the parent: its first event
         #: starts threads of its own (``_child_starts``).
@@ -1277,6 +1283,45 @@ class Recorder:
         if self._preparing:
             room = max(0, min(room, YIELD_AT - self._in_flight))
         self._room = room
+
+    # -- signal handlers ---------------------------------------------------------------------
+    #: A flush from a signal handler that interrupted a call of the recorder (``calls_beneath``)
+    #: returns False once nothing became durable for this many seconds: what is left waits for
+    #: the interrupted call, which goes on only after the handler returns.
+    BENEATH_STALL: ClassVar[float] = 0.5
+    #: The code of each recorder class's methods (``calls_beneath``), made on first use.
+    _CODES: ClassVar[dict[type, frozenset[CodeType]]] = {}
+
+    @staticmethod
+    def calls_beneath(owner: object, *, every: bool = False) -> list[FrameType]:
+        """The frames of ``owner``'s calls that the current call into ``owner`` interrupted:
+        the nearest, or ``every`` one.
+
+        Python runs a signal handler in the main thread between two bytecodes, also inside a
+        call into the recorder that holds one of its locks; a handler that records, flushes or
+        closes calls in again, and waiting for such a lock would wait for good. Empty on any
+        other thread (no handler runs there). A walk of the stack: only where a lock is found
+        busy, a flush and a close, never on the hot path's way.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        cls = type(owner)
+        codes = Recorder._CODES.get(cls)
+        if codes is None:
+            own = (f.__code__ for f in vars(cls).values() if hasattr(f, "__code__"))
+            # close() flushes through ``flush_while_it_moves``: one call of the recorder's
+            codes = Recorder._CODES[cls] = frozenset(own) | {flush_while_it_moves.__code__}
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code in codes:  # the current call's own frames
+            frame = frame.f_back  # type: ignore[assignment]
+        beneath = []
+        while frame is not None:  # past the handler (and the facade), a call it interrupted
+            if frame.f_code in codes and frame.f_locals.get("self") is owner:
+                beneath.append(frame)
+                if not every:  # handlers interrupted by handlers: no walk to the bottom each
+                    break
+            frame = frame.f_back  # type: ignore[assignment]
+        return beneath
 
     # -- hot path --------------------------------------------------------------------------
     def emit_event(self, event: dict[str, Any]) -> None:
@@ -1392,6 +1437,10 @@ class Recorder:
         me = threading.get_ident()
         if me == self._thread.ident or me == self._committer.ident or self.block_seconds <= 0:
             return  # the writer's own threads (a warning logged into a recorder) never wait
+        if self.calls_beneath(self):
+            # A signal handler's event while the call it interrupted may wait on ``_cond``
+            # itself: a wait on it within a wait on it, in one thread, hung for good.
+            return
         deadline = time.monotonic() + self.block_seconds
         with self._cond:
             while (
@@ -1414,7 +1463,12 @@ class Recorder:
         high-water mark in bench/overload.py). To stay within ``block_seconds`` it spills in
         chunks sized by the measured cost of spilling one event, starting small, so a burst of
         huge events costs a short wait too, not a long spill.
+
+        A signal handler's event while the call it interrupted spills (the dead letter's lock
+        held) goes past the bound instead.
         """
+        if self.calls_beneath(self):
+            return
         self._wake.set()
         started = time.monotonic()
         deadline = started + self.block_seconds
@@ -1950,13 +2004,14 @@ class Recorder:
         parent writes those. A started recorder starts threads of its own with the child's
         first event (a child that never records, a pool worker or a ``preexec_fn``, gets
         none); before, the child's events waited in a queue no thread read, and were lost."""
-        self._mark_lock = threading.Lock()
+        self._mark_lock = threading.RLock()
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._dead_letter_lock = threading.Lock()
         self._child_lock = threading.Lock()
         self.stats = dict.fromkeys(self.stats, 0)
         self._lost_reported = 0
+        self._close_owed = False  # the parent's: its exit hook finds nothing to do here
         if not self.started:
             return
         self._queue = deque()
@@ -2084,14 +2139,26 @@ class Recorder:
         ``flush()`` reported: each loss is reported once.
         """
         # Taking a seq here counts every emit() that took one before us: the items the
-        # writer must have handled are the seqs issued so far minus those flush() took.
+        # writer must have handled are the seqs issued so far minus those flush() took. A
+        # loop's step takes it, not next(): with no call under the lock, no signal handler
+        # runs while it is held (a reentrant lock: one that did would come in).
+        mark = 0
         with self._mark_lock:
-            mark = next(self._seq)
+            for mark in self._seq:  # noqa: B007
+                break
             self._flush_marks += 1
             target = mark - self._flush_marks
+        deadline = None if timeout is None else time.monotonic() + timeout
+        beneath = []
+        if self._done + len(self._forgone) < target or self._dead_letter_lock.locked():
+            beneath = self.calls_beneath(self, every=True)
+        if beneath:
+            # A signal handler's flush: the record calls it interrupted took their seqs and
+            # queue their events only once it returns.
+            target -= sum(f.f_code is Recorder.emit.__code__ for f in beneath)
+            return self._flush_beneath(target, deadline)
         self._wake.set()
         self.hurry()
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while self._done + len(self._forgone) < target:
                 if not (self._thread.is_alive() and self._committer.is_alive()):
@@ -2105,6 +2172,26 @@ class Recorder:
             ok = lost == self._lost_reported
             self._lost_reported = lost
         return ok
+
+    def _flush_beneath(self, target: int, deadline: float | None) -> bool:
+        """``flush`` from a signal handler: it looks rather than waits on ``_cond`` (the call
+        it interrupted may be inside a wait on it) and takes no lock that call may hold; it
+        wakes nothing either (the call may be inside that very ``Event.set``): the writer
+        polls. What the call holds (a spill under way) goes on only once the handler returns:
+        False once nothing became durable for ``BENEATH_STALL`` seconds."""
+        last, since = -1, 0.0
+        while (handled := self._done + len(self._forgone)) < target:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return False
+            if handled != last:
+                last, since = handled, now
+            elif now - since >= self.BENEATH_STALL:
+                return False
+            if not (self._thread.is_alive() and self._committer.is_alive()):
+                return False
+            time.sleep(0.002)
+        return self.stats["lost"] == self._lost_reported  # reported by the next flush
 
     def hurry(self) -> None:
         """Someone waits for what is durable: stop a checkpoint under way."""
@@ -2128,7 +2215,7 @@ class Recorder:
     def held_up(self) -> bool:
         """close() gave up on a writer held up in a call (``_give_up``) that has not returned:
         the store must stay open under it (closing a connection in use waits for its call)."""
-        return self._given_up and self._committer.is_alive()
+        return self._close_owed or (self._given_up and self._committer.is_alive())
 
     def _handled(self) -> int:
         """Accepted events handled so far (written, dead-lettered, spilled, after close, forgone):
@@ -2148,6 +2235,12 @@ class Recorder:
         if not self.started:
             self._stop = True
             return
+        if self.calls_beneath(self):
+            self._close_later()
+            return
+        if self._close_owed:
+            self._close_owed = False
+            atexit.unregister(self._finish_close)
         held_up = not flush_while_it_moves(self._flush_or_gone, self._handled)
         self._stop = True
         self._wake.set()
@@ -2156,6 +2249,22 @@ class Recorder:
         self._thread.join(timeout=5)
         if not held_up:  # else it is inside the call close() gave up on
             self._committer.join(timeout=5)
+
+    def _close_later(self) -> None:
+        """close() from a signal handler that interrupted a call of this recorder (``on
+        SIGTERM: close and exit``): the writer threads must go on (the interrupted call queues
+        its event once the handler returns), so this flushes what can be made durable now and
+        leaves the rest of the close to the exit (or a later close()); ``held_up`` keeps the
+        store open for the writer meanwhile."""
+        self.flush()
+        if not self._close_owed:
+            self._close_owed = True
+            atexit.register(self._finish_close)
+
+    def _finish_close(self) -> None:
+        """The close a signal handler asked for (``_close_later``), at the exit."""
+        if self._close_owed:
+            self.close()
 
     def _give_up(self) -> None:
         """close() waited ``CLOSE_STALL`` seconds and nothing became durable: keep the batch

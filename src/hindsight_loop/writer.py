@@ -25,6 +25,7 @@ Fed lines on stdin instead (a config line first), the writer reads them from the
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import io
@@ -46,6 +47,7 @@ from datetime import date, datetime
 from datetime import time as dt_time
 from itertools import count
 from pathlib import Path
+from types import FrameType
 from typing import Any, cast
 
 import orjson
@@ -277,10 +279,16 @@ class ProcessRecorder:
         self.session = new_id("evt")
         self._config["session"] = self.session
         self._seq = count(1)
-        self._mark_lock = threading.Lock()
+        # A signal handler runs in the main thread, also while that thread holds a lock here;
+        # a handler's call that then waited for the lock would wait for good. ``_mark_lock``
+        # and ``_spool_lock`` are reentrant (``_is_owned()`` tells), and ``_lock`` says who
+        # holds it where a handler can come in (``_with_lock``): such a call takes another
+        # way (``_late``). ``_mark_lock``'s section takes no call: none comes in there.
+        self._mark_lock = threading.RLock()
         self._flush_marks = 0
         # The agent's threads take ``_lock`` to put a line in the ring (or the overflow).
         self._lock = threading.Lock()
+        self._held_by = 0
         self._ring: Ring | None = None
         self._head = 0  # bytes put in the ring
         self._room = 0  # the ring may be written up to here (durable bytes + size, last read)
@@ -291,11 +299,18 @@ class ProcessRecorder:
         self._overflow: deque[bytes] = deque()
         self._waiting = 0
         self._waiting_bytes = 0
+        # Lines (with their seq) a signal handler recorded while the call it interrupted held
+        # a lock (``_put_late``), oldest first, until the next call that finds the locks free
+        # hands them over (``_drain_late``, one at a time).
+        self._late: deque[tuple[bytes, int]] = deque()
+        self._draining = False
+        # A signal handler's close() left to the exit or the next call (``_close_later``).
+        self._close_owed = False
         # Spool files of this session's long lines the writer may not have read yet, oldest
         # first, with their size (``_room_to_spool``).
         self._spools: deque[tuple[Path, int]] = deque()
         self._spool_bytes = 0
-        self._spool_lock = threading.Lock()
+        self._spool_lock = threading.RLock()
         # A thread moves them while there are any (only then: the writer is behind).
         self._mover_wake = threading.Event()
         self._mover: threading.Thread | None = None
@@ -422,6 +437,7 @@ class ProcessRecorder:
             with contextlib.suppress(OSError):
                 os.close(ring.fd)
             self._parents_ring = ring
+        self._close_owed = False  # the parent's: its exit hook finds nothing to do here
         lock = getattr(self, "_session_lock", -1)
         if lock >= 0:
             # Closing the child's copy leaves the parent's lock held (by the parent's copy).
@@ -477,8 +493,9 @@ class ProcessRecorder:
 
     @property
     def held_up(self) -> bool:
-        """The in-process writer close() wrote the rest with was held up (``Recorder.held_up``)."""
-        return self._local.held_up
+        """The in-process writer close() wrote the rest with was held up (``Recorder.held_up``),
+        or a signal handler's close() is not done (``_close_later``): the store stays open."""
+        return self._close_owed or self._local.held_up
 
     @property
     def mode(self) -> str:
@@ -518,7 +535,8 @@ class ProcessRecorder:
     @property
     def pending(self) -> int:
         """Events accepted and not yet durable."""
-        return self._waiting + self._ring_lines - self._durable_lines() + self._local.pending
+        waiting = self._waiting + len(self._late)
+        return waiting + self._ring_lines - self._durable_lines() + self._local.pending
 
     def _durable_lines(self) -> int:
         """Ring lines a writer made durable, as the ring says (a dead writer's last word stays
@@ -562,6 +580,8 @@ class ProcessRecorder:
                 return self.emit(
                     task_id, etype, payload, timestamp=timestamp, event_id=event_id, seq=seq
                 )
+            if self._close_owed:
+                self._finish_close()
             own = next(self._seq)
             self._after_close(task_id, own, seq, timestamp, etype, payload, event_id)
             return own
@@ -592,29 +612,40 @@ class ProcessRecorder:
             # process that is no more take ``_put_slow``. A ``with``, not acquire() and a
             # try: a signal handler's exception can come right after acquire() returns, before
             # the try, and the lock stayed held for good (every later call hung); ``with``
-            # enters its block with no check for signals (~0.07 µs more).
-            with self._lock:
-                head = self._head
-                if fast := n <= self._big and head + n <= self._room and not self._overflow:
-                    at = head % self._size
-                    if at + n <= self._size:
-                        self._data[at : at + n] = frame  # the same length: a copy, no resize
-                    else:
-                        self._ring.put(head, frame)  # type: ignore[union-attr]  # it wraps
-                    head += n
-                    self._head = head
-                    self._words[0] = head  # after the bytes: the writer may read them now
-                    placed = True
-                    self._ring_lines += 1
-            if not fast:
+            # enters its block with no check for signals (~0.07 µs more). Nor is there one in
+            # the block (no call; the wrap is copied here, not by ``Ring.put``): no handler
+            # runs while it holds the lock. Where one may (``_with_lock``), a handler's call
+            # finds the lock held by its own thread: the line waits in ``_late`` instead.
+            if self._held_by and self._held_here():
                 slow = [False]
-                self._put_slow(frame, own, slow)
+                self._put_late(frame, own, slow)
+            else:
+                with self._lock:
+                    head = self._head
+                    if fast := n <= self._big and head + n <= self._room and not self._overflow:
+                        at = head % self._size
+                        if at + n <= self._size:
+                            self._data[at : at + n] = frame  # the same length: a copy
+                        else:  # it wraps
+                            cut = self._size - at
+                            self._data[at:] = frame[:cut]
+                            self._data[: n - cut] = frame[cut:]
+                        head += n
+                        self._head = head
+                        self._words[0] = head  # after the bytes: the writer may read them now
+                        placed = True
+                        self._ring_lines += 1
+                if not fast:
+                    slow = [False]
+                    self._put_slow(frame, own, slow)
         except BaseException:
             # Interrupted before the line was handed over (Ctrl-C, a SIGTERM handler's exit):
             # not accepted, and no flush waits for it. One C call before any other.
             if own and not placed and not (slow is not None and slow[0]):
                 self._forgone.append(None)
             raise
+        if self._late:  # a signal handler's lines, now the lock is free again
+            self._drain_late()
         if self._words[ASLEEP]:
             self._ring_bell(b"w")
         if not self._starting:
@@ -627,6 +658,9 @@ class ProcessRecorder:
 
         ``placed[0]`` is set as the line is handed over, with no call between the two (see
         ``emit``): interrupted before, the line is not accepted and its seq is forgone."""
+        if self._held_here():
+            self._put_late(frame, own, placed)  # a signal handler's line (see ``emit``)
+            return
         if self._over():
             try:
                 self._overload()
@@ -641,33 +675,83 @@ class ProcessRecorder:
             if spooled is None:  # no file for it either: the in-process writer takes it
                 with self._spool_lock:
                     self._spool_bytes -= n
-                with self._lock:
-                    self._local.start()
-                    self._direct(frame, placed)
+                self._with_lock(self._direct, frame, placed, True)
                 return
             frame = spooled
             n = len(frame)
+        self._with_lock(self._place, frame, placed)
+
+    def _with_lock(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)`` under ``_lock``, saying who holds it (``_held_by``): a signal handler
+        may come in at any call in there, and its record call must not wait for the lock."""
+        me = threading.get_ident()
         with self._lock:
-            if (self._head + n > self._room or self._overflow) and not self._make_room(n):
-                if self._fallen_back:
-                    self._direct(frame, placed)
-                else:
-                    if not self._overflow:
-                        self._mover_wake.set()
-                    # A copy of its own size: orjson's bytes keep the buffer they were written
-                    # in (8 KB for a 1 KB line), and 50,000 waiting lines held 390 MB where
-                    # their bound says 64 MiB.
-                    line = memoryview(frame).tobytes()
-                    self._overflow.append(line)
-                    placed[0] = True
-                    self._waiting += 1
-                    self._waiting_bytes += n
+            self._held_by = me  # no call since the lock was taken: no handler comes between
+            try:
+                return call(*args)
+            finally:
+                self._held_by = 0
+
+    def _place(self, frame: bytes, placed: list[bool]) -> None:
+        """With the lock (``_put_slow``): the line into the ring, or to wait in the overflow."""
+        n = len(frame)
+        if (self._head + n > self._room or self._overflow) and not self._make_room(n):
+            if self._fallen_back:
+                self._direct(frame, placed)
+            else:
+                if not self._overflow:
+                    self._mover_wake.set()
+                # A copy of its own size: orjson's bytes keep the buffer they were written
+                # in (8 KB for a 1 KB line), and 50,000 waiting lines held 390 MB where
+                # their bound says 64 MiB.
+                line = memoryview(frame).tobytes()
+                self._overflow.append(line)
+                placed[0] = True
+                self._waiting += 1
+                self._waiting_bytes += n
+            return
+        self._ring.put(self._head, frame)  # type: ignore[union-attr]
+        self._head += n
+        self._words[0] = self._head  # after the bytes: the writer may read them now
+        placed[0] = True
+        self._ring_lines += 1
+
+    def _held_here(self) -> bool:
+        """Whether this thread holds ``_lock`` or ``_spool_lock`` already: a call a signal
+        handler interrupted (or a callback under the lock) does, and goes on only later."""
+        if self._held_by == threading.get_ident():
+            return True
+        return self._spool_lock._is_owned()  # type: ignore[attr-defined,no-any-return]
+
+    def _put_late(self, frame: bytes, own: int, placed: list[bool]) -> None:
+        """A signal handler's line while the call it interrupted holds a lock: accepted, it
+        waits in ``_late`` (appending takes no lock) for the next call that finds the locks
+        free (``_drain_late``): the interrupted one right after it lets go, a flush, close()."""
+        line = memoryview(frame).tobytes()  # a copy of its own size (see ``_put_slow``)
+        placed[0] = True  # no call between this and the append (see ``emit``)
+        self._late.append((line, own))
+
+    def _drain_late(self) -> None:
+        """Hand over the lines of ``_late`` as any other (``_put_slow``), oldest first, once no
+        call beneath this one holds a lock; each leaves ``_late`` only once handed over (an
+        interrupt before leaves it there for the next drain)."""
+        if self._draining:  # another drain is under way (or this one was interrupted)
+            return
+        self._draining = True  # no call since the test: no second drain starts between
+        try:
+            if self._held_here():
                 return
-            self._ring.put(self._head, frame)  # type: ignore[union-attr]
-            self._head += n
-            self._words[0] = self._head  # after the bytes: the writer may read them now
-            placed[0] = True
-            self._ring_lines += 1
+            late = self._late
+            while late:
+                line, own = late[0]
+                placed = [False]
+                try:
+                    self._put_slow(line, own, placed)
+                finally:
+                    if placed[0]:
+                        late.popleft()
+        finally:
+            self._draining = False
 
     def _make_room(self, n: int) -> bool:
         """With the lock: read how much of the ring is free, move waiting lines into it;
@@ -702,8 +786,9 @@ class ProcessRecorder:
             self._mover_wake.wait()
             self._mover_wake.clear()
             while self._overflow and not self._fallen_back:
-                with self._lock:
-                    self._make_room(0)
+                self._with_lock(self._make_room, 0)
+                if self._late:
+                    self._drain_late()
                 if self._overflow:
                     if self._words[ASLEEP]:
                         self._ring_bell(b"w")
@@ -806,11 +891,13 @@ class ProcessRecorder:
             self._spools.append((path, len(frame)))  # its bytes taken by _room_to_spool
         return _spool_line(path)
 
-    def _direct(self, frame: bytes, placed: list[bool] | None = None) -> None:
-        """With the lock, after falling back (or for a line no spool file took): the
-        in-process writer takes it, within its ``queue_bound`` as ``Recorder.emit`` is (before,
-        nothing bounded what waited for it after a fall back)."""
+    def _direct(self, frame: bytes, placed: list[bool] | None = None, start: bool = False) -> None:
+        """With the lock, after falling back (or for a line no spool file took, ``start``ing
+        it): the in-process writer takes it, within its ``queue_bound`` as ``Recorder.emit``
+        is (before, nothing bounded what waited for it after a fall back)."""
         local = self._local
+        if start:
+            local.start()
         if len(local._queue) >= local._room:
             local._make_room()
         self._move_to_local(self._unspool([frame]), check=False, placed=placed)
@@ -919,8 +1006,7 @@ class ProcessRecorder:
         wait_until = started + local.block_seconds / 2
         while self._over() and time.monotonic() < wait_until:
             time.sleep(0.001)
-            with self._lock:
-                self._make_room(0)
+            self._with_lock(self._make_room, 0)
         spilled = 0
         while self._over() and spilled < BATCH_SIZE:
             left = deadline - time.monotonic()
@@ -928,15 +1014,19 @@ class ProcessRecorder:
                 break
             take = int(max(left, 0.0) / local._spill_cost) if spilled else SPILL_FIRST
             take = max(SPILL_FIRST, min(BATCH_SIZE - spilled, take))
-            with self._lock:
-                overflow = self._overflow
-                frames = [overflow.popleft() for _ in range(min(take, len(overflow)))]
-                self._waiting -= len(frames)
-                self._waiting_bytes -= sum(map(len, frames))
+            frames: list[bytes] = self._with_lock(self._oldest, take)
             if not frames:
                 break
             self._spill_frames(frames, timed=True)
             spilled += len(frames)
+
+    def _oldest(self, take: int) -> list[bytes]:
+        """With the lock: up to ``take`` of the lines waiting for room, oldest first."""
+        overflow = self._overflow
+        frames = [overflow.popleft() for _ in range(min(take, len(overflow)))]
+        self._waiting -= len(frames)
+        self._waiting_bytes -= sum(map(len, frames))
+        return frames
 
     def _over(self) -> bool:
         """Whether the lines waiting for room in the ring are past their bound."""
@@ -1122,16 +1212,19 @@ class ProcessRecorder:
         those no writer process made durable (the ring's, of which those a dead writer did
         store are skipped by event id) and those waiting for room in the ring."""
         self._local.start()
+        self._with_lock(self._all_in_process)
+
+    def _all_in_process(self) -> None:
+        """With the lock (``_write_in_process``)."""
         ring = self._ring
         assert ring is not None
-        with self._lock:
-            self._fallen_back = True
-            self._room = -1  # every line takes the slow path, a thread inside emit() too
-            frames = self._ring_lines_between(ring.durable()[1], self._head)
-            frames += self._overflow
-            self._overflow.clear()
-            self._waiting = self._waiting_bytes = 0
-            self._move_to_local(self._unspool(frames), check=True)
+        self._fallen_back = True
+        self._room = -1  # every line takes the slow path, a thread inside emit() too
+        frames = self._ring_lines_between(ring.durable()[1], self._head)
+        frames += self._overflow
+        self._overflow.clear()
+        self._waiting = self._waiting_bytes = 0
+        self._move_to_local(self._unspool(frames), check=True)
 
     def _ring_lines_between(self, start: int, end: int) -> list[bytes]:
         ring = self._ring
@@ -1194,18 +1287,42 @@ class ProcessRecorder:
         """
         if self._child_idle:
             return True  # a forked child that recorded nothing: nothing of its own to wait for
+        mark = 0  # taken as in ``Recorder.flush``: no call under the lock
         with self._mark_lock:
-            mark = next(self._seq)
+            for mark in self._seq:  # noqa: B007
+                break
             self._flush_marks += 1
             target = mark - self._flush_marks
         deadline = None if timeout is None else time.monotonic() + timeout
         rung = False
+        beneath: list[FrameType] | None = None  # looked for once the flush has to wait
+        last, since = -1, 0.0
         while True:
-            if self._overflow:
-                with self._lock:
-                    self._make_room(0)
-            if self._handled() >= target:
+            held = 0
+            if self._late or self._overflow:
+                if self._held_here():
+                    held = self._waiting + len(self._late)  # they wait for the call beneath
+                else:
+                    self._drain_late()
+                    if self._overflow:
+                        self._with_lock(self._make_room, 0)
+            handled = self._handled()
+            if handled >= target:
                 break
+            if beneath is None:
+                beneath = Recorder.calls_beneath(self, every=True)
+                # A signal handler's flush: the record calls it interrupted took their seqs
+                # and hand their lines over only once it returns.
+                target -= sum(f.f_code is ProcessRecorder.emit.__code__ for f in beneath)
+                continue
+            if beneath:
+                # Only what can move without the interrupted call is waited for: once the
+                # rest is all that is left, or nothing moved for a while, not all is durable.
+                now = time.monotonic()
+                if handled != last:
+                    last, since = handled, now
+                if handled + held >= target or now - since >= self._local.BENEATH_STALL:
+                    return False
             if not self._starting and not self._fallen_back:
                 self._start_writer()
             if not self._fallen_back:
@@ -1218,7 +1335,10 @@ class ProcessRecorder:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
-            wait = 0.002 if self._overflow else 0.05
+            wait = 0.002 if self._overflow or beneath else 0.05
+            if beneath:  # a wait on ``_cond`` within one (the call beneath's) hung for good
+                time.sleep(wait if left is None else min(left, wait))
+                continue
             with self._cond:
                 self._cond.wait(wait if left is None else min(left, wait))
         ok = True
@@ -1255,12 +1375,40 @@ class ProcessRecorder:
         held up for ``record.CLOSE_STALL`` seconds is killed, and the rest written in
         process)."""
         if self._closed:
+            self._finish_close()  # one a signal handler asked for, if it is not done
             return
         self._closed = True
         if self._child_idle:  # a forked child that recorded nothing: no ring, no writer
             self._child_idle = False  # closed for good: what comes later is after close
             self._local.close()
             return
+        if Recorder.calls_beneath(self):
+            self._close_later()
+            return
+        self._close_now()
+
+    def _close_later(self) -> None:
+        """close() from a signal handler that interrupted a call of this recorder (``on
+        SIGTERM: close and exit``): that call may hold a lock and has a line on its way, and
+        goes on only once the handler returns. What can be made durable now is; the rest of
+        the close waits for the next call (an event, after close from now on) or the exit,
+        where nothing beneath holds a lock; ``held_up`` keeps the store open meanwhile."""
+        self.flush()
+        self._close_owed = True
+        self._stop = True  # an event from now on is after close, and first finishes it
+        atexit.register(self._finish_close)
+
+    def _finish_close(self) -> None:
+        """The rest of a close a signal handler asked for (``_close_later``), unless a call
+        beneath this one is still under way."""
+        if not self._close_owed or Recorder.calls_beneath(self):
+            return
+        owed, self._close_owed = self._close_owed, False  # no call between: it runs once
+        if owed:
+            atexit.unregister(self._finish_close)
+            self._close_now()
+
+    def _close_now(self) -> None:
         held_up = False
         try:
             held_up = not self._flush_while_it_moves()
@@ -1275,6 +1423,7 @@ class ProcessRecorder:
                     proc.kill()  # what it had not made durable is written in process below
             self._reap()
             self._hand_over_the_rest()
+            self._drain_late()  # to the in-process writer now, as the line of any late call
             ring = self._ring
             if ring is not None:
                 # The descriptor only (no writer will start again); the mapping goes with this
