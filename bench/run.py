@@ -418,6 +418,36 @@ Written by hand on 2026-12-02 (ninth session) from the full run above (main 1b54
 Xeon, load ~1): a later run changes the rows above, not these figures. Each says which writer it
 is for.
 
+Twenty-eighth session (2026-12-07, main after 70b9b4b; the same 2-vCPU VM, loaded by helpers:
+the serializing floor of `bench/record_cost.py` at 2.2-3.3 µs p50 against 1.0 above, so figures
+are ratios to their baseline in the same run). Writer: the writer process scans a piece's
+redaction guards in one pass per chunk (as the thread did), hands the live rules the replay
+projection as a value (no JSON round trip), and puts a batch of events in at most two bound
+multi-row INSERTs; rows stored are byte-identical (`tests/test_writer_rows.py`). Writer CPU per
+event ×0.88-0.91 (`bench/writer_cpu.py --compare`, 56.6 → 50.0 µs here), `bench/agent_step.py`
+writer CPU ~68 → ~53 µs here; ingest in tasks of 100 ×1.05 of the naive logger (×1.11 round by
+round), within this VM's noise: at BENCHMARKS' 42,022 ev/s about 44-47k, the ≥ 50k target still
+missed; the 4-thread agent step's process/OTel ratio 0.53 → 0.52 here (target ≤ 0.25 missed).
+Agent's path: a signal handler that records, flushes or closes while its own thread is inside a
+record call hung the agent for good (or crashed it with RecursionError as each blocked acquire
+ran the next handler) with either writer; now its line waits in a lock-free queue handed over
+as the lock frees, flush counts no seq of the calls it interrupted, and close is finished by the
+next call or the exit (`tests/test_trust_signals.py`, 8 of 10 cases failing before). Record
+call, interleaved against 70b9b4b: p50 over the floor unchanged within noise (`hs.record`
+×1.829 → ×1.823 over 20 turns, ×1.856 → ×1.895 over 16), p99 6-18% higher in most runs and
+equal or lower in others: to confirm on a quiet machine. Lesson book: a question with a one-word
+answer ("Skip the order check? No.", "可不可以跳过确认？不可以。", "…，对吗？") merged with its
+opposite (9 of 16 probe pairs read wrong, 0 now), and a "no" after a prohibition turned it
+round ("不要跳过确认，千万不要。" merged with "直接跳过确认。"); an adversarial pass's 8 sets
+show no pair the code before read right and this one reads wrong. Trust: tag characters and lone
+surrogates reached the prompt from an older book, `add_lesson` took words an edit refuses (a lone
+surrogate was a TypeError from the store), long imported ids were cut in `hindsight tasks`, and
+an import's time before 1970 was a second off. Curation and retrieval unchanged to the digit
+(`bench/curation/run.py`, hashed: rewordings merged 0-36% on the blind splits, opposites merged
+0, conflicts flagged 69-100%; `bench/retrieval/run.py`, hybrid: wrong injections 0.057-0.163,
+recall@3 0.80-1.00); `bench/real_runs.py` unchanged (0% identifiers, 78% of 18 first errors
+anticipated, 0.79 lessons per error-free run).
+
 Twenty-seventh session (2026-12-07, main after 2521aa6; the same 2-vCPU VM, loaded by helpers:
 figures as ratios to their baseline in the same run). Agent's path: `hs.record(dict)` with the
 writer process judges the usual event in a few dict lookups and hands it straight to the ring
