@@ -880,7 +880,11 @@ def stance(text: str) -> dict[str, float]:
             # "Skip the check? No.", "可不可以跳过确认？不可以。": the answer says whether the act
             # asked of is taken; it replaces what the question was read as.
             act: dict[str, float] = {}
-            if said_read:
+            if (plainly := _asked(said, True)) is not said:
+                # "Shouldn't you check the order first? Yes.": the act asked of is checking,
+                # and "yes" takes it (the question's own "not" is how it is put).
+                _read_clause(plainly.strip(), "", act)
+            elif said_read:
                 act = said_read
             elif order := _ASKED_RE.sub(" ", said).strip():
                 _read_clause(order, "", act)  # "是否跳过确认？": read as the order it asks about
@@ -890,10 +894,22 @@ def stance(text: str) -> dict[str, float]:
             # "Retry at once — never.", "猜城市是个坏主意，不要。": a "no" after a statement forbids
             # the act it names; after a prohibition ("不要跳过确认，千万不要。", "Never guess the
             # city. Never.") it says the prohibition again (turned round, opposites merged).
-            if not any(_NOT_WORD_RE.search(m[0]) for m in _FORBID_RE.finditer(said)):
+            # A clause already read as a warning ("跳过灰度发布太冒险了，别。", "Loading the whole
+            # file blows up memory. Don't.") is said again too.
+            warned = said_read and all(v < 0 for v in said_read.values())
+            if not warned and not any(_NOT_WORD_RE.search(m[0]) for m in _FORBID_RE.finditer(said)):
                 _signed_terms(said, -2.0, read)
         else:
             _read_clause(clause, said, read)
+            if said and asked and _CHOICE_RE.search(said):
+                # "先核对订单还是直接退款？先核对订单。": a choice only asks; the answer takes
+                # the option it names and turns down the others.
+                for t, v in said_read.items():
+                    out[t] = out.get(t, 0.0) - v
+                named = _terms(clause)
+                for option in _CHOICE_RE.split(said):
+                    if option.strip() and not _terms(option) & named:
+                        _avoid(option, read)
         for t, v in read.items():
             out[t] = out.get(t, 0.0) + v
         said, said_read, asked = clause, read, question
@@ -920,7 +936,7 @@ _NO_ANSWER_RE = re.compile(
     r"|(?:(?:of\s+course|certainly|absolutely|definitely|surely|hell)\s+)?(?:not|no)"
     r"(?:\s+(?:at\s+all|really|ever|way|chance|a\s+chance))?"
     r"|(?:当然|肯定|绝对|千万)?(?:否|不是|不对|不好|不行|不必|不用|不需要|没必要|无需|不应该|不该|不得|"
-    r"用不着|别这样|不不不?|不了)"
+    r"用不着|别这样|不不不?|不了|有问题|不妥)"
     r"[的了啊呀吧]?)$",
     re.I,
 )
@@ -936,6 +952,40 @@ _ASKED_RE = re.compile(
 )
 
 
+# A question put in the negative: "shouldn't you check …", "isn't it better to check …" (as
+# ``_plain`` spells them: "should not you …") ask about checking; what is left is the act.
+_NEG_ASKED_RE = re.compile(
+    r"^\s*(?:(?:should|must|do|does|did|can|could|would|will|is|are)\s+not\s+"
+    r"(?:you|we|i|they|it|the\s+agent)|(?:should|must|do|does|can|could|would|will)\s+"
+    r"(?:you|we|i|they|the\s+agent)\s+not)\s+(?:(?:need|have)\s+to\s+)?"
+    r"(?:(?:better|ok|okay|fine|safe|wise|right|best)\s+to\s+)?",
+    re.I,
+)
+# A question offering a choice: "先核对订单还是直接退款？", "retry or give up?".
+_CHOICE_RE = re.compile(r"还是|\bor\b", re.I)
+# What introduces an answer: "The answer is no.", "A: No.", "答：不可以。".
+_ANSWER_LEAD_RE = re.compile(
+    r"^\s*(?:(?:so\s+)?the\s+answer\s+is|my\s+answer\s+is|answer\s+is|答案是|回答是)\s*[:：]?\s*",
+    re.I,
+)
+# The label of a question or an answer, a clause of its own once split at its colon ("Q: …?
+# A: No.", "问：…？答：不可以。").
+_LABEL_RE = re.compile(r"^(?:q|a|question|answer|the\s+answer|问|答|问题|答案|回答)$", re.I)
+
+
+_QUOTES = "\"'“”‘’「」『』"
+# "吗" and a space before more text: a question ends there, unpunctuated.
+_MA_GAP_RE = re.compile(r"吗\s+(?=[^\s，。；！？,.;!?])")
+
+
+def _asked(clause: str, question: bool) -> str:
+    """A question as the act it asks about: "shouldn't you check the order" asks about checking
+    it (its "not" is how it is put: "yes" takes the act, "no" turns it down)."""
+    if question and (negative := _NEG_ASKED_RE.match(clause)) and clause[negative.end() :].strip():
+        return clause[negative.end() :]
+    return clause
+
+
 # A question tagged on a statement: "…，对吗？", "…, right?" ask about the statement.
 _TAG_QUESTION_RE = re.compile(
     r"^(?:对|是|好|行|可以|是否对|是否行|是否可以|是不是|对不对|好不好)吗?$"
@@ -948,15 +998,19 @@ def _clauses(folded: str, split: re.Pattern[str] = _CLAUSE_SPLIT_RE) -> list[tup
     """The clauses of folded advice, each with whether it asks a question ("…?", "…吗")."""
     out: list[tuple[str, bool]] = []
     at = 0
+    folded = _MA_GAP_RE.sub("吗？", folded)  # "可以跳过确认吗 不可以": asked all the same
     for m in split.finditer(folded):
-        clause = folded[at : m.start()].strip()
+        # '"Skip the check before refund?" No.': the quotes around a question are not words.
+        clause = folded[at : m.start()].strip().strip(_QUOTES).strip()
         asked = "?" in m[0] or "？" in m[0] or clause.endswith("吗")
         if asked and out and _TAG_QUESTION_RE.match(clause):
             out[-1] = (out[-1][0], True)  # "跳过确认，对吗？", "skip it, right?": it asks that
+        elif _LABEL_RE.match(clause):
+            pass  # "Q: …? A: No.": the answer still follows its question
         elif clause:
             out.append((clause, asked))
         at = m.end()
-    if clause := folded[at:].strip():
+    if clause := folded[at:].strip().strip(_QUOTES).strip():
         out.append((clause, clause.endswith("吗")))
     return out
 
@@ -964,6 +1018,9 @@ def _clauses(folded: str, split: re.Pattern[str] = _CLAUSE_SPLIT_RE) -> list[tup
 @functools.lru_cache(maxsize=8192)
 def _answer(clause: str) -> float | None:
     """1.0 when a clause only says yes, -1.0 when it only says no ("never", "不要"), else None."""
+    if lead := _ANSWER_LEAD_RE.match(clause):
+        clause = clause[lead.end() :]
+    clause = clause.rstrip(".…。 ")  # "No... never."
     if _YES_RE.match(clause):
         return 1.0
     if _NO_ANSWER_RE.match(clause) or _NO_RE.match(clause):
@@ -1205,8 +1262,11 @@ def _order(text: str) -> tuple[set[str], set[str]]:
             first |= _content(gated[1])
             continue
         ahead, behind = first, later
-        clause, negated = _unsay_order(clause)
-        if asked and i + 1 < len(clauses) and _answer(clauses[i + 1][0]) == -1.0:
+        answer = _answer(clauses[i + 1][0]) if asked and i + 1 < len(clauses) else None
+        if answer is None and asked and i + 1 < len(clauses) and _CHOICE_RE.search(clause):
+            continue  # "先核对订单还是直接退款？先核对订单。": the answer chooses
+        clause, negated = _unsay_order(_asked(clause, answer is not None))
+        if answer == -1.0:
             negated = not negated  # "Skip the check before you pay? No.": turned down
         if negated:
             # "don't publish before you ask", "不能先放行后补报", "listing them first is a waste
@@ -1712,7 +1772,9 @@ def poles(text: str) -> dict[str, frozenset[int]]:
         if _CONDITION_EN.match(clause) or _CONDITION_ZH.search(clause):
             continue  # "when more than 100 rows are queued", "并发数调高时": the situation
         # "Keep the cache? No.": the answer turns the question round.
-        turned = asked and i + 1 < len(clauses) and _answer(clauses[i + 1][0]) == -1.0
+        answer = _answer(clauses[i + 1][0]) if asked and i + 1 < len(clauses) else None
+        clause = _asked(clause, answer is not None)
+        turned = answer == -1.0
         spans = sorted(
             m.span() for p in (_FORBID_RE, _EXCLUDE_RE, _NEG_ZH) for m in p.finditer(clause)
         )
