@@ -473,6 +473,20 @@ PROHIBITIONS_SAID_OTHERWISE = [
         ("调用 refund 前，可以跳过确认吗 不可以", "调用 refund 前，可以跳过确认吗 可以"),
         ("调用 refund 前，跳过确认？没问题。", "调用 refund 前，跳过确认？有问题。"),
         ("调用 refund 前，可以跳过确认吗？答：不可以。", "调用 refund 前，可以跳过确认吗？答：可以。"),
+        ("调用退款前不应该先核对订单吗？不需要。", "调用退款前先核对订单。"),
+        ("调用退款前不应该先核对订单吗？当然应该。", "调用退款前不用核对订单。"),
+        ("Skip the order check before calling refund? Short answer: no.",
+         "Skip the order check before calling refund."),
+        ("退款时可以跳过订单核对吗？结论：不可以。", "退款时跳过订单核对就行。"),
+        ("退款时可以跳过订单核对吗？不合适。", "退款时跳过订单核对就行。"),
+        ("Hold off on retrying the refund after a timeout.", "Retry the refund after a timeout."),
+        # Read as they stand, as before (the first version of the rule above merged these):
+        # "isn't it dangerous …" does not approve, "should you not …" asks about not doing it.
+        ("Isn't it dangerous to retry the refund after a timeout? Yes.",
+         "Retry the refund after a timeout."),
+        ("Should you not retry the refund after a timeout? Correct, never.",
+         "Retry the refund after a timeout."),
+        ("Should the agent not guess the city? Right.", "Guess the city when it is missing."),
     ],
 )  # fmt: skip
 def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
@@ -549,6 +563,15 @@ def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
         ("Skip the order check before calling refund? The answer is no.",
          "Never skip the order check before calling refund."),
         ("调用 refund 前，跳过确认？有问题。", "调用 refund 前，不要跳过确认。"),
+        # An answer turning an option down, or naming it in a word, reads as it stands.
+        ("Guess the city or ask the user? Never guess.",
+         "Ask the user for the city instead of guessing it."),
+        ("直接退款还是先核对订单？别直接退款。", "调用退款前先核对订单。"),
+        ("直接退款还是先核对订单？当然是先核对。", "调用退款前先核对订单。"),
+        ("Fetch all pages or only the first? Only the first.", "Fetch only the first page."),
+        # An answer naming no option of a choice makes none: the question reads as before.
+        ("Is the export UTF-8 or GBK? Check the BOM before calling read_csv.",
+         "Is the export UTF-8 or GBK? Check the BOM before you call read_csv."),
     ],
 )  # fmt: skip
 def test_a_verdict_a_choice_or_a_condition_reworded_is_a_repeat(first, second):
@@ -1036,6 +1059,10 @@ def test_advice_is_split_into_clauses_reading_a_run_of_spaces_once() -> None:
     for text in texts:
         assert clauses(lessons._CLAUSE_SPLIT_RE, text) == clauses(old_clause, text), text
         assert clauses(lessons._ORDER_SPLIT_RE, text) == clauses(old_order, text), text
+    # A "never" after an act that skips is not read as a warning said again.
+    assert lessons.stance("Skip the canary stage. Never.") != lessons.stance(
+        "Skip the canary stage."
+    )
     spaced = "Retry fetch_page" + " " * 30_000 + "x"
     assert lessons.stance(spaced) == lessons.stance("Retry fetch_page x")
     assert lessons.stance("Ask first" + " " * 30_000 + "but never retry") == lessons.stance(

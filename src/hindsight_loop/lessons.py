@@ -896,20 +896,20 @@ def stance(text: str) -> dict[str, float]:
             # city. Never.") it says the prohibition again (turned round, opposites merged).
             # A clause already read as a warning ("跳过灰度发布太冒险了，别。", "Loading the whole
             # file blows up memory. Don't.") is said again too.
-            warned = said_read and all(v < 0 for v in said_read.values())
+            warned = (
+                said_read
+                and all(v < 0 for v in said_read.values())
+                and (_RISK_RE.search(said) or _HARM_RE.search(said) or _DISMISS_RE.search(said))
+            )
             if not warned and not any(_NOT_WORD_RE.search(m[0]) for m in _FORBID_RE.finditer(said)):
                 _signed_terms(said, -2.0, read)
         else:
             _read_clause(clause, said, read)
-            if said and asked and _CHOICE_RE.search(said):
-                # "先核对订单还是直接退款？先核对订单。": a choice only asks; the answer takes
-                # the option it names and turns down the others.
-                for t, v in said_read.items():
-                    out[t] = out.get(t, 0.0) - v
-                named = _terms(clause)
-                for option in _CHOICE_RE.split(said):
-                    if option.strip() and not _terms(option) & named:
-                        _avoid(option, read)
+            if asked:
+                # "先核对订单还是直接退款？先核对订单。": the answer takes the option it names and
+                # turns down the others (the question read them all as asked for).
+                for t in _passed_over(said, clause):
+                    read[t] = read.get(t, 0.0) - 2.0
         for t, v in read.items():
             out[t] = out.get(t, 0.0) + v
         said, said_read, asked = clause, read, question
@@ -936,7 +936,7 @@ _NO_ANSWER_RE = re.compile(
     r"|(?:(?:of\s+course|certainly|absolutely|definitely|surely|hell)\s+)?(?:not|no)"
     r"(?:\s+(?:at\s+all|really|ever|way|chance|a\s+chance))?"
     r"|(?:当然|肯定|绝对|千万)?(?:否|不是|不对|不好|不行|不必|不用|不需要|没必要|无需|不应该|不该|不得|"
-    r"用不着|别这样|不不不?|不了|有问题|不妥)"
+    r"用不着|别这样|不不不?|不了|有问题|不妥|不太妥|不妥当|欠妥|不合适|最好不要|会出问题|问题很大)"
     r"[的了啊呀吧]?)$",
     re.I,
 )
@@ -954,23 +954,32 @@ _ASKED_RE = re.compile(
 
 # A question put in the negative: "shouldn't you check …", "isn't it better to check …" (as
 # ``_plain`` spells them: "should not you …") ask about checking; what is left is the act.
+# Only the contracted forms: "should you not retry?" asks about not retrying ("Correct." is
+# "don't"); "isn't it …" only with a word that approves ("isn't it dangerous to retry" is read
+# as it stands). In Chinese, "不应该先核对订单吗" asks about checking ("不用。" turns it down).
 _NEG_ASKED_RE = re.compile(
-    r"^\s*(?:(?:should|must|do|does|did|can|could|would|will|is|are)\s+not\s+"
-    r"(?:you|we|i|they|it|the\s+agent)|(?:should|must|do|does|can|could|would|will)\s+"
-    r"(?:you|we|i|they|the\s+agent)\s+not)\s+(?:(?:need|have)\s+to\s+)?"
-    r"(?:(?:better|ok|okay|fine|safe|wise|right|best)\s+to\s+)?",
+    r"^\s*(?:(?:should|must|do|does|did|can|could|would|will)\s+not\s+"
+    r"(?:you|we|i|they|the\s+agent)\s+(?:(?:need|have)\s+to\s+)?"
+    r"|(?:is|was)\s+not\s+it\s+(?:better|ok|okay|fine|safe|wise|right|best)\s+to\s+"
+    r"|would\s+not\s+it\s+be\s+(?:better|safer|wiser|best)\s+to\s+)",
     re.I,
 )
+_NEG_ASKED_ZH = re.compile(r"(?:难道)?(?:不应该|不应当|不该|不需要)")
 # A question offering a choice: "先核对订单还是直接退款？", "retry or give up?".
-_CHOICE_RE = re.compile(r"还是|\bor\b", re.I)
+_CHOICE_RE = re.compile(r"还是")
 # What introduces an answer: "The answer is no.", "A: No.", "答：不可以。".
 _ANSWER_LEAD_RE = re.compile(
-    r"^\s*(?:(?:so\s+)?the\s+answer\s+is|my\s+answer\s+is|answer\s+is|答案是|回答是)\s*[:：]?\s*",
+    r"^\s*(?:(?:so\s+)?the\s+(?:short\s+)?answer\s+is(?:\s+still)?|my\s+answer\s+is|answer\s+is"
+    r"|in\s+short|答案是|回答是|结论是)\s*[:：]?\s*",
     re.I,
 )
 # The label of a question or an answer, a clause of its own once split at its colon ("Q: …?
 # A: No.", "问：…？答：不可以。").
-_LABEL_RE = re.compile(r"^(?:q|a|question|answer|the\s+answer|问|答|问题|答案|回答)$", re.I)
+_LABEL_RE = re.compile(
+    r"^(?:q|a|question|answer|the\s+answer|short\s+answer|my\s+answer|verdict|in\s+short"
+    r"|问|答|问题|答案|回答|答曰|结论)$",
+    re.I,
+)
 
 
 _QUOTES = "\"'“”‘’「」『』"
@@ -978,11 +987,33 @@ _QUOTES = "\"'“”‘’「」『』"
 _MA_GAP_RE = re.compile(r"吗\s+(?=[^\s，。；！？,.;!?])")
 
 
+def _passed_over(question: str, answer: str) -> set[str]:
+    """The terms of the options of a choice (``_CHOICE_RE``) that the clause answering it passes
+    over, when it takes one by naming it: "先核对订单还是直接退款？先核对订单。" passes over
+    refunding at once. Nothing when it names none ("Is the file UTF-8 or GBK? Check the BOM
+    first."), or turns one down ("…？别直接退款。": read as it stands). Chinese only: an
+    English "or" often leaves the verb to the first option ("fetch all pages or only the
+    first?"), so the option passed over would take the act chosen with it."""
+    if not question or not _CHOICE_RE.search(question) or _NOT_WORD_RE.search(answer):
+        return set()
+    named = _terms(answer)
+    options = [_terms(o) for o in _CHOICE_RE.split(question) if o.strip()]
+    taken = [o for o in options if o & named]
+    if not taken or len(taken) == len(options):
+        return set()
+    kept = set().union(*taken)
+    return {t for o in options if not o & named for t in o} - kept
+
+
 def _asked(clause: str, question: bool) -> str:
     """A question as the act it asks about: "shouldn't you check the order" asks about checking
     it (its "not" is how it is put: "yes" takes the act, "no" turns it down)."""
-    if question and (negative := _NEG_ASKED_RE.match(clause)) and clause[negative.end() :].strip():
+    if not question:
+        return clause
+    if (negative := _NEG_ASKED_RE.match(clause)) and clause[negative.end() :].strip():
         return clause[negative.end() :]
+    if is_cjk(clause[0]) and clause.endswith("吗") and (negative := _NEG_ASKED_ZH.search(clause)):
+        return clause[: negative.start()] + clause[negative.end() :]
     return clause
 
 
@@ -1060,6 +1091,16 @@ def _read_clause(clause: str, said: str, out: dict[str, float]) -> None:
         # follows "until"; the act held back is neither asked for nor forbidden.
         out["xwait"] = out.get("xwait", 0.0) + 1.0
         _signed_terms(gated[1], 1.0, out)
+        return
+    if (
+        (held := _HELD_ON_RE.search(clause))
+        and not _FORBID_RE.search(clause, 0, held.start())
+        and not _TILL_RE.search(clause, held.end())
+    ):
+        # "hold off on retrying the refund", "wait with the refund": waiting, and not the act
+        # ("hold off on booking the pickers till …" holds it back for a while: read as before).
+        out["xwait"] = out.get("xwait", 0.0) + 1.0
+        _avoid(clause[held.end() :], out)
         return
     if _PURPOSE_RE.match(clause):
         # "so you don't create a duplicate", "以免重复扣款", "不然最后一天会漏掉": why, not
@@ -1143,6 +1184,8 @@ def _negates(text: str) -> bool:
 
 _UNTIL_RE = re.compile(r"\bxwait\s+xuntil\b")
 _HELD_RE = re.compile(r"\bxwait\b")
+_HELD_ON_RE = re.compile(r"\bxwait\s+(?:on|with)\s+(?=\S)")
+_TILL_RE = re.compile(r"\b(?:xuntil|until|till)\b", re.I)
 
 
 def _until(clause: str) -> tuple[str, str] | None:
@@ -1263,7 +1306,7 @@ def _order(text: str) -> tuple[set[str], set[str]]:
             continue
         ahead, behind = first, later
         answer = _answer(clauses[i + 1][0]) if asked and i + 1 < len(clauses) else None
-        if answer is None and asked and i + 1 < len(clauses) and _CHOICE_RE.search(clause):
+        if asked and i + 1 < len(clauses) and _passed_over(clause, clauses[i + 1][0]):
             continue  # "先核对订单还是直接退款？先核对订单。": the answer chooses
         clause, negated = _unsay_order(_asked(clause, answer is not None))
         if answer == -1.0:
