@@ -505,6 +505,12 @@ class ProcessRecorder:
         or a signal handler's close() is not done (``_close_later``): the store stays open."""
         return self._close_owed or self._local.held_up
 
+    def on_released(self, call: Callable[[], None]) -> None:
+        """Make ``call`` once no thread of this recorder can use the agent's store (the
+        in-process writer's: ``Recorder.on_released``; it closes last, a close a signal handler
+        left for later included)."""
+        self._local.on_released(call)
+
     @property
     def mode(self) -> str:
         """``process`` while a writer process writes, ``thread`` after falling back."""
