@@ -252,3 +252,64 @@ def test_a_close_a_handler_left_for_later_closes_the_store_and_blames_no_held_up
     done = _run(_DEFERRED, writer, tmp_path / "d.db")
     assert json.loads(done.stdout.splitlines()[-1]) == {"owed": [True], "closed": True}
     assert "held up" not in done.stderr, done.stderr[:3000]
+
+
+# The redaction guards compile on first use, under a lock; Hindsight's log filter redacts with
+# them. A handler that logs through Hindsight's logger while the main thread is inside that
+# first compile (``record._scanner``) called in again for the lock its own thread held. The
+# compile is started afresh until the handler has come inside it often enough.
+_COMPILE = (
+    _COMMON
+    + """
+import logging
+from hindsight_loop import record
+
+log = logging.getLogger("hindsight_loop")
+log.addHandler(logging.StreamHandler(sys.stdout))
+log.propagate = False
+inside, said, busy = [], [], []
+
+
+def compiling(frame):
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_scanner" or code.co_filename.endswith("redact_scan.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def on_alarm(signum, frame):
+    if busy or not compiling(frame):
+        return  # not the handler's own line: only the main thread's compile is asked about
+    busy.append(1)
+    inside.append(1)
+    log.warning("handler: token=sk-live0123456789abcdefABCDEF")
+    said.append(1)
+    busy.clear()
+
+
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
+for _ in range(2000):
+    record._SCANNER = False  # compiled afresh (or read from its cache) by the next call
+    used = record.guards_in_use()
+    if len(inside) >= 20:
+        break
+signal.setitimer(signal.ITIMER_REAL, 0, 0)
+print(json.dumps({"inside": len(inside), "said": len(said), "guards": record.guards_in_use()}))
+"""
+)
+
+
+def test_a_handler_logging_while_the_redaction_guards_compile_does_not_hang() -> None:
+    """The handler's log line is redacted by the pure-Python guards meanwhile (the same
+    result); the compile it interrupted goes on once it returns."""
+    done = _run(_COMPILE, "thread", "unused.db")
+    lines = done.stdout.splitlines()
+    out = json.loads(lines[-1])
+    assert out["inside"] >= 20 and out["said"] == out["inside"]
+    assert out["guards"] in ("hyperscan", "python")
+    logged = [x for x in lines if x.startswith("handler:")]
+    assert len(logged) == out["said"]
+    assert all("sk-live" not in x and "[REDACTED]" in x for x in logged)

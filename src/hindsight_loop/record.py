@@ -602,14 +602,27 @@ def _decoded(blob: bytes) -> bytes | None:
 #: Every guard in one pass, with Hyperscan (the ``[hyperscan]`` extra); None without it, False
 #: until the first event asks (compiling the guards takes tens of milliseconds: not at import).
 _SCANNER: redact_scan.Scanner | None | bool = False
-_SCANNER_LOCK = threading.Lock()
+# Reentrant, with ``_SCANNER_LOADING`` saying a load is under way: a signal handler that logs
+# (Hindsight's log filter redacts) or records while its own thread is inside the load came in
+# here and waited for good for a plain lock its thread held.
+_SCANNER_LOCK = threading.RLock()
+_SCANNER_LOADING = False
 
 
 def _scanner() -> redact_scan.Scanner | None:
-    global _SCANNER  # noqa: PLW0603 - loaded once, on first use
+    global _SCANNER, _SCANNER_LOADING  # noqa: PLW0603 - loaded once, on first use
     with _SCANNER_LOCK:
         if _SCANNER is False:
-            _SCANNER = redact_scan.load(_WORD_CORES.pattern, _VENDOR_STARTS)
+            if _SCANNER_LOADING:
+                # This thread's own load, interrupted (a signal handler): it cannot end before
+                # the handler returns, so the handler's call takes the pure-Python guards,
+                # which give the same result.
+                return None
+            _SCANNER_LOADING = True
+            try:
+                _SCANNER = redact_scan.load(_WORD_CORES.pattern, _VENDOR_STARTS)
+            finally:
+                _SCANNER_LOADING = False
     return _SCANNER  # type: ignore[return-value]
 
 
