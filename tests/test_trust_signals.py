@@ -313,3 +313,51 @@ def test_a_handler_logging_while_the_redaction_guards_compile_does_not_hang() ->
     logged = [x for x in lines if x.startswith("handler:")]
     assert len(logged) == out["said"]
     assert all("sk-live" not in x and "[REDACTED]" in x for x in logged)
+
+
+# Another thread is inside the guards' first load (it holds their lock) as the main thread
+# forks: the child's copy of the lock stayed held by a thread the child does not have.
+_FORK = (
+    _COMMON
+    + """
+import threading
+from hindsight_loop import record
+
+held, release = threading.Event(), threading.Event()
+
+
+def loading():
+    with record._SCANNER_LOCK:
+        held.set()
+        release.wait()
+
+
+thread = threading.Thread(target=loading)
+thread.start()
+held.wait()
+record._SCANNER = False
+pid = os.fork()
+if pid == 0:
+    print(json.dumps({"child": record.redact_text("token=sk-live0123456789abcdefABCDEF")}))
+    sys.stdout.flush()
+    os._exit(0)
+release.set()
+thread.join()
+deadline = time.monotonic() + 20
+while os.waitpid(pid, os.WNOHANG) == (0, 0):
+    if time.monotonic() > deadline:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        print(json.dumps({"child": "hung"}))
+        break
+    time.sleep(0.01)
+"""
+)
+
+
+def test_a_child_forked_while_another_thread_loads_the_guards_redacts() -> None:
+    """The child has a lock of its own, and loads the guards itself."""
+    done = _run(_FORK, "thread", "unused.db")
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["child"] != "hung"
+    assert "sk-live" not in out["child"] and "[REDACTED]" in out["child"]

@@ -626,6 +626,18 @@ def _scanner() -> redact_scan.Scanner | None:
     return _SCANNER  # type: ignore[return-value]
 
 
+def _scanner_forked() -> None:
+    """In a forked child: a lock of its own. Another thread of the parent inside the load at
+    the fork held the child's copy for good, and the child's first redaction waited for it."""
+    global _SCANNER_LOCK, _SCANNER_LOADING  # noqa: PLW0603 - the child's own
+    _SCANNER_LOCK = threading.RLock()
+    _SCANNER_LOADING = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_scanner_forked)
+
+
 def guards_in_use() -> str:
     """Whether redaction's guards can run in one pass here: ``hyperscan`` or ``python``. The
     writer process scans each event; a writer thread in the agent's process scans a hundred
