@@ -876,6 +876,14 @@ def test_wire_events_keep_their_own_seq_time_and_id_or_get_the_recorders(hs: Hin
     assert "object at 0x" not in raw  # the recorder's own keys never reach the body
 
 
+def _opens(fd: str, path: Path) -> bool:
+    """Whether this process's descriptor ``fd`` is ``path`` (the database or its WAL)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith(str(path))
+    except OSError:  # closed since it was listed
+        return False
+
+
 def test_close_stops_waiting_for_a_writer_thread_held_up_and_dead_letters_the_rest(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -920,6 +928,12 @@ def test_close_stops_waiting_for_a_writer_thread_held_up_and_dead_letters_the_re
         if holder.stdout is not None:
             holder.stdout.close()
     assert took < 15  # the store's busy timeout alone is 30 s
+    # The lock let go, the call close() gave up on returns: the store closes (before, it was
+    # left open for good under that call, its connections and files with it).
+    hs.recorder._committer.join(timeout=30)
+    assert not hs.recorder._committer.is_alive()
+    assert hs.store._closed  # type: ignore[attr-defined]
+    assert not [fd for fd in os.listdir("/proc/self/fd") if _opens(fd, db_path)]
     said = [str(w.message) for w in caught if "stopped waiting" in str(w.message)]
     assert len(said) == 1 and "the 100 events" in said[0], [str(w.message) for w in caught]
     assert str(hs.recorder.dead_letter) in said[0]

@@ -399,6 +399,56 @@ def test_past_its_restarts_the_in_process_writer_queues_the_reviews_a_dead_one_d
     assert [job for job in _jobs(db) if job[0] == task_id] == [(task_id, "full", "task_end")]
 
 
+@pytest.mark.parametrize("after", ["restart", "fall back"])
+def test_reviews_the_store_refused_are_queued_though_the_writer_keeping_them_dies(
+    tmp_path: Path, after: str
+) -> None:
+    """A review the store refused to queue (busy past its timeout, a full disk) waits in the
+    writer for its next batch's queueing; the task's events are durable already, so no writer
+    taking over is handed them again. The writer killed before that next batch took the
+    review with it: now the writer after it (or, past the restarts, the agent's process)
+    queues it, once."""
+    from hindsight_loop.writer import MAX_RESTARTS
+
+    db = tmp_path / "u.db"
+    hs = Hindsight(db, writer="process", background=False)
+    with pytest.warns(HindsightWarning, match="writer process ended"):
+        for k in range(MAX_RESTARTS if after == "fall back" else 0):
+            hs.record({"task_id": f"w{k}", "type": "task_start", "task_type": "x"})
+            assert hs.flush(timeout=30) is True
+            pid = hs.recorder.pid
+            assert pid is not None
+            _kill(pid)
+        hs.record({"task_id": "warm", "type": "task_start", "task_type": "x"})
+        assert hs.flush(timeout=30) is True
+        con = sqlite3.connect(db, timeout=60)
+        con.executescript(
+            """CREATE TRIGGER refuse_jobs BEFORE INSERT ON jobs BEGIN
+                 SELECT RAISE(ABORT, 'the store refuses reviews');
+               END;"""
+        )
+        with hs.task("api", tools=["fetch"], recall=False) as task:
+            for i in range(12):
+                task.record_action("fetch", {"i": i})
+        # Durable, so the review's queueing was tried (and refused) by now.
+        assert hs.flush(timeout=30) is True
+        con.execute("DROP TRIGGER refuse_jobs")
+        con.commit()
+        con.close()
+        assert _jobs(db) == []
+        pid = hs.recorder.pid
+        assert pid is not None
+        _kill(pid)
+        deadline = time.monotonic() + 30
+        while hs.recorder.pid == pid or (after == "restart" and hs.recorder.pid is None):
+            assert time.monotonic() < deadline, "no writer took over"
+            time.sleep(0.01)
+        assert hs.flush(timeout=30) is True
+    assert hs.recorder.mode == ("thread" if after == "fall back" else "process")
+    hs.close()
+    assert _jobs(db) == [(task.task_id, "full", "task_end")]
+
+
 def test_a_restarted_writer_stores_an_event_whose_id_a_stored_one_had(tmp_path: Path) -> None:
     """A caller may give two events of a task one id (a retried call with new content): both
     are stored. A writer taking over from a dead one took the second for one the dead writer

@@ -101,3 +101,72 @@ def test_a_batch_reads_its_ended_tasks_at_once_and_queues_their_reviews_where_th
         assert triggers._running == {}
     finally:
         store.close()
+
+
+def test_reviews_a_dead_writer_kept_are_queued_once_and_kept_while_the_store_refuses(
+    tmp_path: Path,
+) -> None:
+    """``requeue``: the reviews a writer that died had kept for a later try (the store refused
+    them) are queued by the one taking over; an end review the dead one queued after all (it
+    died before it said so) is not queued twice. While the store still refuses, they are kept
+    for this writer's next batch, and whoever keeps the copy is told either way."""
+    import sqlite3
+
+    db = tmp_path / "q.db"
+    store = SQLiteStore(db)
+    try:
+        start = {"task_type": "api", "goal": "g", "tools": ["fetch"], "injected_lesson_ids": []}
+        steps = [
+            ("tsk_a", "task_start", start),
+            ("tsk_a", "task_end", {"result": {"status": "failed"}}),
+            ("tsk_b", "task_start", start),
+            ("tsk_b", "task_end", {"result": {"status": "failed"}}),
+        ]
+        now = time.time_ns()
+        items = [
+            (task_id, n, now + n, etype, payload, f"evt_{n}")
+            for n, (task_id, etype, payload) in enumerate(steps)
+        ]
+        recorder = Recorder(
+            store.write_event_batch, dead_letter=tmp_path / "dead.jsonl", start=False
+        )
+        rows, _bad = recorder._prepare(items)
+        store.write_event_batch(rows)
+        store.enqueue_jobs([{"task_id": "tsk_a", "kind": "full", "trigger": "task_end"}])
+        told: list[list[dict[str, Any]]] = []
+        woken: list[int] = []
+        triggers = Triggers(
+            store,
+            review_min_events=10,
+            live=True,
+            wake=lambda: woken.append(1),
+            on_unqueued=told.append,
+        )
+        kept = [
+            {"task_id": "tsk_a", "kind": "full", "trigger": "task_end"},
+            {
+                "task_id": "tsk_a",
+                "kind": "local",
+                "trigger": "consecutive_failures",
+                "window": [0, 1],
+            },
+            {"task_id": "tsk_b", "kind": "full", "trigger": "task_end"},
+        ]
+        con = sqlite3.connect(db)
+        con.executescript(
+            "CREATE TRIGGER refuse BEFORE INSERT ON jobs BEGIN SELECT RAISE(ABORT, 'no'); END;"
+        )
+        triggers.requeue(kept)
+        assert triggers._unqueued == kept[1:] and told == [kept[1:]] and woken == []
+        con.executescript("DROP TRIGGER refuse;")
+        con.close()
+        triggers.on_batch([], [])  # the writer's last try, as it stops
+        queued = [(j["task_id"], j["kind"], j["trigger"]) for j in reversed(store.jobs())]
+        assert queued == [
+            ("tsk_a", "full", "task_end"),
+            ("tsk_a", "local", "consecutive_failures"),
+            ("tsk_b", "full", "task_end"),
+        ]
+        assert triggers._unqueued == [] and told[-1] == [] and woken == [1]
+    finally:
+        store.close()

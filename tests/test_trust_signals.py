@@ -209,3 +209,155 @@ def test_a_sigterm_handler_that_closes_and_exits_mid_record(tmp_path: Path, writ
         stored, dead = _kept(Path(report["db"]))
         kept = stored["main"] + dead["main"]
         assert report["returned"] <= kept <= report["returned"] + 1, (report, stored, dead)
+
+
+# ``on SIGTERM: close`` (and no exit) while the main thread is inside a record call: the close
+# is left for later (the interrupted call goes on once the handler returns), and done at the
+# exit. A hook registered first runs last at the exit: it says whether the store was closed.
+_DEFERRED = (
+    _COMMON
+    + """
+import atexit
+
+atexit.register(lambda: print(json.dumps({"owed": owed, "closed": hs.store._closed}), flush=True))
+hs = Hindsight(db, writer=writer, background=False, triggers=False)
+hs.record({"type": "user_input", "task_id": "main", "input": {"i": -1}})
+owed = []
+
+
+def on_alarm(signum, frame):
+    if not owed and inside_the_recorder(frame):
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        hs.close()
+        owed.append(hs.recorder.held_up)
+
+
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.0007, 0.0007)
+i = 0
+while not owed:
+    hs.record({"type": "user_input", "task_id": "main", "input": {"i": i, "p": "x" * 300}})
+    i += 1
+"""
+)
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_a_close_a_handler_left_for_later_closes_the_store_and_blames_no_held_up_call(
+    tmp_path: Path, writer: str
+) -> None:
+    """A handler's close() that came inside a record call is finished at the exit. Nothing is
+    held up then: the store stays open only until that close is done, and is closed by it;
+    before, a line blamed a writer's call "held up" and the store was never closed."""
+    done = _run(_DEFERRED, writer, tmp_path / "d.db")
+    assert json.loads(done.stdout.splitlines()[-1]) == {"owed": [True], "closed": True}
+    assert "held up" not in done.stderr, done.stderr[:3000]
+
+
+# The redaction guards compile on first use, under a lock; Hindsight's log filter redacts with
+# them. A handler that logs through Hindsight's logger while the main thread is inside that
+# first compile (``record._scanner``) called in again for the lock its own thread held. The
+# compile is started afresh until the handler has come inside it often enough.
+_COMPILE = (
+    _COMMON
+    + """
+import logging
+from hindsight_loop import record
+
+log = logging.getLogger("hindsight_loop")
+log.addHandler(logging.StreamHandler(sys.stdout))
+log.propagate = False
+inside, said, busy = [], [], []
+
+
+def compiling(frame):
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_scanner" or code.co_filename.endswith("redact_scan.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def on_alarm(signum, frame):
+    if busy or not compiling(frame):
+        return  # not the handler's own line: only the main thread's compile is asked about
+    busy.append(1)
+    inside.append(1)
+    log.warning("handler: token=sk-live0123456789abcdefABCDEF")
+    said.append(1)
+    busy.clear()
+
+
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
+for _ in range(2000):
+    record._SCANNER = False  # compiled afresh (or read from its cache) by the next call
+    used = record.guards_in_use()
+    if len(inside) >= 20:
+        break
+signal.setitimer(signal.ITIMER_REAL, 0, 0)
+print(json.dumps({"inside": len(inside), "said": len(said), "guards": record.guards_in_use()}))
+"""
+)
+
+
+def test_a_handler_logging_while_the_redaction_guards_compile_does_not_hang() -> None:
+    """The handler's log line is redacted by the pure-Python guards meanwhile (the same
+    result); the compile it interrupted goes on once it returns."""
+    done = _run(_COMPILE, "thread", "unused.db")
+    lines = done.stdout.splitlines()
+    out = json.loads(lines[-1])
+    assert out["inside"] >= 20 and out["said"] == out["inside"]
+    assert out["guards"] in ("hyperscan", "python")
+    logged = [x for x in lines if x.startswith("handler:")]
+    assert len(logged) == out["said"]
+    assert all("sk-live" not in x and "[REDACTED]" in x for x in logged)
+
+
+# Another thread is inside the guards' first load (it holds their lock) as the main thread
+# forks: the child's copy of the lock stayed held by a thread the child does not have.
+_FORK = (
+    _COMMON
+    + """
+import threading
+from hindsight_loop import record
+
+held, release = threading.Event(), threading.Event()
+
+
+def loading():
+    with record._SCANNER_LOCK:
+        held.set()
+        release.wait()
+
+
+thread = threading.Thread(target=loading)
+thread.start()
+held.wait()
+record._SCANNER = False
+pid = os.fork()
+if pid == 0:
+    print(json.dumps({"child": record.redact_text("token=sk-live0123456789abcdefABCDEF")}))
+    sys.stdout.flush()
+    os._exit(0)
+release.set()
+thread.join()
+deadline = time.monotonic() + 20
+while os.waitpid(pid, os.WNOHANG) == (0, 0):
+    if time.monotonic() > deadline:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        print(json.dumps({"child": "hung"}))
+        break
+    time.sleep(0.01)
+"""
+)
+
+
+def test_a_child_forked_while_another_thread_loads_the_guards_redacts() -> None:
+    """The child has a lock of its own, and loads the guards itself."""
+    done = _run(_FORK, "thread", "unused.db")
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["child"] != "hung"
+    assert "sk-live" not in out["child"] and "[REDACTED]" in out["child"]

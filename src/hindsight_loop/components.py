@@ -192,5 +192,6 @@ def make_recorder(
             review_min_events=triggers.review_min_events,
             live_triggers=triggers.live,
             on_review=worker.wake,
+            requeue=triggers.requeue,
         ),
     )

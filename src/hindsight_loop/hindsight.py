@@ -660,7 +660,7 @@ def _close_parts(
     try:
         recorder.close()
     finally:
-        worker.shutdown(CLOSE_WAIT, interrupt=models.close, close_store=not recorder.held_up)
+        worker.shutdown(CLOSE_WAIT, interrupt=models.close, released=recorder.on_released)
         atexit.unregister(at_exit)
 
 

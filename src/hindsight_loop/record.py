@@ -602,15 +602,40 @@ def _decoded(blob: bytes) -> bytes | None:
 #: Every guard in one pass, with Hyperscan (the ``[hyperscan]`` extra); None without it, False
 #: until the first event asks (compiling the guards takes tens of milliseconds: not at import).
 _SCANNER: redact_scan.Scanner | None | bool = False
-_SCANNER_LOCK = threading.Lock()
+# Reentrant, with ``_SCANNER_LOADING`` saying a load is under way: a signal handler that logs
+# (Hindsight's log filter redacts) or records while its own thread is inside the load came in
+# here and waited for good for a plain lock its thread held.
+_SCANNER_LOCK = threading.RLock()
+_SCANNER_LOADING = False
 
 
 def _scanner() -> redact_scan.Scanner | None:
-    global _SCANNER  # noqa: PLW0603 - loaded once, on first use
+    global _SCANNER, _SCANNER_LOADING  # noqa: PLW0603 - loaded once, on first use
     with _SCANNER_LOCK:
         if _SCANNER is False:
-            _SCANNER = redact_scan.load(_WORD_CORES.pattern, _VENDOR_STARTS)
+            if _SCANNER_LOADING:
+                # This thread's own load, interrupted (a signal handler): it cannot end before
+                # the handler returns, so the handler's call takes the pure-Python guards,
+                # which give the same result.
+                return None
+            _SCANNER_LOADING = True
+            try:
+                _SCANNER = redact_scan.load(_WORD_CORES.pattern, _VENDOR_STARTS)
+            finally:
+                _SCANNER_LOADING = False
     return _SCANNER  # type: ignore[return-value]
+
+
+def _scanner_forked() -> None:
+    """In a forked child: a lock of its own. Another thread of the parent inside the load at
+    the fork held the child's copy for good, and the child's first redaction waited for it."""
+    global _SCANNER_LOCK, _SCANNER_LOADING  # noqa: PLW0603 - the child's own
+    _SCANNER_LOCK = threading.RLock()
+    _SCANNER_LOADING = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_scanner_forked)
 
 
 def guards_in_use() -> str:
@@ -1234,6 +1259,10 @@ class Recorder:
         self._given_up = False
         # A signal handler's close() left to the exit (``_close_later``).
         self._close_owed = False
+        # Calls to make once no thread of this recorder can use the store (``on_released``).
+        self._released = False
+        self._on_release: list[Callable[[], None]] = []
+        self._release_lock = threading.Lock()
         self._new_threads()
         #: A forked child's recorder whose threads stayed in the parent: its first event
         #: starts threads of its own (``_child_starts``).
@@ -1916,6 +1945,10 @@ class Recorder:
                 self._on_batch([], [])
             except Exception:  # noqa: BLE001
                 log.exception("hindsight: batch hook failed")
+        if self._stop:
+            # Closed: this thread was the last of ours to use the store (a call close() gave
+            # up on has returned, or close() stopped waiting for this thread's end).
+            self._release()
 
     def _write_batch(self, rows: list[Row], cleans: list[Any]) -> None:
         try:
@@ -2009,6 +2042,8 @@ class Recorder:
         self._wake = threading.Event()
         self._dead_letter_lock = threading.Lock()
         self._child_lock = threading.Lock()
+        self._release_lock = threading.Lock()
+        self._on_release = []  # the parent's, for its store: its threads stayed there
         self.stats = dict.fromkeys(self.stats, 0)
         self._lost_reported = 0
         self._close_owed = False  # the parent's: its exit hook finds nothing to do here
@@ -2234,6 +2269,7 @@ class Recorder:
         self._child_idle = False
         if not self.started:
             self._stop = True
+            self._release()
             return
         if self.calls_beneath(self):
             self._close_later()
@@ -2249,6 +2285,36 @@ class Recorder:
         self._thread.join(timeout=5)
         if not held_up:  # else it is inside the call close() gave up on
             self._committer.join(timeout=5)
+        if not self._committer.is_alive():
+            self._release()  # else the committer does, as it ends
+
+    def on_released(self, call: Callable[[], None]) -> None:
+        """Make ``call`` (closing the store) once no thread of this recorder can use the store:
+        now if none can, else once close() is done, or once the store call close() gave up on
+        (``_give_up``) returns. Before, a store left open under such a call stayed open for good,
+        and so did one under a close a signal handler left for later (``_close_later``)."""
+        with self._release_lock:
+            if not self._released:
+                self._on_release.append(call)
+                return
+        self._call_released(call)
+
+    def _release(self) -> None:
+        """Closed, and no thread of ours uses the store: make the ``on_released`` calls (once)."""
+        with self._release_lock:
+            if self._released:
+                return
+            self._released = True
+            calls, self._on_release = self._on_release, []
+        for call in calls:
+            self._call_released(call)
+
+    @staticmethod
+    def _call_released(call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception:  # noqa: BLE001 - the agent must never crash because of Hindsight
+            log.exception("hindsight: closing the store after the writer failed")
 
     def _close_later(self) -> None:
         """close() from a signal handler that interrupted a call of this recorder (``on

@@ -8,6 +8,8 @@ review of a window around it, so a reflection can start before the run ends.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,8 @@ from hindsight_loop.replay import (
     wire_timestamp,
 )
 from hindsight_loop.store import Store
+
+log = logging.getLogger("hindsight_loop")
 
 #: Most local reviews one task may ask for: a run that keeps failing needs one look, not fifty.
 MAX_LOCAL_REVIEWS = 3
@@ -84,6 +88,9 @@ class Triggers:
         review_min_events: A task with at least this many events is reviewed when it ends.
         live: Run the live anomaly rules and queue local reviews.
         wake: Called once per batch that queued a review (wakes the review worker).
+        on_unqueued: Told the reviews kept for a later try (``_unqueued``) whenever they
+            change: the writer process tells the agent, which hands them to the writer (or
+            the in-process writer) taking over if this one dies (``requeue``).
     """
 
     def __init__(
@@ -93,16 +100,20 @@ class Triggers:
         review_min_events: int,
         live: bool,
         wake: Callable[[], None],
+        on_unqueued: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self.store = store
         self.review_min_events = review_min_events
         self.live = live
         self._wake = wake
+        self._on_unqueued = on_unqueued
         self._running: dict[str, _Running] = {}
         # Reviews whose queueing failed (the store busy past its timeout, a full disk): queued
         # with the next batch's, since the events that decided them are stored already and no
-        # later batch would decide them again.
+        # later batch would decide them again. The lock: ``requeue`` adds to them from another
+        # thread than the committer's (the agent's, falling back to in-process writing).
         self._unqueued: list[dict[str, Any]] = []
+        self._unqueued_lock = threading.Lock()
 
     def on_batch(self, rows: list[Row], payloads: list[Any]) -> None:
         """The recorder's hook: ``payloads`` holds, for each watched event, its sanitized
@@ -165,9 +176,11 @@ class Triggers:
             running.pop(task_id, None)
         if ends:
             jobs = self._with_end_reviews(jobs, ends)
+        kept = None
         if self._unqueued:
-            jobs[:0] = self._unqueued
-            self._unqueued = []
+            with self._unqueued_lock:
+                kept, self._unqueued = self._unqueued, []
+            jobs[:0] = kept
         if jobs:
             # One commit for the batch's reviews: one each cost ~0.1 ms of the committer's time
             # (sampled), a tenth of its work when the tasks are short (a full review for every
@@ -175,12 +188,10 @@ class Triggers:
             try:
                 self.store.enqueue_jobs(jobs)
             except Exception as exc:
-                dropped = len(jobs) if not rows else len(jobs) - MAX_UNQUEUED
-                if dropped > 0:
-                    warn(f"{dropped} review(s) not queued, the store refused them: {exc!r}")
-                if rows:
-                    self._unqueued = jobs[-MAX_UNQUEUED:]
+                self._keep_unqueued(jobs, exc, last=not rows)
                 raise  # the recorder logs it
+            if kept:
+                self._tell_unqueued()
             self._wake()
 
     def _with_end_reviews(
@@ -230,6 +241,70 @@ class Triggers:
         finally:
             stored.release()
 
+    def _keep_unqueued(self, jobs: list[dict[str, Any]], exc: Exception, *, last: bool) -> None:
+        """Reviews the store refused: kept for the next try (the newest ``MAX_UNQUEUED``), or
+        given up with a warning when no try will come (``last``: the writer stops)."""
+        with self._unqueued_lock:
+            kept = [] if last else (jobs + self._unqueued)[-MAX_UNQUEUED:]
+            dropped = len(jobs) + len(self._unqueued) - len(kept)
+            self._unqueued = kept
+        if dropped > 0:
+            warn(f"{dropped} review(s) not queued, the store refused them: {exc!r}")
+        self._tell_unqueued()
+
+    def _tell_unqueued(self) -> None:
+        if self._on_unqueued is not None:
+            try:
+                self._on_unqueued(list(self._unqueued))
+            except Exception:  # noqa: BLE001 - the reviews are still here; only the copy is not
+                log.exception("hindsight: could not pass on the reviews kept for a later try")
+
+    def requeue(self, jobs: list[dict[str, Any]]) -> None:
+        """Reviews a writer that died had kept for a later try (``_unqueued``, as it told the
+        agent): queued now, or kept here for this writer's next try. The lines that decided
+        them are durable, so no writer sees them again: without this they were lost. An end
+        review the dead writer did queue (it died before it said so) is not queued twice."""
+        if not jobs:
+            return
+        try:
+            jobs = self._not_queued_yet(jobs)
+        except Exception:  # noqa: BLE001 - a review twice rather than none
+            log.exception("hindsight: could not read which reviews a dead writer queued")
+        if jobs:
+            try:
+                self.store.enqueue_jobs(jobs)
+            except Exception as exc:  # noqa: BLE001 - the agent must never crash because of Hindsight
+                self._keep_unqueued(jobs, exc, last=False)
+                return
+            self._wake()
+        self._tell_unqueued()
+
+    def _not_queued_yet(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``jobs`` but the end reviews queued already for their task's run (local reviews
+        are kept: the store cannot tell two windows of one rule apart)."""
+        queued: dict[str, set[str]] = {}
+        out = []
+        for job in jobs:
+            task_id = job["task_id"]
+            if job.get("trigger") == "task_end":
+                kinds = queued.get(task_id)
+                if kinds is None:
+                    task = self.store.get_task(task_id)
+                    kinds = queued[task_id] = set() if task is None else self._end_kinds(task)
+                if job["kind"] in kinds:
+                    continue
+            out.append(job)
+        return out
+
+    def _end_kinds(self, task: Task) -> set[str]:
+        """The kinds of end review queued for this run of ``task`` (done ones too)."""
+        # A task id a caller ran before (``hs.task(task_id=...)`` again): the reviews of its
+        # earlier runs were queued before this run started and are not this run's. A start
+        # time out of the wire format (a caller's own) cannot be compared as text: every
+        # review queued for the id counts then, as before runs were told apart.
+        since = task.started_at if wire_timestamp(task.started_at) else None
+        return self.store.queued_job_kinds(task.task_id, trigger="task_end", since=since)
+
     def ends_stored_before(self, task_ids: Iterable[str]) -> None:
         """Task ends a writer that died had stored: queue the reviews it may have died before
         queueing (it commits a batch, then queues the batch's reviews). The writer taking over
@@ -241,12 +316,7 @@ class Triggers:
             task = self.store.get_task(task_id)
             if task is None:
                 continue
-            # A task id a caller ran before (``hs.task(task_id=...)`` again): the reviews of its
-            # earlier runs were queued before this run started and are not this run's. A
-            # start time out of the wire format (a caller's own) cannot be compared as text:
-            # every review queued for the id counts then, as before runs were told apart.
-            since = task.started_at if wire_timestamp(task.started_at) else None
-            queued = self.store.queued_job_kinds(task_id, trigger="task_end", since=since)
+            queued = self._end_kinds(task)
             wanted: list[dict[str, Any]] = []
             self._end_reviews(task_id, self._stored_run(task_id)[1], wanted, task=task)
             jobs += [job for job in wanted if job["kind"] not in queued]

@@ -794,25 +794,28 @@ class Worker:
         return True
 
     def shutdown(
-        self, timeout: float, *, interrupt: Callable[[], None], close_store: bool = True
+        self,
+        timeout: float,
+        *,
+        interrupt: Callable[[], None],
+        released: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         """Stop after the job in flight and close the store once no thread of ours can use it.
 
         ``interrupt`` cuts a model's retry backoff short; the model call in flight still ends
         at its own timeout. A job still running after ``timeout`` keeps the store open (the
-        job is taken back after its lease if the process exits). ``close_store=False``:
-        another thread's call is held up in it (the recorder's), and closing its connection
-        would wait for that call.
+        job is taken back after its lease if the process exits). ``released``: the recorder's
+        ``on_released``, which closes the store once none of its threads can use it: at once,
+        or once its call close() gave up on returns, or once a close a signal handler left
+        for later is done (closing a connection under a call waits for that call).
         """
         self.stop()
         interrupt()
         if self.join(timeout):
-            if close_store:
+            if released is None:
                 self.curator.close_store()
             else:
-                log.warning(
-                    "hindsight: the store is left open under the writer's call that is held up"
-                )
+                released(self.curator.close_store)
         else:
             log.error(
                 "hindsight: a review is still running after %.0f s; the store is left open "

@@ -239,6 +239,8 @@ class ProcessRecorder:
         review_min_events: For the writer's triggers (end-of-task reviews).
         live_triggers: Run the live anomaly rules in the writer.
         on_review: Called when the writer queued a review (wakes the review worker).
+        requeue: Queues the reviews a dead writer had kept for a later try (the store refused
+            them; ``Triggers.requeue``), on fallback.
     """
 
     def __init__(
@@ -252,10 +254,12 @@ class ProcessRecorder:
         review_min_events: int = 10,
         live_triggers: bool = True,
         on_review: Callable[[], None] | None = None,
+        requeue: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self._local = local
         self._stored_keys = stored_keys
         self._ended_stored = ended_stored
+        self._requeue = requeue
         self._on_review = on_review
         self._config = {
             "db": db,
@@ -333,6 +337,10 @@ class ProcessRecorder:
         self._fallen_back = False
         self._gen = 0
         self._writer_background: int | None = None  # the writer's policy between flushes
+        # The reviews the writer keeps for a later try, as it last said (``Triggers.
+        # on_unqueued``): their lines are durable, so a writer taking over from one that died
+        # is handed these instead (``_spawn``), or the in-process writer (``_write_in_process``).
+        self._unqueued: list[dict[str, Any]] = []
         if start:
             self._open_ring()
 
@@ -496,6 +504,12 @@ class ProcessRecorder:
         """The in-process writer close() wrote the rest with was held up (``Recorder.held_up``),
         or a signal handler's close() is not done (``_close_later``): the store stays open."""
         return self._close_owed or self._local.held_up
+
+    def on_released(self, call: Callable[[], None]) -> None:
+        """Make ``call`` once no thread of this recorder can use the agent's store (the
+        in-process writer's: ``Recorder.on_released``; it closes last, a close a signal handler
+        left for later included)."""
+        self._local.on_released(call)
 
     @property
     def mode(self) -> str:
@@ -1080,6 +1094,9 @@ class ProcessRecorder:
             },
         }
         config["cpus"], config["cpus_asked"] = _writer_cpus()
+        handed = self._hand_over_reviews()
+        if handed is not None:
+            config["unqueued"] = str(handed)
         env = dict(os.environ)
         self._writer_background = _background_policy()  # what the writer will read there
         root = str(Path(hindsight_loop.__file__).resolve().parent.parent)
@@ -1098,6 +1115,9 @@ class ProcessRecorder:
             )
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             log.warning("hindsight: could not start the writer process: %r", exc)
+            if handed is not None:
+                with contextlib.suppress(OSError):
+                    handed.unlink()  # still in ``_unqueued``, for the in-process writer
             return False
         assert proc.stdin is not None and proc.stdout is not None
         # Bells never block the agent: a full pipe holds bells enough.
@@ -1114,6 +1134,28 @@ class ProcessRecorder:
         )
         self._reader.start()
         return True
+
+    def _hand_over_reviews(self) -> Path | None:
+        """The reviews a dead writer kept (``_unqueued``) in a file of this user's alone for the
+        writer about to start (too many for its command line), which reads and removes it; None
+        when there are none, or no file could take them (they wait here for the in-process
+        writer then: close() hands them to it)."""
+        jobs = self._unqueued
+        if not jobs:
+            return None
+        try:
+            where = self.spool_dir
+            where.mkdir(mode=0o700, exist_ok=True)
+            path = where / f"{self.session}-reviews.line"  # swept as a spool file if left
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, orjson.dumps(jobs))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("hindsight: could not hand the kept reviews to the writer: %r", exc)
+            return None
+        return path
 
     def _read_messages(self, proc: subprocess.Popen[bytes], gen: int) -> None:
         """The writer's messages (rare: answers to a flush, warnings, queued reviews); when
@@ -1136,6 +1178,8 @@ class ProcessRecorder:
                             self._on_review()
                 elif "warn" in msg:
                     warn(str(msg["warn"]))
+                elif "unqueued" in msg and isinstance(msg["unqueued"], list):
+                    self._unqueued = msg["unqueued"]
         except Exception:  # noqa: BLE001
             log.exception("hindsight: reading the writer's messages failed")
         with self._cond:
@@ -1210,7 +1254,14 @@ class ProcessRecorder:
     def _write_in_process(self) -> None:
         """From now on every line goes to the in-process writer (``_put_slow``), starting with
         those no writer process made durable (the ring's, of which those a dead writer did
-        store are skipped by event id) and those waiting for room in the ring."""
+        store are skipped by event id) and those waiting for room in the ring; the reviews a
+        dead writer kept for a later try go to its triggers."""
+        jobs, self._unqueued = self._unqueued, []
+        if jobs and self._requeue is not None:
+            try:
+                self._requeue(jobs)
+            except Exception:  # noqa: BLE001 - the agent must never crash because of Hindsight
+                log.exception("hindsight: could not queue the reviews a dead writer kept")
         self._local.start()
         self._with_lock(self._all_in_process)
 
@@ -1644,6 +1695,19 @@ class _Urgency:
         _set_policy(self.threads, os.SCHED_OTHER if on else self.background)
 
 
+def _taken_reviews(path: Path) -> list[dict[str, Any]]:
+    """The reviews the writer before this one kept for a later try, from the file the agent
+    handed them over in (``ProcessRecorder._hand_over_reviews``), which is removed: the agent
+    keeps them until this writer says what became of them."""
+    try:
+        jobs = orjson.loads(path.read_bytes())
+        path.unlink()
+    except (OSError, orjson.JSONDecodeError):
+        log.exception("hindsight: could not read the reviews the writer before kept")
+        return []
+    return [job for job in jobs if isinstance(job, dict)] if isinstance(jobs, list) else []
+
+
 def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, acknowledge
     """Read the agent's lines from its ring (or stdin), write them, report on stdout; exit at
     the end of stdin, once everything read is durable."""
@@ -1729,7 +1793,10 @@ def main() -> int:  # noqa: C901, PLR0915 - one loop: read, prepare, commit, ack
         review_min_events=config["review_min_events"],
         live=config["live"],
         wake=lambda: send({"wake": 1}),
+        on_unqueued=lambda jobs: send({"unqueued": jobs}),
     )
+    if config.get("unqueued"):
+        triggers.requeue(_taken_reviews(Path(config["unqueued"])))
     recorder: Recorder | None = None
     # What is durable, in lines in the order they came: lines that need no writing (resent
     # ones a dead writer stored, unreadable ones) count once the batch committed after them
