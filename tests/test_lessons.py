@@ -480,6 +480,14 @@ PROHIBITIONS_SAID_OTHERWISE = [
         ("退款时可以跳过订单核对吗？结论：不可以。", "退款时跳过订单核对就行。"),
         ("退款时可以跳过订单核对吗？不合适。", "退款时跳过订单核对就行。"),
         ("Hold off on retrying the refund after a timeout.", "Retry the refund after a timeout."),
+        # Ignoring is not doing; which end of a list; how often an act pays (these merged).
+        ("Honor the Retry-After header.", "Ignore the Retry-After header."),
+        ("Respect the Retry-After header on a 429.", "Disregard the Retry-After header on a 429."),
+        ("遵守 Retry-After 头。", "忽略 Retry-After 头。"),
+        ("Check the newest orders first.", "Check the oldest orders first."),
+        ("优先检查最新的订单。", "优先检查最早的订单。"),
+        ("It is rarely worth retrying a 400.", "It is usually worth retrying a 400."),
+        ("重试400错误很少有用。", "重试400错误通常有用。"),
         # Read as they stand, as before (the first version of the rule above merged these):
         # "isn't it dangerous …" does not approve, "should you not …" asks about not doing it.
         ("Isn't it dangerous to retry the refund after a timeout? Yes.",
@@ -563,6 +571,9 @@ def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
         ("Skip the order check before calling refund? The answer is no.",
          "Never skip the order check before calling refund."),
         ("调用 refund 前，跳过确认？有问题。", "调用 refund 前，不要跳过确认。"),
+        ("Honor the Retry-After header.", "Don't ignore the Retry-After header."),
+        ("Ignore failing health checks during deploy. No, never.",
+         "Never ignore failing health checks during deploy."),
         # An answer turning an option down, or naming it in a word, reads as it stands.
         ("Guess the city or ask the user? Never guess.",
          "Ask the user for the city instead of guessing it."),

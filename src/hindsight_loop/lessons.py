@@ -528,9 +528,11 @@ _FORBID_RE = re.compile(
     r"(?:can|could|may)\s+(?:safely\s+|just\s+)?leave\s+out|"
     # "under no circumstances ask", "steer clear of asking" (these merged into "ask").
     r"under\s+no\s+circumstances?|on\s+no\s+account|in\s+no\s+case|at\s+no\s+time|"
-    r"steer(?:s|ing)?\s+clear\s+of|stay(?:s|ing)?\s+away\s+from)\b"
+    r"steer(?:s|ing)?\s+clear\s+of|stay(?:s|ing)?\s+away\s+from|"
+    # "ignore the Retry-After header" merged into "honor the Retry-After header".
+    r"ignor(?:e|es|ing)|disregard(?:s|ing)?)\b"
     # 甭 (不用 said as one syllable): "甭等", "甭管".
-    r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略|甭|不建议|不推荐|不主张|"
+    r"|不要|不能|不应该|不应|不可以|不可|不得|切勿|请勿|勿|禁止|避免|跳过|省略|甭|不建议|不推荐|不主张|忽略|无视|不理会|"
     + _FORBID_ZH
     # "never" said in Chinese: 从不备份 / 绝不重试 ("总是先备份" merged into its opposite).
     + r"|从来不|从不|绝不|决不|永不"
@@ -901,7 +903,14 @@ def stance(text: str) -> dict[str, float]:
                 and all(v < 0 for v in said_read.values())
                 and (_RISK_RE.search(said) or _HARM_RE.search(said) or _DISMISS_RE.search(said))
             )
-            if not warned and not any(_NOT_WORD_RE.search(m[0]) for m in _FORBID_RE.finditer(said)):
+            if warned or any(_NOT_WORD_RE.search(m[0]) for m in _FORBID_RE.finditer(said)):
+                pass
+            elif said_read and any(v < 0 for v in said_read.values()):
+                # "Ignore the Retry-After header. Never.", "Skip the canary stage. Never.": the
+                # act turned round is the clause as read (ignoring it), not its bare words.
+                for t, v in said_read.items():
+                    read[t] = -2.0 * v
+            else:
                 _signed_terms(said, -2.0, read)
         else:
             _read_clause(clause, said, read)
@@ -1753,6 +1762,12 @@ _POLES = (
     ("sync",
      re.compile(r"\bsynchronous(?:ly)?\b|同步", re.I),
      re.compile(r"\basynchronous(?:ly)?\b|\basync\b|异步", re.I)),
+    ("age",
+     re.compile(r"\b(?:newest|latest|most\s+recent)\b|最新|最近的", re.I),
+     re.compile(r"\b(?:oldest|earliest|least\s+recent)\b|最早|最旧|最老", re.I)),
+    ("often",
+     re.compile(r"\b(?:usually|often|frequently|mostly)\b|通常|经常|往往", re.I),
+     re.compile(r"\b(?:rarely|seldom|hardly\s+ever)\b|很少|极少|几乎不", re.I)),
     # Acts and their undoing: an act done one way is the other undone.
     ("case",
      re.compile(r"\b(?:upper-?cas(?:e|es|ed|ing)|capitali[sz](?:e|es|ed|ing)|all\s+caps)\b|大写", re.I),
