@@ -488,6 +488,7 @@ PROHIBITIONS_SAID_OTHERWISE = [
         ("优先检查最新的订单。", "优先检查最早的订单。"),
         ("It is rarely worth retrying a 400.", "It is usually worth retrying a 400."),
         ("重试400错误很少有用。", "重试400错误通常有用。"),
+        ("遇到429时用指数退避重试。", "遇到429时不退避，立刻重试。"),
         # Read as they stand, as before (the first version of the rule above merged these):
         # "isn't it dangerous …" does not approve, "should you not …" asks about not doing it.
         ("Isn't it dangerous to retry the refund after a timeout? Yes.",

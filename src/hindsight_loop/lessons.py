@@ -471,7 +471,10 @@ _CONCEPTS_ZH = (
     (re.compile(r"马上|立即|立刻|直接|急着|急于|上来就|第一时间"), " xnow "),
     (re.compile(r"重试|重新请求|再试"), " xretry "),
     (re.compile(r"假设|假定|猜测|猜|默认"), " xguess "),
-    (re.compile(r"等待|等到|暂停|(?<![幂平相同对均初中高上次何])等(?![于同级号价效])"), " xwait "),
+    (
+        re.compile(r"等待|等到|暂停|退避|(?<![幂平相同对均初中高上次何])等(?![于同级号价效])"),
+        " xwait ",
+    ),
     (re.compile(r"只(?!有|能在|要)|仅(?!在)|光(?=[用靠看查填报传做写发])|单单"), " xonly "),
     # 除了 A (…) 也/还 B: A and B both (not 除了 A 都不: "all but A"); 也要 / 还要 / 一并: one
     # more act.
