@@ -1071,6 +1071,9 @@ def test_advice_is_split_into_clauses_reading_a_run_of_spaces_once() -> None:
     for text in texts:
         assert clauses(lessons._CLAUSE_SPLIT_RE, text) == clauses(old_clause, text), text
         assert clauses(lessons._ORDER_SPLIT_RE, text) == clauses(old_order, text), text
+    # "wait on the webhook" waits for it; "hold off on retrying" does not retry.
+    assert lessons.stance("Wait on the payment webhook before shipping.")["webhook"] > 0
+    assert lessons.stance("Hold off on retrying the refund.")["xretry"] < 0
     # A "never" after an act that skips is not read as a warning said again.
     assert lessons.stance("Skip the canary stage. Never.") != lessons.stance(
         "Skip the canary stage."

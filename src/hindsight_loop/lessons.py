@@ -977,7 +977,7 @@ _NEG_ASKED_RE = re.compile(
     re.I,
 )
 _NEG_ASKED_ZH = re.compile(r"(?:难道)?(?:不应该|不应当|不该|不需要)")
-# A question offering a choice: "先核对订单还是直接退款？", "retry or give up?".
+# A question offering a choice: "先核对订单还是直接退款？" (``_passed_over``).
 _CHOICE_RE = re.compile(r"还是")
 # What introduces an answer: "The answer is no.", "A: No.", "答：不可以。".
 _ANSWER_LEAD_RE = re.compile(
@@ -1196,7 +1196,8 @@ def _negates(text: str) -> bool:
 
 _UNTIL_RE = re.compile(r"\bxwait\s+xuntil\b")
 _HELD_RE = re.compile(r"\bxwait\b")
-_HELD_ON_RE = re.compile(r"\bxwait\s+(?:on|with)\s+(?=\S)")
+# "hold off on retrying", "wait with the refund" (not "wait on the webhook": wait for it).
+_HELD_ON_RE = re.compile(r"\bxwait\s+(?:with\s+(?=\S)|on\s+(?=(?:x[a-z]+|[a-z]{3,}ing)\b))", re.I)
 _TILL_RE = re.compile(r"\b(?:xuntil|until|till)\b", re.I)
 
 
