@@ -212,10 +212,22 @@ def test_the_writer_process_stores_the_reference_rows(tmp_path: Path) -> None:
     assert _digest(events, jobs) == DIGEST
 
 
-@pytest.mark.parametrize("odd", ["plain", "float seq", "NUL in an id", "seq past 64 bits"])
+@pytest.mark.parametrize(
+    "odd",
+    [
+        "plain",
+        "float seq",
+        "NUL in an id",
+        "seq past 64 bits",
+        "seven columns",
+        "seven columns, a caller's timestamp",
+    ],
+)
 def test_a_batch_stores_the_rows_its_events_stored_one_by_one(tmp_path: Path, odd: str) -> None:
     """A batch large enough for bound multi-row INSERTs stores, column by column and type by
-    type, what the same rows written in small batches (through the JSON index) store."""
+    type, what the same rows written in small batches (through the JSON index) store. With
+    seven columns to every row the batch takes the column-wise way (``_usual_values``), save
+    where a row is not the recorder's usual one."""
     from hindsight_loop.store.sqlite import SQLiteStore
 
     rows: list[tuple[Any, ...]] = []
@@ -230,8 +242,11 @@ def test_a_batch_stores_the_rows_its_events_stored_one_by_one(tmp_path: Path, od
             seq = 2**63 + 5
         body = orjson.dumps({"i": i, "text": "é中 \x00 [REDACTED]", "n": 1.5})
         projection = b"[1]" if i % 3 else None
-        rows.append((f"evt_{i}", task_id, seq, f"2025-01-01T00:00:00.{i % 1000:03d}Z", "x", body))
-        if i % 2:
+        ts = f"2025-01-01T00:00:00.{i % 1000:03d}Z"
+        if i == 1000 and odd == "seven columns, a caller's timestamp":
+            ts = "2025-01-01T08:00:00.000+08:00"
+        rows.append((f"evt_{i}", task_id, seq, ts, "x", body))
+        if i % 2 or odd.startswith("seven columns"):
             rows[-1] += (projection,)
     tables = []
     for name, size in (("whole", len(rows)), ("small", 100)):

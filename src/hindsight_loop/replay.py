@@ -323,14 +323,26 @@ class AnomalyWatch:
         """How many events the watch has observed."""
         return self._count
 
-    def observe(self, event: Event, projection: list[Any] | None = None) -> list[KeyNode]:
+    def observe(
+        self,
+        event: Event | None,
+        projection: list[Any] | None = None,
+        *,
+        source: EventSource | None = None,
+    ) -> list[KeyNode]:
         """Take the next event of the task; return the anomalies it completes (usually none).
 
         ``projection``: the event's, when the caller has it (``read_projection`` of the row the
-        recorder made): it is not worked out again.
+        recorder made): it is not worked out again. With it, ``event`` may be None and
+        ``source`` give the event only if a rule reads more than the projection (to word a
+        key node): the writer's live rules build no event for the calls that complete none.
         """
-        p = projection or _event_projection(event) or _bare(event)
-        seen = Seen(self._count, event, projection=p)
+        if projection is None:
+            assert event is not None, "observe needs an event or its projection"
+            p = _event_projection(event) or _bare(event)
+        else:
+            p = projection
+        seen = Seen(self._count, event, projection=p, run=source)
         self._count += 1
         found: list[KeyNode] = []
         etype, flags = p[1], p[7]
@@ -882,6 +894,23 @@ def _bare(ev: Event | None) -> list[Any]:
 # -- key nodes: one detector per kind ---------------------------------------------------------
 
 
+class EventSource(Protocol):
+    """Where a ``Seen`` without its event in hand reads it: a ``StoredRun`` (decoded from the
+    store), or a row the writer just wrote (``triggers``)."""
+
+    def __getitem__(self, i: int) -> Event:
+        """The event at run position ``i``."""
+        ...
+
+    def event_id(self, i: int) -> str:
+        """Its id, or "" until its body is read."""
+        ...
+
+    def when_read(self, positions: Sequence[int], then: Callable[[], None]) -> None:
+        """Run ``then`` once the events at ``positions`` can be read."""
+        ...
+
+
 class Seen:
     """One event as the detectors read it: its projection, shared by them all.
 
@@ -911,7 +940,7 @@ class Seen:
         event: Event | None = None,
         *,
         projection: list[Any] | None = None,
-        run: StoredRun | None = None,
+        run: EventSource | None = None,
     ) -> None:
         self.index = index
         self._event = event

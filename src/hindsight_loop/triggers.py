@@ -80,6 +80,28 @@ def watched_event(row: Row, data: dict[str, Any]) -> Event:
     return event
 
 
+class _Written:
+    """The event of a written row as the live rules' ``Seen`` reads it (``EventSource``):
+    built (``watched_event``) only when a rule reads more than the projection, to word a key
+    node; most tool calls complete none, and building an event for each was a fifth of the
+    rules' cost."""
+
+    __slots__ = ("row", "data")
+
+    def __init__(self, row: Row, data: dict[str, Any]) -> None:
+        self.row = row
+        self.data = data
+
+    def __getitem__(self, i: int) -> Event:
+        return watched_event(self.row, self.data)  # ``Seen.event`` keeps it
+
+    def event_id(self, i: int) -> str:
+        return self.row[0]  # type: ignore[no-any-return]
+
+    def when_read(self, positions: Iterable[int], then: Callable[[], None]) -> None:
+        then()
+
+
 class Triggers:
     """Decides the reviews of running tasks from their durable events.
 
@@ -171,7 +193,10 @@ class Triggers:
             ):
                 run.had_failure = True
             if watch:
-                self._watch(run, watched_event(row, data), position, seen, jobs)
+                # _Written(row, data), without its __init__'s call: once per watched event.
+                written = _new(_Written)
+                written.row, written.data = row, data
+                self._watch(run, written, position, seen, jobs)
         for task_id in ended:
             running.pop(task_id, None)
         if ends:
@@ -348,13 +373,15 @@ class Triggers:
     def _watch(
         self,
         run: _Running,
-        event: Event,
+        written: _Written,
         position: int,
         projection: list[Any] | None,
         jobs: list[dict[str, Any]],
     ) -> None:
         run.positions.append(position)
-        for node in run.watch.observe(event, projection):
+        # Without a stored projection the watch works it out from the event.
+        event = written[position] if projection is None else None
+        for node in run.watch.observe(event, projection, source=written):
             if run.local_reviews >= MAX_LOCAL_REVIEWS:
                 break
             run.local_reviews += 1
@@ -366,7 +393,7 @@ class Triggers:
             first, last = local_window(steps)
             jobs.append(
                 {
-                    "task_id": event.task_id,
+                    "task_id": written.row[1],
                     "kind": "local",
                     "trigger": node.kind,
                     "window": [first, last],

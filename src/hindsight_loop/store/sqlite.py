@@ -112,6 +112,50 @@ def _plain_columns(row: EventRow) -> bool:
     )
 
 
+_NO_PROJECTION = frozenset({bytes, type(None)})
+
+
+def _indices(values: list[Any], value: Any) -> Iterator[int]:
+    """Where ``value`` is in ``values``, in order."""
+    i = -1
+    with contextlib.suppress(ValueError):
+        while True:
+            i = values.index(value, i + 1)
+            yield i
+
+
+def _usual_values(rows: Sequence[EventRow]) -> list[Any] | None:
+    """The values the multi-row INSERTs bind for ``rows``, seven a row, as the per-row way
+    gives them (``(*r[:6], row_projection(r) or b"")``), or None where it must decide: the
+    writer's usual batch, every row seven plain columns (``_plain_columns``) with a wire
+    timestamp (``wire_timestamp``), is checked and laid out a column at a time in C: the same
+    checks and tuples row by row were a few Python calls per event on the committer's thread.
+
+    Bodies and projections are bound as ``bytearray``: ``sqlite3`` binds any buffer the same
+    way, but it first asks every ``bytes`` value whether an adapter converts it (a failed
+    attribute lookup that words an error message and drops it), which cost more than a copy."""
+    n = len(rows)
+    if set(map(len, rows)) != {7}:
+        return None
+    values: list[Any] = list(chain.from_iterable(rows))
+    seqs, stamps, projections = values[2::7], values[3::7], values[6::7]
+    if (
+        set(map(type, chain(values[0::7], values[1::7], stamps, values[4::7]))) != {str}
+        or set(map(type, seqs)) != {int}
+        or not _INT64[0] <= min(seqs) <= max(seqs) <= _INT64[1]
+        or set(map(type, values[5::7])) != {bytes}
+        or not set(map(type, projections)) <= _NO_PROJECTION
+        or set(map(len, stamps)) != {24}
+    ):
+        return None
+    joined = "".join(stamps)  # wire_timestamp of each: "." at 19, "Z" at 23
+    if joined[19::24] != "." * n or joined[23::24] != "Z" * n:
+        return None
+    values[5::7] = map(bytearray, values[5::7])
+    values[6::7] = [bytearray(p) if p else bytearray() for p in projections]
+    return values
+
+
 # A task's events in replay's order (rows tied on (ts, seq) in insertion order, which the index
 # gives for free: its entries end with the row id).
 # A body read as its UTF-8 bytes: orjson parses them as they are, where a text value would be
@@ -412,7 +456,8 @@ class SQLiteStore(JobOwner, ThreadConnections):
         # plain columns (text, 64-bit integers), so only batches of such rows take them.
         whole = 0
         sizes: list[int] = []
-        if len(rows) >= _VALUES_MIN and all(map(_plain_columns, rows)):
+        usual = _usual_values(rows) if len(rows) >= _VALUES_MIN else None
+        if usual is not None or (len(rows) >= _VALUES_MIN and all(map(_plain_columns, rows))):
             for size in _VALUES_SIZES:
                 if len(rows) - whole >= size and len(sizes) < _VALUES_STATEMENTS:
                     sizes.append(size)
@@ -420,10 +465,13 @@ class SQLiteStore(JobOwner, ThreadConnections):
         chunks = []
         start = 0
         for size in sizes:
-            each = rows[start : start + size]
-            chunks.append(
-                list(chain.from_iterable((*r[:6], row_projection(r) or b"") for r in each))
-            )
+            if usual is not None:
+                chunks.append(usual[7 * start : 7 * (start + size)])
+            else:
+                each = rows[start : start + size]
+                chunks.append(
+                    list(chain.from_iterable((*r[:6], row_projection(r) or b"") for r in each))
+                )
             start += size
         rest = rows[whole:]
         index = []
@@ -454,8 +502,12 @@ class SQLiteStore(JobOwner, ThreadConnections):
                     _INSERT_ROWS,
                     [(*r[:5], parts[2 * k], parts[2 * k + 1]) for k, r in enumerate(rest)],
                 )
-            unknown = self._adopt_unknown_tasks(db, rows)
-            self._apply_task_events(db, rows)
+            # The batch's task ids and types, a column each (from the bound values when the
+            # batch is the usual one: no pass over the rows in Python).
+            task_ids = usual[1::7] if usual is not None else [r[1] for r in rows]
+            types = usual[4::7] if usual is not None else [r[4] for r in rows]
+            unknown = self._adopt_unknown_tasks(db, rows, task_ids)
+            self._apply_task_events(db, rows, types)
             db.execute("COMMIT")
         except BaseException:
             # SQLite may have rolled back already (a full disk does): a second ROLLBACK would
@@ -464,11 +516,12 @@ class SQLiteStore(JobOwner, ThreadConnections):
                 db.execute("ROLLBACK")
             raise
         if db is self._deferred:
-            self._wal_pages += sum(len(r[5]) for r in rows) // _BYTES_PER_PAGE + 1
+            bodies = usual[5::7] if usual is not None else [r[5] for r in rows]
+            self._wal_pages += sum(map(len, bodies)) // _BYTES_PER_PAGE + 1
         # Committed: every task of the batch is in the table now (started, or adopted).
         if len(self._known_tasks) > KNOWN_TASKS_BOUND:
             self._known_tasks.clear()
-        self._known_tasks.update([r[1] for r in rows])
+        self._known_tasks.update(task_ids)
         return unknown
 
     # -- the event writer's checkpoints ----------------------------------------------------
@@ -522,13 +575,16 @@ class SQLiteStore(JobOwner, ThreadConnections):
             if self._stoppable is not None:
                 self._stoppable.interrupt()
 
-    def _adopt_unknown_tasks(self, db: sqlite3.Connection, rows: Sequence[EventRow]) -> list[str]:
-        """Events for a task nobody started are kept, under a placeholder task, and reported."""
+    def _adopt_unknown_tasks(
+        self, db: sqlite3.Connection, rows: Sequence[EventRow], task_ids: list[str]
+    ) -> list[str]:
+        """Events for a task nobody started are kept, under a placeholder task, and reported
+        (``task_ids``: each row's)."""
         # A task once in the table stays there (nothing deletes tasks): a batch of known
         # tasks' events, the usual one, needs neither the loop below nor its SELECT; nor does
         # one whose other tasks start in it (short tasks: most batches), found with two passes
         # in C rather than one in Python over every row.
-        new = {r[1] for r in rows}
+        new = set(task_ids)
         new.difference_update(self._known_tasks)
         if not new:
             return []
@@ -555,26 +611,29 @@ class SQLiteStore(JobOwner, ThreadConnections):
             )
         return unknown
 
-    def _apply_task_events(self, db: sqlite3.Connection, rows: Sequence[EventRow]) -> None:
+    def _apply_task_events(
+        self, db: sqlite3.Connection, rows: Sequence[EventRow], types: list[str]
+    ) -> None:
         """Create tasks from their ``task_start`` and close them on ``task_end``: a task's last
         start and last end in the batch count, the end applied after the start (an end written
-        before its start in one batch ends the task, as it would across two batches)."""
+        before its start in one batch ends the task, as it would across two batches).
+        ``types``: each row's; the starts and ends are found in it by ``list.index`` (C), not
+        by a look at every row in Python."""
         starts: dict[str, tuple] = {}
         ends: dict[str, tuple] = {}
-        for r in rows:
-            etype = r[4]
-            if etype != "task_start" and etype != "task_end":  # most rows: no unpacking
-                continue
-            task_id, ts, body = r[1], r[3], r[5]
-            if etype == "task_start":
-                fields = orjson.loads(body)
-                starts[task_id] = _task_from_start(task_id, ts, fields)
-                # Lessons count a hit when they are injected into a task (recall only reads).
-                if fields.get("injected_lesson_ids"):
-                    self._bump_hits(db, fields["injected_lesson_ids"])
-            else:
-                result = orjson.loads(body).get("result") or {}
-                ends[task_id] = (task_id, task_outcome(result.get("status")), _dumps(result), ts)
+        for i in _indices(types, "task_start"):
+            r = rows[i]
+            task_id = r[1]
+            fields = orjson.loads(r[5])
+            starts[task_id] = _task_from_start(task_id, r[3], fields)
+            # Lessons count a hit when they are injected into a task (recall only reads).
+            if fields.get("injected_lesson_ids"):
+                self._bump_hits(db, fields["injected_lesson_ids"])
+        for i in _indices(types, "task_end"):
+            r = rows[i]
+            task_id = r[1]
+            result = orjson.loads(r[5]).get("result") or {}
+            ends[task_id] = (task_id, task_outcome(result.get("status")), _dumps(result), r[3])
         for many, one, tasks in (
             (_START_TASKS, _START_TASK, starts),
             (_END_TASKS, _END_TASK, ends),
