@@ -201,11 +201,11 @@ class Triggers:
             running.pop(task_id, None)
         if ends:
             jobs = self._with_end_reviews(jobs, ends)
-        kept = None
+        retried: list[dict[str, Any]] = []
         if self._unqueued:
             with self._unqueued_lock:
-                kept, self._unqueued = self._unqueued, []
-            jobs[:0] = kept
+                retried, self._unqueued = self._unqueued, []
+            jobs[:0] = retried
         if jobs:
             # One commit for the batch's reviews: one each cost ~0.1 ms of the committer's time
             # (sampled), a tenth of its work when the tasks are short (a full review for every
@@ -215,7 +215,7 @@ class Triggers:
             except Exception as exc:
                 self._keep_unqueued(jobs, exc, last=not rows)
                 raise  # the recorder logs it
-            if kept:
+            if retried:
                 self._tell_unqueued()
             self._wake()
 
