@@ -418,6 +418,33 @@ Written by hand on 2026-12-02 (ninth session) from the full run above (main 1b54
 Xeon, load ~1): a later run changes the rows above, not these figures. Each says which writer it
 is for.
 
+Twenty-ninth session (2026-12-08, main after 1c4ea13; the same 2-vCPU VM, loaded by helpers).
+Curation (issue 11): a question put in the negative ("Shouldn't you check the order first?
+Yes."; 不应该…吗), an answer with a lead ("The answer is no.", "Q: …? A: No.", 答：, 结论：),
+a quoted or unpunctuated question, a Chinese choice (还是) answered by naming an option, and
+没问题 / 有问题 / 不合适 as answers now say which way; ignoring is not doing (ignore, disregard,
+忽略), newest/oldest and usually/rarely are opposite ways, 退避 is waiting, "hold off on X"
+does not do X, and "X. Never." turns round what X was read as. On the adversarial files of
+this session (480 opposite pairs, 346 rewordings, EN and ZH): opposites merged 141 → 51,
+rewordings merged 117 → 186, against 1c4ea13; every decision of `bench/curation/run.py` on
+every split is unchanged with both embedders (rewordings merged 0-36% on the blind splits with
+hash, still missed), and `bench/retrieval/run.py` is unchanged to the digit. Tried and dropped:
+above/below and same/different as opposite ways (rewordings in blind6 and blind9 became
+conflicts). Writer (issue 13): the writer's usual batch (128 rows or more) is laid out for its
+INSERTs a column at a time and bound as `bytearray` (sqlite3 tried an adapter on every bytes
+parameter, ~2.4k instructions each), the live rules read the stored projection and build an
+event only to word a key node, and the plain-payload check looks each key up beside its
+value: 185.9k → 173.7k instructions per event under callgrind (×0.934, exact), CPU per event
+fed flat out 55.9 → 47.3 µs by medians (`bench/writer_cpu.py --compare`, spreads overlap);
+paced as an agent (`--pace 50`) and `bench/agent_step.py` (4-thread process/OTel 0.44-0.60
+new, 0.51-0.59 old) unchanged within noise, the ≤ 0.25 and ≥ 50k/s targets still missed.
+Trust: reviews the database refused survive the death of the writer process that kept them,
+the database closes once a held-up call returns or a handler's deferred close ends, and a
+signal handler that logs while the redaction guards compile no longer deadlocks. With the
+writer process a NaN or an infinity in a payload is still stored as null without a warning:
+finding it on the agent's side cost the record call ~1 µs (p50 ×1.60 → ×2.03 of the
+serializing floor), more than the call itself.
+
 Twenty-eighth session (2026-12-07, main after 70b9b4b; the same 2-vCPU VM, loaded by helpers:
 the serializing floor of `bench/record_cost.py` at 2.2-3.3 µs p50 against 1.0 above, so figures
 are ratios to their baseline in the same run). Writer: the writer process scans a piece's
