@@ -489,6 +489,15 @@ PROHIBITIONS_SAID_OTHERWISE = [
         ("It is rarely worth retrying a 400.", "It is usually worth retrying a 400."),
         ("重试400错误很少有用。", "重试400错误通常有用。"),
         ("遇到429时用指数退避重试。", "遇到429时不退避，立刻重试。"),
+        # What "except" leaves out; answers in brackets, after an arrow, after "TL;DR".
+        ("Retry only on 5xx errors.", "Retry on every error except 5xx."),
+        ("Retry all errors except timeouts.", "Retry only timeouts."),
+        ("Skip the order check before calling refund? TL;DR: no.",
+         "Skip the order check before calling refund."),
+        ("Skip the order check before calling refund? (No.)",
+         "Skip the order check before calling refund."),
+        ("Skip the order check before calling refund? -> No.",
+         "Skip the order check before calling refund."),
         # Read as they stand, as before (the first version of the rule above merged these):
         # "isn't it dangerous …" does not approve, "should you not …" asks about not doing it.
         ("Isn't it dangerous to retry the refund after a timeout? Yes.",
@@ -573,6 +582,7 @@ def test_opposite_advice_in_the_same_scenario_is_a_conflict(first, second):
          "Never skip the order check before calling refund."),
         ("调用 refund 前，跳过确认？有问题。", "调用 refund 前，不要跳过确认。"),
         ("Honor the Retry-After header.", "Don't ignore the Retry-After header."),
+        ("Retry every error except 4xx.", "Retry every error other than 4xx."),
         ("Ignore failing health checks during deploy. No, never.",
          "Never ignore failing health checks during deploy."),
         # An answer turning an option down, or naming it in a word, reads as it stands.

@@ -577,6 +577,8 @@ _EXCLUDE_RE = re.compile(
     # 是不是 asks whether, excluding nothing.
     # "用 A 代替 B": A is done in place of B, as "A instead of B".
     r"\b(?:instead\s+of|rather\s+than|in\s+place\s+of|without|not)\b|而不是|而非|(?<!是)不是(?!不)"
+    # "retry every error except 5xx" leaves 5xx out ("except when …" is a situation).
+    r"|\b(?:except(?:\s+for)?|other\s+than|apart\s+from)(?=\s+(?!(?:when|if|where|while|after|before)\b)\S)"
     # "与其重试，不如报错": what 与其 leads is declined.
     r"|不用|不必|无需|无须|不需要|代替|取代|替代|与其",
     re.IGNORECASE,
@@ -982,19 +984,19 @@ _CHOICE_RE = re.compile(r"还是")
 # What introduces an answer: "The answer is no.", "A: No.", "答：不可以。".
 _ANSWER_LEAD_RE = re.compile(
     r"^\s*(?:(?:so\s+)?the\s+(?:short\s+)?answer\s+is(?:\s+still)?|my\s+answer\s+is|answer\s+is"
-    r"|in\s+short|答案是|回答是|结论是)\s*[:：]?\s*",
+    r"|in\s+short|->|=>|→|答案是|回答是|结论是)\s*[:：]?\s*",
     re.I,
 )
 # The label of a question or an answer, a clause of its own once split at its colon ("Q: …?
 # A: No.", "问：…？答：不可以。").
 _LABEL_RE = re.compile(
-    r"^(?:q|a|question|answer|the\s+answer|short\s+answer|my\s+answer|verdict|in\s+short"
+    r"^(?:q|a|question|answer|the\s+answer|short\s+answer|my\s+answer|verdict|in\s+short|tl;?dr"
     r"|问|答|问题|答案|回答|答曰|结论)$",
     re.I,
 )
 
 
-_QUOTES = "\"'“”‘’「」『』"
+_QUOTES = "\"'“”‘’「」『』()（）[]【】"
 # "吗" and a space before more text: a question ends there, unpunctuated.
 _MA_GAP_RE = re.compile(r"吗\s+(?=[^\s，。；！？,.;!?])")
 
