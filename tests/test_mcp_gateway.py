@@ -676,6 +676,7 @@ async def test_advise_appends_recalled_lessons_only_to_failed_calls(
         plain_failure = await client.call_tool("convert_time", bad)
         assert plain_failure.is_error
         assert not (await client.call_tool("convert_time", good)).is_error
+    hs.flush()  # the writer makes the session's events durable in its own time
     [task] = hs.store.list_tasks()
     reflection = hs.reflect(task.task_id)
     assert reflection.lesson_ids, reflection
