@@ -41,6 +41,26 @@ def _call(task_id: str, i: int, status: str = "succeeded") -> tuple[str, str, di
     )
 
 
+def _stored(
+    store: SQLiteStore,
+    tmp_path: Path,
+    steps: list[tuple[str, str, dict[str, Any]]],
+    payloads: list[Any] | None = None,
+) -> list[Any]:
+    """``steps`` (task id, type, payload) as the recorder prepares them, written to ``store``;
+    the rows, and in ``payloads`` what the recorder hands the live rules."""
+    now = time.time_ns()
+    items = [
+        (task_id, n, now + n, etype, payload, f"evt_{n}")
+        for n, (task_id, etype, payload) in enumerate(steps)
+    ]
+    recorder = Recorder(store.write_event_batch, dead_letter=tmp_path / "dead.jsonl", start=False)
+    rows, bad = recorder._prepare(items, payloads)
+    assert not bad
+    assert store.write_event_batch(rows) == []
+    return rows
+
+
 def test_a_batch_reads_its_ended_tasks_at_once_and_queues_their_reviews_where_they_ended(
     tmp_path: Path,
 ) -> None:
@@ -66,18 +86,8 @@ def test_a_batch_reads_its_ended_tasks_at_once_and_queues_their_reviews_where_th
             _call("tsk_d", 1, "failed"),
             ("tsk_d", "task_end", {"result": {"status": "failed"}}),
         ]
-        now = time.time_ns()
-        items = [
-            (task_id, n, now + n, etype, payload, f"evt_{n}")
-            for n, (task_id, etype, payload) in enumerate(steps)
-        ]
-        recorder = Recorder(
-            store.write_event_batch, dead_letter=tmp_path / "dead.jsonl", start=False
-        )
         payloads: list[Any] = []
-        rows, bad = recorder._prepare(items, payloads)
-        assert not bad
-        assert store.write_event_batch(rows) == []
+        rows = _stored(store, tmp_path, steps, payloads)
         counted = _CountedReads(store)
         woken: list[int] = []
         triggers = Triggers(
@@ -122,16 +132,7 @@ def test_reviews_a_dead_writer_kept_are_queued_once_and_kept_while_the_store_ref
             ("tsk_b", "task_start", start),
             ("tsk_b", "task_end", {"result": {"status": "failed"}}),
         ]
-        now = time.time_ns()
-        items = [
-            (task_id, n, now + n, etype, payload, f"evt_{n}")
-            for n, (task_id, etype, payload) in enumerate(steps)
-        ]
-        recorder = Recorder(
-            store.write_event_batch, dead_letter=tmp_path / "dead.jsonl", start=False
-        )
-        rows, _bad = recorder._prepare(items)
-        store.write_event_batch(rows)
+        _stored(store, tmp_path, steps)
         store.enqueue_jobs([{"task_id": "tsk_a", "kind": "full", "trigger": "task_end"}])
         told: list[list[dict[str, Any]]] = []
         woken: list[int] = []
